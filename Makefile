@@ -1,0 +1,31 @@
+# The two set-up commands of the README. Both work on a fresh machine: they create .venv and install.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(abspath $(VENV)/bin)
+STAMP  := $(VENV)/.installed-stamp
+CORES  ?= all
+
+.PHONY: demo test lint install clean-demo
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make demo: install, then run the whole workflow on the embedded default (CPU, minutes)
+demo: $(STAMP)
+	PATH=$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES)
+
+## make test: install with the dev extras, then run the test suite
+test: $(STAMP)
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -ra
+
+lint: $(STAMP)
+	$(BIN)/ruff check npm tests benchmarks
+	PATH=$(BIN):$$PATH $(BIN)/snakemake --lint
+
+clean-demo:
+	rm -rf data results/masked .snakemake/log

@@ -1,0 +1,28 @@
+# npm-repro: Nonparametric Masked Language Modeling (Min et al., 2023), end to end.
+#   snakemake --cores all                                   # embedded default (config/config.yaml)
+#   snakemake --profile slurm results/tables/table1.csv     # paper scale on a SLURM cluster
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "config/schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/corpus.smk"
+include: "workflow/rules/index.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    """Default target: every data stage on every training corpus (masked batches and their summaries)."""
+    input:
+        data_targets(),
+    default_target: True

