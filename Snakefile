@@ -6,7 +6,11 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default, unless --configfile names another (the slurm profile names config/paper.yaml).
+# Loading both would deep-merge them, mixing embedded sources into the paper config.
+if not workflow.config_settings.configfiles:
+
+    configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 validate(config, "config/schema.yaml")

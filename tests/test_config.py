@@ -1,0 +1,68 @@
+"""Config validation: both shipped configs are valid; a bad value names the key and the allowed values."""
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = str(ROOT / "config" / "schema.yaml")
+
+
+def load(name):
+    return yaml.safe_load((ROOT / "config" / name).read_text())
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
+def test_shipped_configs_are_valid(name):
+    config = load(name)
+    validate(config, SCHEMA)
+    assert config["evaluation"]["closed_set_tasks"], "defaults are filled in"
+
+
+def test_paper_config_has_paper_constants():
+    config = load("paper.yaml")
+    assert config["model"]["encoder"] == "roberta-large"
+    assert config["data"] == {"max_seq_length": 256, "batch_size": 16, "shuffle_buffer": 1_000_000}
+    m = config["masking"]
+    assert (m["ratio"], m["p"], m["max_span_length"], m["max_spans_per_sequence"]) == (0.15, 0.5, 10, 128)
+
+
+def error_of(config):
+    with pytest.raises(WorkflowError) as info:
+        validate(config, SCHEMA)
+    return str(info.value)
+
+
+def test_bad_enum_names_key_and_allowed_values():
+    config = load("config.yaml")
+    config["sources"]["enwiki"]["format"] = "wikitext"
+    message = error_of(config)
+    assert "['sources']['enwiki']['format']" in message and "'wikitext' is not one of" in message
+    assert "mediawiki" in message and "kilt" in message and "cc_news" in message
+
+
+def test_span_cap_accepts_only_paper_or_code_value():
+    config = load("config.yaml")
+    config["masking"]["max_spans_per_sequence"] = 100
+    message = error_of(config)
+    assert "max_spans_per_sequence" in message and "64" in message and "128" in message
+
+
+def test_unknown_key_is_rejected():
+    config = load("config.yaml")
+    config["masking"]["mask_ratio"] = 0.2
+    assert "mask_ratio" in error_of(config)
+
+
+def test_source_needs_path_or_embedded():
+    config = load("config.yaml")
+    del config["sources"]["cc_news"]["embedded"]
+    assert "cc_news" in error_of(config)
+
+
+def test_schema_is_valid_json_schema():
+    jsonschema.Draft202012Validator.check_schema(yaml.safe_load(Path(SCHEMA).read_text()))

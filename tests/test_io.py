@@ -1,0 +1,44 @@
+"""Outputs are written atomically: an interrupted write leaves the old file intact and no temporary behind."""
+
+import pytest
+
+from npm.io import atomic_path, read_jsonl, write_jsonl, write_summary
+
+
+def test_failed_write_keeps_previous_file(tmp_path):
+    out = tmp_path / "docs.jsonl.gz"
+    write_jsonl(out, [{"id": 1}])
+
+    def records():
+        yield {"id": 2}
+        raise KeyboardInterrupt  # a job killed mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        write_jsonl(out, records())
+    assert list(read_jsonl(out)) == [{"id": 1}]
+    assert [p.name for p in tmp_path.iterdir()] == ["docs.jsonl.gz"]
+
+
+def test_atomic_path_creates_parent_and_renames(tmp_path):
+    target = tmp_path / "a" / "b.txt"
+    with atomic_path(target) as tmp:
+        tmp.write_text("x")
+        assert not target.exists()
+    assert target.read_text() == "x"
+
+
+def test_bad_jsonl_line_names_file_and_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"a": 1}\n{broken\n')
+    with pytest.raises(ValueError, match=r"x.jsonl:2"):
+        list(read_jsonl(path))
+
+
+def test_summary_carries_provenance(tmp_path):
+    write_summary(tmp_path / "s.json", {"blocks": 3}, config={"seed": 1})
+    import json
+
+    record = json.loads((tmp_path / "s.json").read_text())
+    assert record["blocks"] == 3
+    assert record["provenance"]["config"] == {"seed": 1}
+    assert "numpy" in record["provenance"]["packages"]

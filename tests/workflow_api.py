@@ -1,0 +1,37 @@
+"""Run the Snakefile through Snakemake's Python API (used by the end-to-end tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_workflow(workdir: Path, targets: list[str], config: dict | None = None, configfile: Path | None = None,
+                 dryrun: bool = False, cores: int = 2) -> None:
+    """Execute (or dry-run) ``targets`` of the repository's Snakefile with ``workdir`` as working directory."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        OutputSettings,
+        ResourceSettings,
+        StorageSettings,
+    )
+
+    # Rules call the `npm-repro` console script of this environment.
+    bindir = str(Path(os.sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    configfiles = [configfile or ROOT / "config" / "config.yaml"]
+    with SnakemakeApi(OutputSettings(quiet=None, printshellcmds=True, show_failed_logs=True)) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=cores),
+            config_settings=ConfigSettings(config=config or {}, configfiles=configfiles),
+            storage_settings=StorageSettings(),
+            snakefile=ROOT / "Snakefile",
+            workdir=workdir,
+        )
+        dag = workflow.dag(DAGSettings(targets=targets))
+        dag.execute_workflow(executor="dryrun" if dryrun else "local")
