@@ -32,6 +32,12 @@ def cmd_prepare_embedded(args):
     _summary(args, summary)
 
 
+def cmd_download(args):
+    from npm.data.download import download
+
+    _summary(args, download(args.url, args.out, sha256=args.sha256 or None))
+
+
 def cmd_extract_documents(args):
     from npm.data.documents import extract_documents
 
@@ -90,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--summary", type=Path)
     p.set_defaults(func=cmd_prepare_embedded)
+
+    p = sub.add_parser("download", help="fetch a raw source (resumable, checksum-verified)")
+    p.add_argument("--url", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--sha256", default="")
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("extract-documents", help="raw dump -> documents JSONL (reference 2.1)")
     p.add_argument("--format", choices=["mediawiki", "kilt", "cc_news"], required=True)

