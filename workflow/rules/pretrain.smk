@@ -1,16 +1,23 @@
-# Contrastive pretraining of NPM and NPM-single (paper 3.2-3.3, reference 2.3-2.5).
-# The `npm-repro train` entry point is built by the issue "Contrastive pretraining"; until it lands this
-# rule is part of the planned DAG only (`snakemake -n`), and running it fails with the CLI's error.
+# Contrastive pretraining of NPM (span masking) and NPM-single (uniform masking) (paper 3.2-3.3, 4.1;
+# reference 2.3-2.5). Checkpoints live in results/checkpoints/{model} (not a rule output, so Snakemake
+# never deletes them): a killed job re-run by Snakemake resumes from the last one.
+
 
 rule pretrain:
     input:
-        training_batches,
+        blocks=lambda wc: training_shards(wc.model)[0],
+        masked=lambda wc: training_shards(wc.model)[1],
     output:
         directory("results/models/{model}"),
     params:
         encoder=config["model"]["encoder"],
+        tokenizer=config["model"]["tokenizer"],
+        t=config["training"],
+        schedule_steps=config["training"]["schedule_steps"] or 0,
+        pad_to=config["training"]["pad_to"] or 0,
+        launcher=torch_launcher,
     resources:
-        gpu=1,
+        gpu=config["training"]["gpus_per_node"],
         mem_mb=64000,
         runtime=4320,
         cpus_per_task=8,
@@ -21,4 +28,11 @@ rule pretrain:
     conda:
         "../envs/train.yaml"
     shell:
-        "npm-repro train --model {wildcards.model} --encoder {params.encoder:q} --batches {input} --out {output} > {log} 2>&1"
+        "{params.launcher} train --model-type {wildcards.model} --encoder {params.encoder:q}"
+        " --tokenizer {params.tokenizer:q} --blocks {input.blocks} --masked {input.masked}"
+        " --out {output} --checkpoint-dir results/checkpoints/{wildcards.model}"
+        " --steps {params.t[steps]} --warmup-steps {params.t[warmup_steps]} --schedule-steps {params.schedule_steps}"
+        " --lr {params.t[lr]} --weight-decay {params.t[weight_decay]} --grad-clip {params.t[grad_clip]}"
+        " --precision {params.t[precision]} --pool {params.t[pool]} --pad-to {params.pad_to}"
+        " --checkpoint-every {params.t[checkpoint_every]} --seed {params.t[seed]}"
+        " --summary results/checkpoints/{wildcards.model}/summary.json > {log} 2>&1"
