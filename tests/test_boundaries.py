@@ -1,0 +1,179 @@
+"""Word boundaries and token classes (reference npm.md 2.2 "Token classes", 3.2; section 9 items 20-21)."""
+
+import string
+
+import numpy as np
+import pytest
+
+from npm.boundaries import (
+    PUNCT_END,
+    PUNCT_PIECE,
+    PUNCT_START,
+    PUNCT_TOKEN,
+    SPACE_BEFORE,
+    SPECIAL,
+    encode_units,
+    is_subword,
+    token_flags,
+    valid_ends,
+    valid_starts,
+)
+from tests.conftest import lee_corpus_lines
+
+EXAMPLE = " The cat's hat."  # reference item 21; Wikipedia units start with a space
+
+
+def tokens(tok, ids):
+    return tok.convert_ids_to_tokens(np.asarray(ids).tolist())
+
+
+def picked(tok, ids, mask):
+    return [t for t, m in zip(tokens(tok, ids), mask, strict=True) if m]
+
+
+def reference_valid(strings, special):
+    """Reference 3.2 literally, on each token decoded on its own with its leading space (golden cases).
+
+    One deliberate difference: a token right after a whitespace-only token (byte-level BPE splits " illegal" into
+    "Ġ" "il" ... when its vocabulary has no "Ġil") counts as starting with a space, because the word starts there;
+    the offsets-based rule of npm.boundaries sees the space before it.
+    """
+    n = len(strings)
+    spaced = [s.startswith(" ") or (i > 0 and strings[i - 1] != "" and strings[i - 1].isspace())
+              for i, s in enumerate(strings)]
+    starts = [i == 0 or spaced[i] or (strings[i - 1][-1:] in string.punctuation and strings[i - 1] != "")
+              for i in range(n)]
+    ends = [i == n - 1 or spaced[i + 1] or strings[i + 1][:1] in string.punctuation
+            and strings[i + 1] != "" for i in range(n)]
+    keep = ~np.asarray(special, dtype=bool)
+    return np.array(starts) & keep, np.array(ends) & keep
+
+
+def test_item21_valid_starts_and_ends_with_byte_level_bpe(bpe_tokenizer):
+    ids, flags, _ = encode_units(bpe_tokenizer, [EXAMPLE])
+    assert tokens(bpe_tokenizer, ids) == ["<s>", "ĠThe", "Ġcat", "'s", "Ġhat", ".", "</s>"]
+    assert picked(bpe_tokenizer, ids, valid_starts(flags)) == ["ĠThe", "Ġcat", "Ġhat"]
+    assert picked(bpe_tokenizer, ids, valid_ends(flags)) == ["ĠThe", "Ġcat", "'s", "Ġhat", "."]
+
+
+def test_item21_rule_on_wordpiece_splits_cats_into_cat_quote_s(wordpiece_tokenizer):
+    ids, flags, _ = encode_units(wordpiece_tokenizer, [EXAMPLE])
+    assert tokens(wordpiece_tokenizer, ids) == ["[CLS]", "the", "cat", "'", "s", "hat", ".", "[SEP]"]
+    # "'" follows "cat" (no space, "cat" ends in a letter): not a start. "s" follows "'", which ends with
+    # punctuation: a start. "'" is not an end: the next token "s" neither has a space before it nor starts with
+    # punctuation. "cat" is an end because "'" starts with punctuation.
+    assert picked(wordpiece_tokenizer, ids, valid_starts(flags)) == ["the", "cat", "s", "hat"]
+    assert picked(wordpiece_tokenizer, ids, valid_ends(flags)) == ["the", "cat", "s", "hat", "."]
+
+
+def test_flags_of_the_example_tokens(bpe_tokenizer, wordpiece_tokenizer):
+    _, flags, _ = encode_units(bpe_tokenizer, [EXAMPLE])
+    s = SPECIAL | PUNCT_START | PUNCT_END
+    dot = PUNCT_START | PUNCT_END | PUNCT_TOKEN | PUNCT_PIECE
+    assert flags.tolist() == [s, SPACE_BEFORE, SPACE_BEFORE, PUNCT_START, SPACE_BEFORE, dot, s]
+    _, flags, _ = encode_units(wordpiece_tokenizer, [EXAMPLE])
+    quote = PUNCT_START | PUNCT_END | PUNCT_PIECE  # a punctuation piece but not reference 2.2 "punctuation"
+    assert flags.tolist() == [s, SPACE_BEFORE, SPACE_BEFORE, quote, 0, SPACE_BEFORE, dot, s]
+
+
+def test_reference_rule_golden_cases_on_real_text_bpe(bpe_tokenizer):
+    """Against reference 3.2 applied to each BPE token decoded on its own, on 300 real news paragraphs."""
+    lines = lee_corpus_lines()
+    ids, flags, unit_offsets = encode_units(bpe_tokenizer, lines)
+    for u in range(len(lines)):
+        a, b = unit_offsets[u], unit_offsets[u + 1]
+        strings = [bpe_tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in ids[a:b].tolist()]
+        want_starts, want_ends = reference_valid(strings, flags[a:b] & SPECIAL)
+        assert (valid_starts(flags[a:b]) == want_starts).all(), lines[u]
+        assert (valid_ends(flags[a:b]) == want_ends).all(), lines[u]
+
+
+def test_subwords_match_reference_2_2_on_real_text_bpe(bpe_tokenizer):
+    """Reference 2.2: not starting with a space and not a substring of string.punctuation; specials count.
+    The first token of a unit is word-initial here (the reference lets it start a span through its "follows <s>"
+    exception instead), and so is a token after a whitespace-only token (see ``reference_valid``)."""
+    lines = lee_corpus_lines()
+    ids, flags, unit_offsets = encode_units(bpe_tokenizer, lines)
+    strings = [bpe_tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in ids.tolist()]
+    want = np.array([not s.startswith(" ") and s not in string.punctuation for s in strings])
+    after_lone_space = np.flatnonzero([s != "" and s.isspace() for s in strings]) + 1  # see reference_valid
+    want[after_lone_space] = False
+    first = unit_offsets[:-1] + 1  # after <s>
+    want[first] = False
+    want[(flags & SPECIAL) != 0] = True
+    assert (is_subword(flags) == want).all()
+
+
+def test_special_tokens_are_subwords_and_never_valid(bpe_tokenizer, wordpiece_tokenizer):
+    for tok, text in ((bpe_tokenizer, "a <mask> b"), (wordpiece_tokenizer, "a [MASK] b")):
+        ids, flags, _ = encode_units(tok, [text])
+        special = np.isin(ids, tok.all_special_ids)
+        assert special.sum() == 3  # begin, mask, end: the mask typed in the text is special too
+        assert (flags[special] == SPECIAL | PUNCT_START | PUNCT_END).all()
+        assert is_subword(flags)[special].all()
+        assert not valid_starts(flags)[special].any() and not valid_ends(flags)[special].any()
+
+
+def test_punctuation_piece_is_a_substring_of_string_punctuation():
+    text = "a () -- ... , ;"
+    spans = [(0, 1), (2, 4), (5, 7), (8, 11), (12, 13), (14, 15)]
+    flags = token_flags(text, spans, np.zeros(6, bool))
+    piece = (flags & PUNCT_PIECE) != 0
+    assert piece.tolist() == [False, True, False, False, True, True]  # "()" is in string.punctuation, "--" not
+    assert ((flags & PUNCT_TOKEN) != 0).tolist() == [False, False, False, False, True, False]
+    assert is_subword(flags).tolist() == [False, False, False, False, False, False]  # all word-initial
+    glued = token_flags("x--", [(0, 1), (1, 3)], np.zeros(2, bool))
+    assert is_subword(glued).tolist() == [False, True]  # reference 2.2: multi-char punctuation is a subword
+
+
+def test_untrimmed_offsets_give_the_same_flags():
+    text = "The cat, sat."
+    trimmed = [(0, 3), (4, 7), (7, 8), (9, 12), (12, 13)]
+    untrimmed = [(0, 3), (3, 7), (7, 8), (8, 12), (12, 13)]  # byte-level spans that keep their leading space
+    special = np.zeros(5, bool)
+    assert token_flags(text, trimmed, special).tolist() == token_flags(text, untrimmed, special).tolist()
+
+
+def test_double_space_gives_a_lone_space_token_that_is_word_initial(bpe_tokenizer):
+    ids, flags, _ = encode_units(bpe_tokenizer, ["Title.  Section"])  # reference 2.1 quirk: "{title}. {unit}"
+    toks = tokens(bpe_tokenizer, ids)
+    assert "Ġ" in toks
+    lone = toks.index("Ġ")
+    assert flags[lone] == SPACE_BEFORE and flags[lone + 1] & SPACE_BEFORE
+    assert valid_starts(flags)[lone] and valid_ends(flags)[lone - 1]
+
+
+def test_first_token_of_each_unit_is_word_initial(bpe_tokenizer, wordpiece_tokenizer):
+    for tok in (bpe_tokenizer, wordpiece_tokenizer):
+        _, flags, unit_offsets = encode_units(tok, ["Hello there", "Another one", "", "x"])
+        assert np.diff(unit_offsets)[2] == 2  # an empty unit is just the two special tokens
+        for u in (0, 1, 3):
+            assert flags[unit_offsets[u] + 1] & SPACE_BEFORE
+
+
+def test_offsets_are_code_points_outside_the_basic_plane(wordpiece_tokenizer):
+    ids, flags, _ = encode_units(wordpiece_tokenizer, ["\U0001d400 rain, snow"])
+    toks = tokens(wordpiece_tokenizer, ids)
+    assert toks[-3:] == ["rain", ",", "snow"] or toks[-4:-1] == ["rain", ",", "snow"]
+    i = toks.index(",")
+    assert flags[i] & PUNCT_TOKEN and flags[i - 1] & SPACE_BEFORE and flags[i + 1] & SPACE_BEFORE
+
+
+@pytest.mark.parametrize("family", ["bpe", "wordpiece"])
+def test_flat_version_equals_per_block(family, bpe_tokenizer, wordpiece_tokenizer):
+    tok = bpe_tokenizer if family == "bpe" else wordpiece_tokenizer
+    _, flags, _ = encode_units(tok, lee_corpus_lines()[:40])
+    rng = np.random.default_rng(0)
+    cuts = np.sort(rng.choice(np.arange(1, len(flags)), size=60, replace=False))
+    block_offsets = np.r_[0, cuts, len(flags)]
+    starts, ends = valid_starts(flags, block_offsets), valid_ends(flags, block_offsets)
+    for a, b in zip(block_offsets[:-1], block_offsets[1:], strict=True):
+        assert (starts[a:b] == valid_starts(flags[a:b])).all()
+        assert (ends[a:b] == valid_ends(flags[a:b])).all()
+        # a block's edges are valid unless they hold a special token (item 20: never stored)
+        assert starts[a] == (not flags[a] & SPECIAL) and ends[b - 1] == (not flags[b - 1] & SPECIAL)
+
+
+def test_empty_flags():
+    assert valid_starts(np.zeros(0, np.uint8)).shape == (0,)
+    assert valid_ends(np.zeros(0, np.uint8), np.array([0])).shape == (0,)
