@@ -106,9 +106,16 @@ def encode_units(tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarra
     tokenizer is called once for all units (the Rust backend encodes them in parallel), without truncation and
     without the "longer than the model's maximum length" warning (units are split into blocks later).
     """
+    return encode_units_with_offsets(tokenizer, texts)[:3]
+
+
+def encode_units_with_offsets(tokenizer, texts: Sequence[str]):
+    """``encode_units`` plus where each token sits in the text: ``(input_ids, flags, unit_offsets, offsets,
+    joined)`` with ``offsets`` int64 [T, 2] character spans into ``joined``, the units joined with "\\n"
+    (special tokens carry the empty span at the start of their unit)."""
     texts = list(texts)
     if not texts:
-        return np.zeros(0, np.int32), np.zeros(0, np.uint8), np.zeros(1, np.int64)
+        return np.zeros(0, np.int32), np.zeros(0, np.uint8), np.zeros(1, np.int64), np.zeros((0, 2), np.int64), ""
     enc = tokenizer(texts, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True,
                     return_attention_mask=False, return_token_type_ids=False, verbose=False)
     lengths = np.fromiter(map(len, enc["input_ids"]), dtype=np.int64, count=len(texts))
@@ -119,11 +126,20 @@ def encode_units(tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarra
     special |= np.isin(ids, tokenizer.all_special_ids)
     offsets = np.fromiter(chain.from_iterable(chain.from_iterable(enc["offset_mapping"])), dtype=np.int64,
                           count=2 * total).reshape(-1, 2)
+    offsets[special] = 0
     # Offsets are per unit; shift them into the units joined with one separator character each.
     text_starts = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])[:-1]])
     offsets += np.repeat(text_starts, lengths)[:, None]
-    flags = token_flags("\n".join(texts), offsets, special, unit_offsets)
-    return ids.astype(np.int32), flags, unit_offsets
+    joined = "\n".join(texts)
+    flags = token_flags(joined, offsets, special, unit_offsets)
+    return ids.astype(np.int32), flags, unit_offsets, offsets, joined
+
+
+def utf8_offsets(text: str) -> np.ndarray:
+    """int64 [len(text)+1]: the UTF-8 byte offset of every character position of ``text``."""
+    cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    nbytes = 1 + (cp >= 0x80).astype(np.int64) + (cp >= 0x800) + (cp >= 0x10000)
+    return np.concatenate([[0], np.cumsum(nbytes)])
 
 
 def is_subword(flags: np.ndarray) -> np.ndarray:

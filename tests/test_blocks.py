@@ -7,7 +7,7 @@ import pytest
 
 from npm.boundaries import SPECIAL
 from npm.data.batches import build_batches, make_batches
-from npm.data.blocks import build_blocks, load_blocks, pack_blocks, pad_blocks, tokenize_documents
+from npm.data.blocks import block_text, build_blocks, load_blocks, pack_blocks, pad_blocks, tokenize_documents
 from npm.io import load_npz, write_jsonl
 from tests.conftest import WORDPIECE, lee_corpus_lines
 
@@ -119,3 +119,29 @@ def test_too_few_blocks_for_a_batch_is_a_clear_error(tmp_path):
     build_blocks(tmp_path / "docs.jsonl", tmp_path / "blocks.npz", WORDPIECE)
     with pytest.raises(ValueError, match="make no batch of 16 blocks"):
         build_batches(tmp_path / "blocks.npz", tmp_path / "batches.npz", 16)
+
+
+@pytest.mark.parametrize("family", ["bpe", "wordpiece"])
+def test_blocks_keep_the_exact_surface_text_of_every_token(family, bpe_tokenizer, wordpiece_tokenizer):
+    tok = bpe_tokenizer if family == "bpe" else wordpiece_tokenizer
+    units = lee_corpus_lines()[:12] + ["Θεσσαλονίκη is the second largest city in Greece.", "Ünïcödé — “quotes”."]
+    docs = [{"id": "a", "units": units[:7]}, {"id": "b", "units": units[7:]}]
+    blocks = tokenize_documents(docs, tok, max_seq_length=64)
+    texts = [block_text(blocks, b) for b in range(len(blocks["block_doc"]))]
+    joined = "\n".join(texts)
+    for unit in units:  # a unit that spans blocks is cut between tokens; whitespace may fall at the cut
+        assert "".join(unit.split()) in "".join(joined.split())
+    ids, spans, offsets = blocks["input_ids"], blocks["token_spans"], blocks["block_offsets"]
+    special = (blocks["flags"] & SPECIAL) != 0
+    for b in range(len(texts)):
+        raw = texts[b].encode()
+        for i in range(offsets[b], offsets[b + 1]):
+            surface = raw[spans[i, 0]:spans[i, 1]].decode()
+            if special[i]:
+                assert surface == ""
+            elif tok.convert_ids_to_tokens(int(ids[i])) != tok.unk_token and "\ufffd" not in tok.decode([int(ids[i])]):
+                # the surface string is the token's text (case and accents kept; byte pieces of one character
+                # share that character's span)
+                piece = tok.decode([int(ids[i])]).strip().removeprefix("##")
+                norm = tok.backend_tokenizer.normalizer
+                assert (norm.normalize_str(surface) if norm else surface).strip() == piece, (surface, piece)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from npm.boundaries import encode_units
+from npm.boundaries import SPECIAL, encode_units_with_offsets, utf8_offsets
 from npm.io import load_npz, read_jsonl, save_npz
 
 MAX_SEQ_LENGTH = 256
@@ -86,6 +86,42 @@ def pad_blocks(input_ids: np.ndarray, block_offsets: np.ndarray, block_indices: 
     return ids, attention.astype(np.int64)
 
 
+def block_texts(joined: str, byte_spans: np.ndarray, special: np.ndarray,
+                block_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The surface text of every block and where each token sits in it (exact surface strings, reference 3.7).
+
+    ``byte_spans`` int64 [T, 2] are UTF-8 byte spans of the tokens in ``joined``; a block's text runs from its
+    first to its last non-special token (the units of a block stay joined by "\\n"). Returns ``text`` uint8 (the
+    blocks' texts laid end to end), ``text_offsets`` int64 [n_blocks+1] and ``token_spans`` uint16 [T, 2] (byte
+    span of each token inside its block's text; special tokens get the empty span (0, 0)).
+    """
+    n_blocks = len(block_offsets) - 1
+    raw = joined.encode("utf-8", "surrogatepass")
+    block = np.repeat(np.arange(n_blocks), np.diff(block_offsets))
+    big = np.iinfo(np.int64).max
+    first = np.full(n_blocks, big)
+    last = np.full(n_blocks, -1)
+    np.minimum.at(first, block[~special], byte_spans[~special, 0])
+    np.maximum.at(last, block[~special], byte_spans[~special, 1])
+    empty = last < 0
+    first[empty], last[empty] = 0, 0
+    spans = byte_spans - first[block][:, None]
+    spans[special] = 0
+    if len(spans) and spans.max() > np.iinfo(np.uint16).max:
+        b = int(block[np.argmax(spans.max(1))])
+        raise ValueError(f"block {b} has {int(last[b] - first[b])} bytes of text, more than 65535; "
+                         "use a smaller max_seq_length")
+    text = b"".join(raw[a:e] for a, e in zip(first.tolist(), last.tolist(), strict=True))
+    text_offsets = np.concatenate([[0], np.cumsum(last - first)])
+    return np.frombuffer(text, dtype=np.uint8), text_offsets, spans.astype(np.uint16)
+
+
+def block_text(blocks: dict[str, np.ndarray], b: int) -> str:
+    """The surface text of block ``b`` of a blocks file's arrays."""
+    a, e = blocks["text_offsets"][b], blocks["text_offsets"][b + 1]
+    return blocks["text"][a:e].tobytes().decode("utf-8", "surrogatepass")
+
+
 def _chunks(docs: Iterable[dict], max_units: int) -> Iterator[list[dict]]:
     """Whole documents, grouped so that a group has about ``max_units`` text units."""
     chunk, n = [], 0
@@ -111,7 +147,9 @@ def _check(doc: dict, k: int) -> list[str]:
 def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MAX_SEQ_LENGTH,
                        stats: Counter | None = None) -> dict[str, np.ndarray]:
     """The blocks arrays of ``docs`` (docs/data-contracts.md): ``input_ids`` int32, ``flags`` uint8,
-    ``block_offsets`` int64 [n_blocks+1], ``block_doc`` int32 (index into ``doc_ids``), ``doc_ids`` str.
+    ``block_offsets`` int64 [n_blocks+1], ``block_doc`` int32 (index into ``doc_ids``), ``doc_ids`` str, and the
+    surface text: ``text`` uint8, ``text_offsets`` int64 [n_blocks+1], ``token_spans`` uint16 [T, 2]
+    (``block_texts``).
 
     Documents are encoded in chunks of whole documents; only flat arrays are kept per chunk. ``stats``, if
     given, is increased by the counts of ``documents``, ``units`` and ``units_dropped_mask``.
@@ -119,7 +157,8 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
     stats = Counter() if stats is None else stats
     mask_id = tokenizer.mask_token_id
     ids_parts, flag_parts, offset_parts, doc_parts, doc_ids = [], [], [], [], []
-    n_tokens = 0
+    text_parts, text_offset_parts, span_parts = [], [], []
+    n_tokens = n_bytes = 0
     for chunk in _chunks(docs, CHUNK_UNITS):
         first_doc = len(doc_ids)
         texts, unit_doc = [], []
@@ -128,7 +167,7 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
             doc_ids.append(str(doc["id"]))
             texts.extend(units)
             unit_doc.extend([k] * len(units))
-        ids, flags, unit_offsets = encode_units(tokenizer, texts)
+        ids, flags, unit_offsets, offsets, joined = encode_units_with_offsets(tokenizer, texts)
         drop = units_containing(ids, unit_offsets, mask_id)
         keep_tokens = np.repeat(~drop, np.diff(unit_offsets))
         block_offsets, block_doc = pack_blocks(np.diff(unit_offsets)[~drop], np.asarray(unit_doc)[~drop],
@@ -137,7 +176,14 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
         flag_parts.append(flags[keep_tokens])
         offset_parts.append(block_offsets[:-1] + n_tokens)
         doc_parts.append(block_doc)
+        byte_spans = utf8_offsets(joined)[offsets[keep_tokens]]
+        text, text_offsets, token_spans = block_texts(joined, byte_spans, (flags[keep_tokens] & SPECIAL) != 0,
+                                                      block_offsets)
+        text_parts.append(text)
+        text_offset_parts.append(text_offsets[:-1] + n_bytes)
+        span_parts.append(token_spans)
         n_tokens += int(block_offsets[-1])
+        n_bytes += int(text_offsets[-1])
         stats.update(documents=len(chunk), units=len(texts), units_dropped_mask=int(drop.sum()))
     return {
         "input_ids": np.concatenate(ids_parts or [np.zeros(0)]).astype(np.int32),
@@ -145,6 +191,9 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
         "block_offsets": np.concatenate(offset_parts + [[n_tokens]]).astype(np.int64),
         "block_doc": np.concatenate(doc_parts or [np.zeros(0)]).astype(np.int32),
         "doc_ids": np.array(doc_ids, dtype=str),
+        "text": np.concatenate(text_parts or [np.zeros(0)]).astype(np.uint8),
+        "text_offsets": np.concatenate(text_offset_parts + [[n_bytes]]).astype(np.int64),
+        "token_spans": np.concatenate(span_parts or [np.zeros((0, 2))]).astype(np.uint16),
     }
 
 
@@ -175,7 +224,8 @@ def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: st
 def load_blocks(path: str | Path) -> dict[str, np.ndarray]:
     """Read a blocks ``.npz`` and check that it has the arrays of the contract."""
     arrays = load_npz(path)
-    missing = {"input_ids", "flags", "block_offsets", "block_doc", "doc_ids"} - set(arrays)
+    missing = {"input_ids", "flags", "block_offsets", "block_doc", "doc_ids", "text", "text_offsets",
+               "token_spans"} - set(arrays)
     if missing:
         raise ValueError(f"{path}: not a blocks file (missing {sorted(missing)}); rebuild it with build_blocks")
     return arrays
