@@ -221,11 +221,14 @@ def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: st
             "tokens": int(len(arrays["input_ids"])), "tokenizer": tokenizer_name}
 
 
-def load_blocks(path: str | Path) -> dict[str, np.ndarray]:
-    """Read a blocks ``.npz`` and check that it has the arrays of the contract."""
+def load_blocks(path: str | Path, text: bool = False) -> dict[str, np.ndarray]:
+    """Read a blocks ``.npz`` and check that it has the arrays of the contract (``text``: the surface-text arrays
+    too, which only the datastore and BM25 stages read)."""
     arrays = load_npz(path)
-    missing = {"input_ids", "flags", "block_offsets", "block_doc", "doc_ids", "text", "text_offsets",
-               "token_spans"} - set(arrays)
+    need = {"input_ids", "flags", "block_offsets", "block_doc", "doc_ids"}
+    if text:
+        need |= {"text", "text_offsets", "token_spans"}
+    missing = need - set(arrays)
     if missing:
         raise ValueError(f"{path}: not a blocks file (missing {sorted(missing)}); rebuild it with build_blocks")
     return arrays
