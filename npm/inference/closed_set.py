@@ -1,0 +1,37 @@
+"""Closed-set label scores from the k nearest corpus tokens (paper 3.3, A.3-A.4; reference npm.md 4.1, items 25-26).
+
+Every retrieved neighbour votes for the token id stored at its position with its probability
+p = softmax(s / tau) over the neighbour list, s = q . e / sqrt(h) recomputed exactly from the stored vectors;
+a label's score is the summed probability of the tokens of its (fuzzy) verbalizer; the prediction is the argmax.
+
+* NPM-single: the k neighbours of the one mask vector.
+* NPM: the start-query and the end-query neighbours are concatenated (per datastore) under one softmax.
+  ``tau_twice=True`` reproduces the original code, which divides the NPM logits by tau twice (s / tau^2);
+  the paper (default) divides once (CODE != PAPER, reference 4.1 step 3).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def label_scores(neighbour_ids: np.ndarray, sims: np.ndarray, verbalizers: list[np.ndarray], tau: float = 5.0,
+                 tau_twice: bool = False) -> np.ndarray:
+    """Scores float64 [n_labels] of one query; ``neighbour_ids`` / ``sims`` [K] list every neighbour (start and
+    end lists concatenated for NPM), ``verbalizers[l]`` the token ids of label l."""
+    logits = np.asarray(sims, dtype=np.float64) / (tau * tau if tau_twice else tau)
+    if len(logits) == 0:
+        raise ValueError("no neighbour to vote: the datastore returned nothing for this query")
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    neighbour_ids = np.asarray(neighbour_ids)
+    return np.array([p[np.isin(neighbour_ids, words)].sum() for words in verbalizers])
+
+
+def mlm_label_scores(logits: np.ndarray, verbalizers: list[np.ndarray]) -> np.ndarray:
+    """Parametric MLM baseline (reference 4.1 step 7, 6): softmax over the vocabulary at the mask, summed over each
+    label's token ids."""
+    logits = np.asarray(logits, dtype=np.float64)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    return np.array([p[np.asarray(words)].sum() for words in verbalizers])

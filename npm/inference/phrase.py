@@ -1,0 +1,97 @@
+"""NPM phrase prediction over the reference corpus (paper 3.1 and 3.3; reference npm.md 3.7, items 22-23).
+
+Pure functions on flat arrays of the candidate blocks laid end to end (``block`` gives each token's block, so
+spans never cross blocks):
+
+1. ``walk_spans``: from every start candidate that is a valid start, walk forward up to ``l_max`` tokens; every
+   step that lands on a valid end gives a span. From every end candidate that is a valid end, walk backward the
+   same way. A span never contains a blocked token (begin/end tokens, and stop words when they are excluded).
+2. ``score_spans``: per occurrence, from exact similarities s = q . e / sqrt(h):
+   * ``form="code"`` (the original implementation): P_start + P_end, each a softmax over its candidate set
+     divided by tau (a sum of two probabilities);
+   * ``form="paper"`` (the paper's 3.1): exp(s_start / tau) + exp(s_end / tau), normalised over all occurrences.
+   The candidate set of each side is the union of the retrieved candidates (restricted mode: every stored
+   vector of the BM25 blocks; FAISS mode: the k neighbours) and the positions the walk reached.
+3. ``aggregate_spans``: scores summed over every occurrence of the same token sequence; the prediction is the
+   argmax of sum x length^alpha (alpha = 0 in every reported number).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def walk_spans(start_cand: np.ndarray, end_cand: np.ndarray, block: np.ndarray, valid_start: np.ndarray,
+               valid_end: np.ndarray, blocked: np.ndarray, l_max: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Unique spans (start, end), inclusive token positions, sorted; reference 3.7 step 2 and item 22."""
+    n = len(block)
+    cum = np.concatenate([[0], np.cumsum(blocked, dtype=np.int64)])
+    steps = np.arange(l_max)
+
+    def ok(s, e):
+        inside = (s >= 0) & (e < n)
+        s, e = np.clip(s, 0, n - 1), np.clip(e, 0, n - 1)
+        return inside & (block[s] == block[e]) & (cum[e + 1] - cum[s] == 0) & valid_start[s] & valid_end[e]
+
+    start_cand = np.asarray(start_cand, dtype=np.int64)
+    end_cand = np.asarray(end_cand, dtype=np.int64)
+    s = start_cand[valid_start[start_cand]][:, None] + 0 * steps
+    e_fwd = s + steps
+    keep_f = ok(s, e_fwd)
+    e = end_cand[valid_end[end_cand]][:, None] + 0 * steps
+    s_bwd = e - steps
+    keep_b = ok(s_bwd, e)
+    starts = np.concatenate([s[keep_f], s_bwd[keep_b]])
+    ends = np.concatenate([e_fwd[keep_f], e[keep_b]])
+    pairs = np.unique(np.stack([starts, ends], axis=1), axis=0) if len(starts) else np.zeros((0, 2), np.int64)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max()) if len(x) else x
+    return z / z.sum() if len(x) else z
+
+
+def score_spans(span_start: np.ndarray, span_end: np.ndarray, start_pos: np.ndarray, start_sim: np.ndarray,
+                end_pos: np.ndarray, end_sim: np.ndarray, tau: float = 1.0, form: str = "paper") -> np.ndarray:
+    """Weight of every span occurrence (float64 [n]); see the module docstring for the two forms.
+
+    ``start_pos`` (sorted, unique) with ``start_sim`` are the scored start candidates and must include every
+    span start; likewise for ends.
+    """
+    i_s = np.searchsorted(start_pos, span_start)
+    i_e = np.searchsorted(end_pos, span_end)
+    if len(span_start) and ((i_s >= len(start_pos)).any() or (start_pos[np.minimum(i_s, len(start_pos) - 1)]
+                                                                != span_start).any()):
+        raise ValueError("a span start has no score: start_pos must include every span start")
+    if len(span_end) and ((i_e >= len(end_pos)).any() or (end_pos[np.minimum(i_e, len(end_pos) - 1)]
+                                                          != span_end).any()):
+        raise ValueError("a span end has no score: end_pos must include every span end")
+    start_sim = np.asarray(start_sim, dtype=np.float64) / tau
+    end_sim = np.asarray(end_sim, dtype=np.float64) / tau
+    if form == "code":
+        return _softmax(start_sim)[i_s] + _softmax(end_sim)[i_e]
+    if form == "paper":
+        return _softmax(np.logaddexp(start_sim[i_s], end_sim[i_e]))
+    raise ValueError(f"span score form must be 'paper' or 'code', not {form!r}")
+
+
+def aggregate_spans(ids: np.ndarray, span_start: np.ndarray, span_end: np.ndarray, weights: np.ndarray,
+                    alpha: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group occurrences by their token sequence (reference 3.7 step 5, item 23).
+
+    Returns ``(order, group, scores)``: ``group`` [n] maps each occurrence to its phrase, ``scores`` [n_phrases]
+    is the summed weight x length^alpha, and ``order`` lists the phrases best first.
+    """
+    if len(span_start) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    lengths = span_end - span_start + 1
+    width = int(lengths.max())
+    cols = span_start[:, None] + np.arange(width)
+    tokens = np.where(np.arange(width) < lengths[:, None], ids[np.minimum(cols, len(ids) - 1)], -1)
+    _, group = np.unique(tokens, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    scores = np.bincount(group, weights=weights)
+    length = np.bincount(group, weights=lengths) / np.bincount(group)
+    scores = scores * length**alpha
+    return np.argsort(-scores, kind="stable"), group, scores

@@ -1,0 +1,77 @@
+"""Query encoding (paper 3.1 and 3.3; reference npm.md 3.6, 4.1; section 9 items 19 and 27).
+
+NPM: the query is tokenized with the tokenizer's begin/end tokens, a second mask token is inserted right after
+the (single) mask, and one encoder pass gives ``q_start`` (final hidden layer at the first mask) and ``q_end``
+(at the second). NPM-single keeps one mask and gives one vector. Inputs longer than the model's limit keep their
+**last** ``max_length`` tokens, as the original (the leading begin token is lost; the mask must survive).
+
+Queries are written with ``<mask>`` (the paper's and the datasets' templates) or the tokenizer's own mask
+token (``[MASK]`` for BERT); both are accepted. A query with no mask, with two masks or with no text is an
+error, never a silent guess.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+MASK_PLACEHOLDER = "<mask>"
+
+
+def closed_set_input(text: str) -> str:
+    """Reference 4.1 step 1 / item 27: a template without a mask gets "<mask>." appended with no space."""
+    return text if MASK_PLACEHOLDER in text else text + MASK_PLACEHOLDER + "."
+
+
+def query_ids(tokenizer, text: str, n_masks: int = 2, max_length: int = 256) -> tuple[np.ndarray, int]:
+    """Token ids int64 [L] of one query and the position of its first mask.
+
+    ``n_masks`` = 2 for NPM ([MASK_s][MASK_e]), 1 for NPM-single and the MLM baseline.
+    """
+    if not text or not text.strip():
+        raise ValueError("empty query: write a sentence with one <mask>, e.g. 'Paris is the capital of <mask>.'")
+    mask = tokenizer.mask_token
+    if mask != MASK_PLACEHOLDER:
+        text = text.replace(MASK_PLACEHOLDER, mask)
+    ids = np.asarray(tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"], dtype=np.int64)
+    where = np.flatnonzero(ids == tokenizer.mask_token_id)
+    if len(where) == 0:
+        raise ValueError(f"query has no mask ({MASK_PLACEHOLDER} or {mask}): {text!r}")
+    if len(where) > 1:
+        raise ValueError(f"query has {len(where)} masks; NPM predicts exactly one span per query: {text!r}")
+    pos = int(where[0])
+    if n_masks == 2:
+        ids = np.insert(ids, pos + 1, tokenizer.mask_token_id)
+    if len(ids) > max_length:
+        cut = len(ids) - max_length
+        if pos < cut:
+            raise ValueError(f"query of {len(ids)} tokens: keeping its last {max_length} tokens (as the original) "
+                             f"would drop the mask at token {pos}; shorten the text before the mask")
+        ids, pos = ids[cut:], pos - cut
+    return ids, pos
+
+
+@torch.inference_mode()
+def encode_queries(model, tokenizer, texts: list[str], n_masks: int = 2, max_length: int = 256,
+                   batch_size: int = 32, device=None) -> np.ndarray:
+    """Final-layer vectors at the mask(s): float32 [n, n_masks, h] (reference 3.6: not the LM head)."""
+    from npm.model import encode
+
+    device = device or next(model.parameters()).device
+    model.eval()
+    prepared = [query_ids(tokenizer, t, n_masks, max_length) for t in texts]
+    out = []
+    for a in range(0, len(prepared), batch_size):
+        chunk = prepared[a:a + batch_size]
+        width = max(len(ids) for ids, _ in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for i, (row, _) in enumerate(chunk):
+            ids[i, :len(row)] = torch.from_numpy(row)
+            attention[i, :len(row)] = 1
+        hidden = encode(model, ids.to(device), attention.to(device)).float()
+        pos = torch.tensor([p for _, p in chunk], device=hidden.device)
+        cols = pos[:, None] + torch.arange(n_masks, device=hidden.device)
+        out.append(hidden[torch.arange(len(chunk), device=hidden.device)[:, None], cols].cpu().numpy())
+    h = model.config.hidden_size
+    return np.concatenate(out) if out else np.zeros((0, n_masks, h), np.float32)
