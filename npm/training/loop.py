@@ -1,0 +1,286 @@
+"""Contrastive pretraining of NPM and NPM-single (paper 3.2-3.3 and 4.1; reference npm.md 2.3-2.5).
+
+One step: each rank takes one batch line, encodes the masked view (queries) and the unmasked view
+(targets) with the same encoder, both with gradient; the targets of every rank form the candidate pool
+(all ranks, or this rank's half of the world as the original); the loss is the multi-positive InfoNCE of
+``npm.training.loss``. AdamW (weight decay on all parameters), linear warm-up then linear decay to zero
+(transformers' scheduler), gradient clipping, mixed precision on GPU.
+
+Resumable: every ``checkpoint_every`` steps a checkpoint folder (``save_pretrained`` weights plus
+optimiser, scheduler, RNG and data-position state) is written under a temporary name and renamed, so a
+killed job leaves the previous checkpoint intact; ``resume`` continues bit-for-bit on CPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from npm.io import write_summary
+from npm.model import encode, load_encoder, load_tokenizer
+from npm.training.collate import collate_phrase, collate_single
+from npm.training.data import BatchLines
+from npm.training.gather import candidate_pool
+from npm.training.loss import phrase_loss, phrase_positives, single_loss, single_positives
+
+log = logging.getLogger(__name__)
+STATE_FILE = "training_state.pt"
+LOG_COLUMNS = ["step", "loss", "loss_start", "loss_end", "positives_per_span", "queries", "lr", "tokens_per_s"]
+
+
+@dataclass
+class TrainConfig:
+    model_type: str  # "npm" (phrase, span masking) or "npm_single" (token)
+    encoder: str
+    shards: list[tuple[str, str]]  # (blocks .npz, masked .npz) per training shard
+    out_dir: str  # final save_pretrained folder
+    checkpoint_dir: str  # resumable checkpoints (kept outside the rule's output)
+    tokenizer: str | None = None
+    steps: int = 100_000
+    warmup_steps: int = 4_000
+    schedule_steps: int | None = None  # linear decay reaches 0 here (default: steps)
+    lr: float = 3e-5
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 2.0
+    precision: str = "bf16"  # on GPU: bf16 | fp16 | fp32; CPU always runs fp32
+    pool: str = "half"  # "all" ranks or this rank's "half" of the world (reference 2.4)
+    pad_to: int | None = None  # None: longest row of the batch; the original pads to 320
+    checkpoint_every: int = 10_000
+    keep_checkpoints: int = 2
+    seed: int = 0
+    resume: bool = True
+    wandb_project: str | None = "npm-repro"
+    extra: dict = field(default_factory=dict)
+
+
+def _init_distributed() -> tuple[int, int, torch.device]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # as the original (reference 2.4)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return rank, world, device
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    done = [p for p in root.glob("step-*") if (p / STATE_FILE).exists() and p.name[5:].isdigit()]
+    return sorted(done, key=lambda p: int(p.name[5:]))
+
+
+def _save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, scheduler, position, keep: int) -> Path:
+    final = root / f"step-{step}"
+    tmp = root / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "python_rng": random.getstate(),
+        "position": position,
+    }
+    torch.save(state, tmp / STATE_FILE)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in _checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _load_state(path: Path) -> dict:
+    try:
+        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file
+        raise ValueError(f"corrupt checkpoint {path}: cannot read {STATE_FILE} ({e}); delete it to restart") from None
+
+
+def _wandb(cfg: TrainConfig, rank: int):
+    if rank != 0 or not cfg.wandb_project or os.environ.get("WANDB_MODE") == "disabled":
+        return None
+    try:
+        import wandb
+    except ImportError:
+        return None
+    return wandb.init(project=cfg.wandb_project, mode=os.environ.get("WANDB_MODE", "offline"), config=asdict(cfg))
+
+
+def _encode_both(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query (masked view) and target (unmasked view) vectors from ONE encoder call.
+
+    Reference 2.4 runs the shared encoder twice per step (masked queries, unmasked targets; both in train
+    mode with dropout, both with gradient). Two forward calls of a DistributedDataParallel module before one
+    backward break DDP (a parameter may be marked ready only once), so the two views are stacked along the
+    batch dimension (padded to a common length with id 0 / attention 0) and encoded together, then split.
+    Rows never attend to each other and padding is masked, so this is still the two passes of the original.
+    """
+    q_ids, q_att = batch["query_ids"], batch["query_attention"].long()
+    t_ids, t_att = batch["target_ids"], batch["target_valid"].long()
+    rows, lq, lt = q_ids.shape[0], q_ids.shape[1], t_ids.shape[1]
+    width = max(lq, lt)
+
+    def widen(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=0)
+
+    vectors = encode(model, torch.cat([widen(q_ids), widen(t_ids)]), torch.cat([widen(q_att), widen(t_att)]))
+    return vectors[:rows, :lq], vectors[rows:, :lt]
+
+
+def step_loss(model, batch: dict, model_type: str, pool: str, device) -> tuple[torch.Tensor, dict]:
+    """Loss of one batch line: two views through the same encoder, then the pooled contrastive loss (reference 2.4).
+
+    The masked (query) and unmasked (target) views go through the encoder in one call (``_encode_both``: DDP
+    allows one forward per backward); the targets of the pool's ranks form the candidates (``candidate_pool``).
+    """
+    batch = {k: v.to(device) for k, v in batch.items()}
+    queries, targets = _encode_both(model, batch)
+    pool_vectors, pool_ids, pool_valid, offset = candidate_pool(
+        targets, batch["target_ids"], batch["target_valid"], pool
+    )
+    if model_type == "npm":
+        seq = batch["span_seq"] + offset
+        q_start = queries[batch["span_seq"], batch["q_start_pos"]]
+        q_end = queries[batch["span_seq"], batch["q_end_pos"]]
+        pos_start, pos_end = phrase_positives(batch["span_tokens"], batch["span_lengths"], seq, pool_ids, pool_valid)
+        return phrase_loss(q_start, q_end, pool_vectors, pool_valid, pos_start, pos_end, seq,
+                           span_tokens=batch["span_tokens"])
+    seq = batch["query_seq"] + offset
+    q = queries[batch["query_seq"], batch["query_pos"]]
+    positives = single_positives(batch["query_tokens"], seq, pool_ids, pool_valid)
+    return single_loss(q, pool_vectors, pool_valid, positives, seq)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run (or resume) pretraining; returns a summary. Writes the final model to ``cfg.out_dir``."""
+    if cfg.model_type not in ("npm", "npm_single"):
+        raise ValueError(f"model_type must be 'npm' or 'npm_single', not {cfg.model_type!r}")
+    rank, world, device = _init_distributed()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.encoder)
+    data = BatchLines(cfg.shards)
+    collate = collate_phrase if cfg.model_type == "npm" else collate_single
+    model = load_encoder(cfg.encoder).to(device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                  weight_decay=cfg.weight_decay)
+    scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.schedule_steps or cfg.steps)
+    ckpt_root = Path(cfg.checkpoint_dir)
+    step, epoch, cursor = 0, 0, 0
+    existing = _checkpoints(ckpt_root) if cfg.resume else []
+    if existing:
+        state = _load_state(existing[-1])
+        model.load_state_dict(load_encoder(str(existing[-1])).state_dict())
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        random.setstate(state["python_rng"])
+        step, (epoch, cursor) = state["step"], state["position"]
+        log.info("resuming from %s (step %d)", existing[-1], step)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    use_amp = device.type == "cuda" and cfg.precision in ("bf16", "fp16")
+    amp_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and cfg.precision == "fp16")
+    run = _wandb(cfg, rank)
+    log_path = ckpt_root / "train_log.csv"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    writer = log_file = None
+    if rank == 0:
+        kept_rows = []
+        if step and log_path.exists():  # drop rows logged after the checkpoint we resume from
+            with open(log_path, newline="") as f:
+                kept_rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+        log_file = open(log_path, "w", newline="")  # kept open for the whole run
+        writer = csv.DictWriter(log_file, fieldnames=LOG_COLUMNS)
+        writer.writeheader()
+        writer.writerows(kept_rows)
+    order = data.order(cfg.seed, epoch, rank, world)
+    losses = []
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.model_type}", disable=rank != 0 or None)
+    while step < cfg.steps:
+        if cursor >= len(order):
+            epoch, cursor = epoch + 1, 0
+            order = data.order(cfg.seed, epoch, rank, world)
+        sequences, spans, where = data.line(int(order[cursor]))
+        cursor += 1
+        start = time.perf_counter()
+        batch = collate(sequences, spans, tokenizer.mask_token_id, cfg.pad_to)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+            try:
+                loss, stats = step_loss(ddp, batch, cfg.model_type, cfg.pool, device)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        step += 1
+        tokens = int(batch["target_valid"].sum()) * world
+        row = {
+            "step": step,
+            "loss": round(float(loss.detach()), 6),
+            "loss_start": round(float(stats.get("loss_start", stats.get("loss", loss.detach()))), 6),
+            "loss_end": round(float(stats.get("loss_end", 0.0)), 6),
+            "positives_per_span": round(float(stats.get("positives_per_span", 0.0)), 3),
+            "queries": int(stats.get("queries", len(spans))),
+            "lr": scheduler.get_last_lr()[0],
+            "tokens_per_s": round(tokens / (time.perf_counter() - start), 1),
+        }
+        losses.append(row["loss"])
+        if rank == 0:
+            writer.writerow(row)
+            log_file.flush()
+            bar.update(1)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}")
+            if run is not None:
+                run.log(row, step=step)
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                _save_checkpoint(ckpt_root, step, model, tokenizer, optimizer, scheduler, (epoch, cursor),
+                                 cfg.keep_checkpoints)
+    bar.close()
+    if log_file is not None:
+        log_file.close()
+    summary = {"model_type": cfg.model_type, "steps": step, "batch_lines": len(data), "world_size": world,
+               "first_losses": losses[:5], "last_losses": losses[-5:]}
+    if rank == 0:
+        out = Path(cfg.out_dir)
+        tmp = out.with_name(f".{out.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        shutil.copy(log_path, tmp / "train_log.csv")
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        write_summary(out / "training_summary.json", summary, config=asdict(cfg))
+    if run is not None:
+        run.finish()
+    if world > 1:
+        dist.destroy_process_group()
+    return summary
+
+
