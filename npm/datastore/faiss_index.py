@@ -1,0 +1,537 @@
+"""kNN index over the datastore's fp16 token vectors, built with FAISS (paper 3.3 and 5.3; reference npm.md 3.5, 4.1).
+
+FAISS only *picks candidates*. The similarity of a neighbour is always recomputed exactly from the stored fp16
+vector, upcast to fp32, as ``q . e / sqrt(h)`` (reference 3.5; the sqrt(h) scaling belongs to the similarity: /32
+for roberta-large). FAISS distances are never used.
+
+Input: the corpus vectors as raw fp16 memmaps (no .npy header), one file per embedding shard, each ``[rows_k, h]``
+in datastore row order. A shard list is ``[(path, rows), ...]``; the global row id of a vector is the sum of the
+rows of the shards before it plus its row within its shard. Vectors are added to FAISS in that order, so a FAISS id
+*is* the global row id (no ID map).
+
+Index type and metric are configuration (shared/STYLE.md): ``factory`` is a FAISS factory string and ``metric``
+is stated explicitly.
+
+* This re-implementation: ``metric="ip"`` (inner product, the quantity NPM ranks by). Default ``factory="HNSW32"``,
+  what the paper (5.3) says it uses.
+* CODE!=PAPER. The original code builds IVF-PQ (nlist 4096, M 64, 8 bits, nprobe 8, <= 1M training vectors,
+  seed 1) and leaves FAISS's default metric, L2, although its coarse quantizer is IndexFlatIP. The switch for that
+  variant is ``factory="IVF4096,PQ64", metric="l2"``. The quantizer cannot be made IP while the PQ stays L2
+  through a factory string, so that mixture is not reproduced. ``factory="IVF4096,PQ64", metric="ip"`` is the
+  original's index type with the metric NPM actually scores by.
+
+Choices this module makes and documents:
+
+* Training uses a sample of at most ``train_sample`` rows drawn with ``np.random.default_rng(seed)`` (every row,
+  in order, when the datastore is smaller). The rows are read from the memmaps and upcast to fp32. Vectors are added
+  in chunks of ``add_chunk`` rows, so the whole corpus is never held in RAM.
+* IVF nlist too large for the sample: FAISS wants at least 39 training points per list. When
+  ``39 * nlist > n_train``, nlist is **reduced automatically** to ``max(1, n_train // 39)``. A warning is logged
+  and both values are recorded in the sidecar (``nlist_requested``, ``nlist``, ``factory_effective``). This keeps
+  the reference's "IVF4096,PQ64" working on the small embedded datastore.
+* PQ: ``M`` must divide the dimension the PQ sees (h, or the output of an OPQ/PCA transform). Otherwise a ValueError
+  says so and lists the valid M. PQ with b-bit codes needs at least 2**b training vectors; with fewer, a ValueError
+  suggests "Flat". A datastore that small needs no approximate index.
+* PQ: the polysemous training pass that ``index_factory`` turns on for "PQm" (and off for "PQmnp") is always
+  switched off. It only serves Hamming filtering, which is never enabled here, and it dominates training
+  time. The original's IndexIVFPQ constructor does not run it either.
+* Search parameters (``nprobe`` for IVF, ``efSearch`` for HNSW) are set through ``faiss.ParameterSpace``. They are
+  recorded in the sidecar ``<out_path>.json`` and re-applied by :func:`load_faiss_index`, where they can be
+  overridden.
+* The index is written atomically: to a temporary file in the same folder, then ``os.replace``. The sidecar is put
+  in place first, so an index file under its final name always has its sidecar. A build that raises leaves nothing
+  at ``out_path``.
+* GPU: when FAISS sees a GPU (``faiss.get_num_gpus() > 0``) and ``use_gpu`` is not False, IVF indexes are trained
+  and filled on GPU through ``index_cpu_to_gpu`` with ``GpuClonerOptions.useFloat16 = True``, then copied back to
+  CPU (reference 3.5). HNSW has no GPU version and is always built on CPU. ``use_gpu=True`` without a GPU is an
+  error. ``use_gpu=None`` silently uses the CPU.
+* Searches run on CPU, as in the original (nprobe 8).
+* ``k`` larger than the index is clamped to ``ntotal``. FAISS pads a result list with id -1 when it finds fewer than
+  k neighbours, for example IVF when the ``nprobe`` probed lists hold fewer than k vectors. With NPM's k=4096 and
+  nprobe 8, that happens for any datastore under about 4096 * nlist / 8 vectors. :func:`search` keeps those -1
+  entries and returns a ``valid`` mask with them. :func:`exact_scores` gives them the score ``-inf``, so that a
+  softmax assigns them zero probability.
+* HNSW: :func:`search` raises efSearch to k for a call with k > efSearch. It passes per-call search parameters and
+  leaves the index unchanged. Otherwise FAISS explores only efSearch candidates and returns a poor or -1-padded list
+  at NPM's k=4096.
+* Recall: ``benchmarks/faiss_recall.py`` measures recall@k against "Flat". For datastores of a few hundred thousand
+  vectors, "Flat" (exact) is fast enough and is the only setting whose k=4096 candidate list is exact.
+* Determinism: IVF/PQ training on the seeded sample is deterministic, so two builds give identical indexes. HNSW
+  construction with more than one thread is not bit-reproducible (FAISS inserts in parallel). Pass ``threads=1`` when
+  that matters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from npm.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+METRICS = ("ip", "l2")
+MIN_POINTS_PER_CENTROID = 39  # below this FAISS's k-means warns that the clustering is unreliable
+
+Shards = Sequence[tuple[str | os.PathLike, int]]
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError as e:  # pragma: no cover - faiss is a declared dependency of the index stage
+        raise ImportError("the FAISS index needs the faiss-cpu (or faiss-gpu) package: pip install faiss-cpu") from e
+    return faiss
+
+
+def _metric(metric: str) -> int:
+    faiss = _faiss()
+    if metric == "ip":
+        return faiss.METRIC_INNER_PRODUCT
+    if metric == "l2":
+        return faiss.METRIC_L2
+    raise ValueError(f"metric must be one of {METRICS} (inner product or L2), got {metric!r}")
+
+
+def sidecar_path(out_path: str | os.PathLike) -> Path:
+    """The JSON sidecar beside an index: ``<out_path>.json``."""
+    out_path = Path(out_path)
+    return out_path.with_name(out_path.name + ".json")
+
+
+# --------------------------------------------------------------------------------------------- shards (memmaps)
+
+
+def _check_shards(shards: Shards, dim: int) -> list[tuple[Path, int]]:
+    if dim <= 0:
+        raise ValueError(f"dim must be positive, got {dim}")
+    checked = []
+    for path, rows in shards:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: embedding shard does not exist; run the embedding stage first")
+        expected = int(rows) * dim * 2
+        size = path.stat().st_size
+        if size != expected:
+            raise ValueError(
+                f"{path}: {size} bytes, but {rows} rows x {dim} dims x 2 bytes (fp16) = {expected}; "
+                "the row count or the hidden size does not match the file"
+            )
+        checked.append((path, int(rows)))
+    if not checked:
+        raise ValueError("no embedding shards given")
+    return checked
+
+
+def _open(path: Path, rows: int, dim: int) -> np.memmap | np.ndarray:
+    if rows == 0:
+        return np.empty((0, dim), dtype=np.float16)
+    return np.memmap(path, dtype=np.float16, mode="r", shape=(rows, dim))
+
+
+def shards_from_files(paths: Sequence[str | os.PathLike], dim: int) -> list[tuple[Path, int]]:
+    """``[(path, rows)]`` for raw fp16 shard files, with each row count inferred from the file size."""
+    shards = []
+    for path in paths:
+        size = Path(path).stat().st_size
+        if size % (2 * dim):
+            raise ValueError(f"{path}: {size} bytes is not a whole number of fp16 rows of dim {dim}")
+        shards.append((Path(path), size // (2 * dim)))
+    return shards
+
+
+def memmap_vectors(shards: Shards, dim: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A ``vectors_fn(rows) -> float32 [n, dim]`` that gathers global rows across the shard memmaps.
+
+    Use it with :func:`exact_scores`. The memmaps are opened once. Row ids index the concatenation of the shards in
+    list order.
+    """
+    checked = _check_shards(shards, dim)
+    maps = [_open(p, r, dim) for p, r in checked]
+    offsets = np.concatenate([[0], np.cumsum([r for _, r in checked])]).astype(np.int64)
+    ntotal = int(offsets[-1])
+
+    def vectors_fn(rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= ntotal):
+            bad = rows[(rows < 0) | (rows >= ntotal)][0]
+            raise IndexError(f"datastore row {bad} out of range [0, {ntotal})")
+        out = np.empty((rows.size, dim), dtype=np.float32)
+        shard_of = np.searchsorted(offsets, rows, side="right") - 1
+        for s in np.unique(shard_of):
+            sel = np.nonzero(shard_of == s)[0]
+            local = rows[sel] - offsets[s]
+            order = np.argsort(local, kind="stable")  # sequential reads from disk
+            out[sel[order]] = maps[s][local[order]]
+        return out
+
+    return vectors_fn
+
+
+def _iter_chunks(shards: list[tuple[Path, int]], dim: int, chunk: int) -> Iterator[np.ndarray]:
+    """fp32 chunks of at most ``chunk`` rows, in global row order, never crossing a shard boundary."""
+    for path, rows in shards:
+        mm = _open(path, rows, dim)
+        for start in range(0, rows, chunk):
+            yield np.ascontiguousarray(mm[start : start + chunk], dtype=np.float32)
+        del mm
+
+
+def _train_sample(shards: list[tuple[Path, int]], dim: int, n: int, seed: int) -> np.ndarray:
+    """At most ``n`` rows drawn with ``default_rng(seed)`` (all rows in order if fewer), upcast to fp32."""
+    ntotal = sum(r for _, r in shards)
+    if ntotal <= n:
+        rows = np.arange(ntotal, dtype=np.int64)
+    else:
+        rows = np.sort(np.random.default_rng(seed).choice(ntotal, size=n, replace=False)).astype(np.int64)
+    return memmap_vectors(shards, dim)(rows)
+
+
+# --------------------------------------------------------------------------------------------- factory strings
+
+_IVF = re.compile(r"(?:^|,)IVF(\d+)")
+_PQ = re.compile(r"(?:^|,)PQ(\d+)(?:x(\d+))?")
+_DIM_TRANSFORM = re.compile(r"^(?:OPQ\d+_(\d+)|PCAW?R?(\d+)|RR(\d+))$")
+
+
+def _pq_input_dim(factory: str, dim: int) -> int:
+    """The dimension the PQ sees: ``dim``, or the output of the last OPQm_d / PCAd / RRd transform before it."""
+    d = dim
+    for part in factory.split(","):
+        m = _DIM_TRANSFORM.match(part)
+        if m:
+            d = int(next(g for g in m.groups() if g))
+    return d
+
+
+def _check_factory(factory: str, dim: int, n_train: int) -> tuple[str, dict]:
+    """Validate PQ/IVF parameters against ``dim`` and the training sample size.
+
+    Returns the effective factory string (nlist reduced if need be) and the facts recorded in the sidecar.
+    """
+    info: dict = {}
+    pq = _PQ.search(factory)
+    if pq:
+        m, nbits = int(pq.group(1)), int(pq.group(2) or 8)
+        d = _pq_input_dim(factory, dim)
+        if m <= 0 or d % m:
+            valid = [x for x in range(1, min(d, 128) + 1) if d % x == 0]
+            raise ValueError(
+                f"factory {factory!r}: PQ{m} needs M to divide the vector dimension {d}; choose M in {valid}"
+            )
+        if n_train < 2**nbits:
+            raise ValueError(
+                f"factory {factory!r}: {nbits}-bit PQ needs at least {2**nbits} training vectors, the datastore has "
+                f"{n_train}; use factory 'Flat' (exact search) for a datastore this small"
+            )
+        info.update(pq_m=m, pq_nbits=nbits)
+    ivf = _IVF.search(factory)
+    if ivf:
+        nlist = int(ivf.group(1))
+        info["nlist_requested"] = nlist
+        if MIN_POINTS_PER_CENTROID * nlist > n_train:
+            reduced = max(1, n_train // MIN_POINTS_PER_CENTROID)
+            log.warning(
+                "factory %r: %d training vectors are too few for nlist=%d (FAISS wants >= %d per list); "
+                "reducing nlist to %d",
+                factory, n_train, nlist, MIN_POINTS_PER_CENTROID, reduced,
+            )
+            start, end = ivf.span(1)
+            factory = factory[:start] + str(reduced) + factory[end:]
+            nlist = reduced
+        info["nlist"] = nlist
+    return factory, info
+
+
+def _make_index(factory: str, dim: int, metric: str):
+    faiss = _faiss()
+    try:
+        return faiss.index_factory(dim, factory, _metric(metric))
+    except RuntimeError as e:
+        msg = str(e).strip().splitlines()[-1]
+        raise ValueError(
+            f"FAISS rejected the factory string {factory!r} for dim {dim}: {msg}. "
+            "Use a FAISS index_factory string such as 'Flat', 'HNSW32' or 'IVF4096,PQ64'"
+        ) from None
+
+
+def _hnsw(index):
+    """The IndexHNSW inside ``index`` (through a pre-transform), or None."""
+    faiss = _faiss()
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexPreTransform):
+        index = faiss.downcast_index(index.index)
+    return index if isinstance(index, faiss.IndexHNSW) else None
+
+
+def _disable_polysemous_training(index) -> bool:
+    """Turn off the polysemous code-reordering pass that index_factory enables for PQ; True if there was one.
+
+    That pass only serves Hamming-distance filtering (``polysemous_ht``), which is never enabled here. It made a
+    PQ8 training 25x slower in a measurement. The original's directly constructed IndexIVFPQ does not run it either.
+    """
+    faiss = _faiss()
+    found = False
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    ivf = _ivf(index)
+    for candidate in (inner, faiss.downcast_index(ivf) if ivf is not None else None):
+        if isinstance(candidate, faiss.IndexPQ | faiss.IndexIVFPQ) and candidate.do_polysemous_training:
+            candidate.do_polysemous_training = False
+            found = True
+    return found
+
+
+def _ivf(index):
+    faiss = _faiss()
+    try:
+        return faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return None
+
+
+def _apply_search_params(index, nprobe: int | None, ef_search: int | None) -> dict:
+    """Set nprobe (IVF) / efSearch (HNSW) where the index has them; return what was set."""
+    faiss = _faiss()
+    params: dict = {}
+    space = faiss.ParameterSpace()
+    if nprobe is not None and _ivf(index) is not None:
+        space.set_index_parameter(index, "nprobe", int(nprobe))
+        params["nprobe"] = int(nprobe)
+    if ef_search is not None and _hnsw(index) is not None:
+        space.set_index_parameter(index, "efSearch", int(ef_search))
+        params["efSearch"] = int(ef_search)
+    return params
+
+
+def _hnsw_params_for_k(index, k: int):
+    """Per-call HNSW params with efSearch >= k, or None when the index is not HNSW or efSearch already suffices.
+
+    FAISS's HNSW explores only efSearch candidates. With k > efSearch it returns a poor list or pads it with -1
+    (measured: at k=4000 with efSearch=128, 65% of the entries were -1), so efSearch is raised to k for that call.
+    The index itself is left unchanged.
+    """
+    faiss = _faiss()
+    hnsw = _hnsw(index)
+    if hnsw is None or hnsw.hnsw.efSearch >= k:
+        return None
+    params = faiss.SearchParametersHNSW()
+    params.efSearch = int(k)
+    if isinstance(faiss.downcast_index(index), faiss.IndexPreTransform):
+        outer = faiss.SearchParametersPreTransform()
+        outer.index_params = params
+        outer.referenced_objects = [params]  # keep the inner params alive for the C++ side
+        return outer
+    return params
+
+
+# --------------------------------------------------------------------------------------------- build
+
+
+def _use_gpu(index, use_gpu: bool | None) -> bool:
+    faiss = _faiss()
+    n_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if use_gpu and n_gpus == 0:
+        raise RuntimeError("use_gpu=True but FAISS sees no GPU (install faiss-gpu and check CUDA_VISIBLE_DEVICES)")
+    if use_gpu is False or n_gpus == 0:
+        return False
+    if _hnsw(index) is not None or _ivf(index) is None:
+        if use_gpu:
+            log.warning("index %s has no GPU build path (HNSW/Flat); building on CPU", type(index).__name__)
+        return False
+    return True
+
+
+def _fill(index, shards, dim, sample, add_chunk) -> None:
+    if not index.is_trained:
+        index.train(sample)
+    for chunk in _iter_chunks(shards, dim, add_chunk):
+        index.add(chunk)
+
+
+@contextlib.contextmanager
+def _omp_threads(threads: int | None) -> Iterator[None]:
+    """Run FAISS with ``threads`` OpenMP threads (None: leave as is), restoring the previous count after."""
+    faiss = _faiss()
+    before = faiss.omp_get_max_threads()
+    if threads is not None:
+        faiss.omp_set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def build_faiss_index(
+    shards: Shards,
+    dim: int,
+    out_path: str | os.PathLike,
+    factory: str = "HNSW32",
+    metric: str = "ip",
+    train_sample: int = 1_000_000,
+    seed: int = 1,
+    add_chunk: int = 1_000_000,
+    nprobe: int = 8,
+    ef_search: int = 128,
+    ef_construction: int = 200,
+    use_gpu: bool | None = None,
+    threads: int | None = None,
+) -> dict:
+    """Build a FAISS index over the fp16 shard memmaps and write it (with its JSON sidecar) atomically.
+
+    ``shards`` is ``[(path, rows), ...]`` in datastore order. ``dim`` is the hidden size h. ``threads`` sets FAISS's
+    OpenMP threads for the build only. Returns the sidecar record (factory, metric, ntotal, dim, training sample size,
+    seed, search params, build seconds, ...).
+    """
+    faiss = _faiss()
+    t0 = time.perf_counter()
+    _metric(metric)
+    if train_sample < 1 or add_chunk < 1:
+        raise ValueError(f"train_sample and add_chunk must be positive, got {train_sample} and {add_chunk}")
+    shards = _check_shards(shards, dim)
+    out_path = Path(out_path)
+    ntotal = sum(r for _, r in shards)
+    if ntotal == 0:
+        raise ValueError("the embedding shards hold no vectors; nothing to index")
+    n_train = min(train_sample, ntotal)
+    effective, info = _check_factory(factory, dim, n_train)
+    index = _make_index(effective, dim, metric)
+    if _disable_polysemous_training(index):
+        info["polysemous_training"] = False
+    hnsw = _hnsw(index)
+    if hnsw is not None:
+        hnsw.hnsw.efConstruction = int(ef_construction)
+
+    with _omp_threads(threads):
+        n_threads = faiss.omp_get_max_threads()
+        needs_training = not index.is_trained
+        sample = _train_sample(shards, dim, n_train, seed) if needs_training else None
+        on_gpu = _use_gpu(index, use_gpu)
+        if on_gpu:
+            try:
+                co = faiss.GpuClonerOptions()
+                co.useFloat16 = True  # fp16 lookup tables / storage on GPU, as the original (reference 3.5)
+                res = faiss.StandardGpuResources()
+                gpu_index = faiss.index_cpu_to_gpu(res, 0, index, co)
+            except (RuntimeError, AttributeError) as e:
+                if use_gpu:
+                    raise RuntimeError(f"cannot put FAISS index {effective!r} on GPU: {e}") from e
+                log.warning("cannot put FAISS index %r on GPU (%s); building on CPU", effective, e)
+                on_gpu = False
+        if on_gpu:
+            _fill(gpu_index, shards, dim, sample, add_chunk)
+            index = faiss.index_gpu_to_cpu(gpu_index)
+            del gpu_index, res
+        else:
+            _fill(index, shards, dim, sample, add_chunk)
+        del sample
+    if index.ntotal != ntotal:
+        raise RuntimeError(f"FAISS holds {index.ntotal} vectors after adding {ntotal}; the index is inconsistent")
+
+    params = _apply_search_params(index, nprobe, ef_search)
+    record = {
+        "factory": factory,
+        "factory_effective": effective,
+        "metric": metric,
+        "ntotal": int(index.ntotal),
+        "dim": dim,
+        "train_sample": n_train if needs_training else 0,
+        "seed": seed,
+        "params": params,
+        "ef_construction": int(ef_construction) if hnsw is not None else None,
+        **info,
+        "built_on": "gpu" if on_gpu else "cpu",
+        "threads": n_threads,
+        "faiss_version": getattr(faiss, "__version__", "unknown"),
+        "shards": [[str(p), r] for p, r in shards],
+        "build_seconds": None,
+    }
+    with atomic_path(out_path) as tmp_index:
+        faiss.write_index(index, str(tmp_index))
+        record["build_seconds"] = round(time.perf_counter() - t0, 3)
+        with atomic_path(sidecar_path(out_path)) as tmp_json:
+            tmp_json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    log.info("FAISS %s (%s) over %d vectors -> %s in %.1fs", effective, metric, ntotal, out_path,
+             record["build_seconds"])
+    return record
+
+
+# --------------------------------------------------------------------------------------------- load and search
+
+
+def load_faiss_index(path: str | os.PathLike, nprobe: int | None = None, ef_search: int | None = None):
+    """Read an index written by :func:`build_faiss_index` and apply its sidecar's search params.
+
+    ``nprobe`` / ``ef_search`` override the recorded values. Without a sidecar the index's stored params are kept.
+    """
+    faiss = _faiss()
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: FAISS index does not exist; run the build_faiss_index rule first")
+    index = faiss.read_index(str(path))
+    params = {}
+    side = sidecar_path(path)
+    if side.exists():
+        params = json.loads(side.read_text(encoding="utf-8")).get("params", {})
+    else:
+        log.warning("%s has no sidecar %s; using the search parameters stored in the index", path, side.name)
+    _apply_search_params(
+        index,
+        nprobe if nprobe is not None else params.get("nprobe"),
+        ef_search if ef_search is not None else params.get("efSearch"),
+    )
+    return index
+
+
+def search(index, queries: np.ndarray, k: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k candidate rows for each query: ``(rows int64 [q, k'], valid bool [q, k'])``.
+
+    ``k' = min(k, index.ntotal)``: k is clamped to the index size. Entries FAISS could not fill are -1 in ``rows``
+    and False in ``valid``. Candidates come in FAISS's order. Their exact scores come from :func:`exact_scores`.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if index.ntotal == 0:
+        raise ValueError("the FAISS index is empty")
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if queries.ndim != 2 or queries.shape[1] != index.d:
+        raise ValueError(f"queries must be [q, {index.d}], got shape {queries.shape}")
+    k = min(int(k), int(index.ntotal))
+    _, rows = index.search(queries, k, params=_hnsw_params_for_k(index, k))
+    rows = rows.astype(np.int64, copy=False)
+    return rows, rows >= 0
+
+
+def exact_scores(
+    queries: np.ndarray, rows: np.ndarray, vectors_fn: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray:
+    """Exact neighbour scores ``q . e / sqrt(h)`` (fp32) from the stored vectors; ``-inf`` where ``rows`` is -1.
+
+    ``vectors_fn(rows_flat) -> float32 [n, h]`` gathers datastore rows (see :func:`memmap_vectors`).
+    """
+    queries = np.asarray(queries, dtype=np.float32)
+    rows = np.asarray(rows, dtype=np.int64)
+    if queries.ndim != 2 or rows.ndim != 2 or rows.shape[0] != queries.shape[0]:
+        raise ValueError(f"queries [q, h] and rows [q, k] must agree on q, got {queries.shape} and {rows.shape}")
+    h = queries.shape[1]
+    scale = np.float32(1.0 / math.sqrt(h))
+    scores = np.full(rows.shape, -np.inf, dtype=np.float32)
+    for i in range(rows.shape[0]):
+        valid = rows[i] >= 0
+        if not valid.any():
+            continue
+        vecs = np.asarray(vectors_fn(rows[i][valid]), dtype=np.float32)
+        if vecs.shape != (int(valid.sum()), h):
+            raise ValueError(f"vectors_fn returned shape {vecs.shape}, expected ({int(valid.sum())}, {h})")
+        scores[i, valid] = (vecs @ queries[i]) * scale
+    return scores
