@@ -26,7 +26,10 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
-    """Default target: every data stage on every training corpus (masked batches and their summaries)."""
+    """Default target: masked batches of every training corpus, both trained models, and the datastore, FAISS
+    index and BM25 index of every reference corpus."""
     input:
         data_targets(),
+        expand("results/models/{model}", model=["npm", "npm_single"]),
+        retrieval_targets(),
     default_target: True

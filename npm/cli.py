@@ -112,6 +112,67 @@ def cmd_train(args):
     _summary(args, train(cfg))
 
 
+def cmd_embed(args):
+    from npm.datastore.embed import embed_corpus
+
+    summary = embed_corpus(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
+                           batch_blocks=args.batch_blocks, shard_blocks=args.shard_blocks,
+                           max_length=args.max_length or None, precision=args.precision)
+    _summary(args, summary)
+
+
+def cmd_build_faiss_index(args):
+    from npm.datastore.faiss_index import build_faiss_index
+    from npm.datastore.store import load_datastore
+
+    ds = load_datastore(args.datastore)
+    shards = [(str(ds.root / s["file"]), s["rows"][1] - s["rows"][0]) for s in ds.meta["shards"]]
+    summary = build_faiss_index(shards, ds.hidden_size, args.out, factory=args.factory, metric="ip",
+                                train_sample=args.train_sample, seed=args.seed, nprobe=args.nprobe,
+                                ef_search=args.ef_search)
+    _summary(args, summary)
+
+
+def cmd_build_bm25_index(args):
+    from npm.data.blocks import block_text, load_blocks
+    from npm.datastore.bm25 import build_bm25_index
+
+    def docs():
+        first = 0  # docid = global block id: the blocks files in the order given (the datastore's order)
+        for path in args.blocks:
+            blocks = load_blocks(path, text=True)
+            n = len(blocks["block_doc"])
+            for b in range(n):
+                text = block_text(blocks, b).replace("\n", " ")
+                if text.strip():  # a block holding only the tail special token of a split unit has no text
+                    yield first + b, text
+                else:
+                    skipped.append(first + b)
+            first += n
+
+    skipped = []
+    summary = build_bm25_index(docs(), args.out, threads=args.threads)
+    _summary(args, summary | {"blocks_without_text": len(skipped)})
+
+
+def cmd_predict(args):
+    from npm.inference.predictor import Predictor
+
+    predictor = Predictor(args.model, args.datastore, kind=args.kind, bm25=args.bm25, faiss=args.faiss,
+                          tau=args.tau, l_max=args.l_max, form=args.span_score, k=args.k,
+                          exclude_stopwords=not args.keep_stopword_spans)
+    for text in args.queries:
+        print(text)
+        results = predictor.predict(text, top=args.top, mode=args.mode)
+        if not results:
+            print("  (no candidate span in the retrieved blocks)")
+        for rank, r in enumerate(results, 1):
+            print(f"  {rank}. {r['text']!r}  score {r['score']:.4f}  ({r['occurrences']} occurrence(s))")
+            for block, passage in r["evidence"][: args.evidence]:
+                short = passage if len(passage) <= 300 else passage[:297] + "..."
+                print(f"       block {block}: {short}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npm-repro", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -204,6 +265,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--summary", type=Path)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("embed", help="blocks -> datastore with streaming fp16 token vectors (reference 3.1-3.4)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--drop-stopwords", action="store_true", help="open-set datastores (reference 3.3-3.4)")
+    p.add_argument("--batch-blocks", type=int, default=64)
+    p.add_argument("--shard-blocks", type=int, default=50_000)
+    p.add_argument("--max-length", type=int, default=0, help="pad every block to this length (0 = per batch)")
+    p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16", help="GPU autocast")
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("build-faiss-index", help="FAISS index over a datastore (reference 3.5)")
+    p.add_argument("--datastore", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--factory", default="HNSW32", help="FAISS factory string (paper: HNSW; original: IVF4096,PQ64)")
+    p.add_argument("--train-sample", type=int, default=1_000_000)
+    p.add_argument("--nprobe", type=int, default=8)
+    p.add_argument("--ef-search", type=int, default=128)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_build_faiss_index)
+
+    p = sub.add_parser("build-bm25-index", help="pyserini (Lucene) BM25 index over blocks (reference 3.8)")
+    p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_build_bm25_index)
+
+    p = sub.add_parser("predict", help="fill the <mask> of each query from the reference corpus (paper 3.3)")
+    p.add_argument("queries", nargs="+", help='e.g. "Thessaloniki is the second largest city in <mask>."')
+    p.add_argument("--model", required=True, help="trained model folder (results/models/npm)")
+    p.add_argument("--datastore", required=True, help="data/datastore/{model}/{corpus}")
+    p.add_argument("--kind", choices=["npm", "npm_single"], default="npm")
+    p.add_argument("--bm25", help="data/bm25/{corpus} (restricted mode)")
+    p.add_argument("--faiss", help="data/index/{model}/{corpus}.faiss (faiss mode)")
+    p.add_argument("--mode", choices=["restricted", "faiss"], default="restricted")
+    p.add_argument("--tau", type=float, default=1.0)
+    p.add_argument("--l-max", type=int, default=10)
+    p.add_argument("--k", type=int, default=4096)
+    p.add_argument("--span-score", choices=["paper", "code"], default="paper")
+    p.add_argument("--keep-stopword-spans", action="store_true")
+    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--evidence", type=int, default=1, help="supporting passages printed per phrase")
+    p.set_defaults(func=cmd_predict)
     return parser
 
 

@@ -122,4 +122,4 @@ def write_summary(path: str | os.PathLike, summary: dict, config: dict | None = 
     record = dict(summary)
     record["provenance"] = provenance(config)
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")

@@ -91,6 +91,25 @@ def torch_launcher(wildcards):
     return f"torchrun --standalone --nproc_per_node {gpus} -m npm.cli"
 
 
+def corpus_blocks(corpus):
+    """Blocks files of a corpus, in shard order (the datastore's and the BM25 index's global block order)."""
+    return expand("data/blocks/{corpus}/shard{shard}.npz", corpus=corpus, shard=shard_ids(corpus))
+
+
+def model_path(wildcards):
+    return f"results/models/{wildcards.model}"
+
+
+def retrieval_targets():
+    """Datastore, FAISS index and BM25 index of every reference corpus, for both models."""
+    corpora = config["evaluation"]["reference_corpora"]
+    return (
+        expand("data/datastore/{model}/{corpus}", model=["npm", "npm_single"], corpus=corpora)
+        + expand("data/index/{model}/{corpus}.faiss", model=["npm", "npm_single"], corpus=corpora)
+        + expand("data/bm25/{corpus}", corpus=corpora)
+    )
+
+
 def closed_set_inputs(wildcards):
     if wildcards.system == "mlm":
         return {}

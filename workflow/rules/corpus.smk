@@ -1,13 +1,19 @@
-# Reference-corpus datastore per (model, corpus): flat token arrays, boundaries, fp16 embeddings
-# (paper 3.1 and 4.2, reference 3.1-3.4). Entry point `npm-repro embed` comes with the issue "datastore".
+# Reference-corpus datastore per (model, corpus): flat token arrays, word boundaries and streaming fp16 token
+# vectors (paper 3.1 and 4.2; reference 3.1-3.4). One datastore serves closed-set tasks (every stored vector)
+# and open-set tasks (stop-word vectors ignored at query time, the candidates of the original's
+# embeddings_wo_stopwords); `datastore.drop_stopwords` drops them on disk instead.
 
 
 rule embed_corpus:
+    """Blocks -> datastore (resumable: finished embedding shards survive a killed job)."""
     input:
-        model="results/models/{model}",
-        blocks=lambda wc: expand("data/blocks/{corpus}/shard{shard}.npz", corpus=wc.corpus, shard=shard_ids(wc.corpus)),
+        model=model_path,
+        blocks=lambda wc: corpus_blocks(wc.corpus),
     output:
         directory("data/datastore/{model}/{corpus}"),
+    params:
+        d=config["datastore"],
+        drop=lambda wc: "--drop-stopwords" if config["datastore"]["drop_stopwords"] else "",
     resources:
         gpu=1,
         mem_mb=32000,
@@ -20,4 +26,5 @@ rule embed_corpus:
     conda:
         "../envs/embed.yaml"
     shell:
-        "npm-repro embed --model {input.model} --blocks {input.blocks} --out {output} > {log} 2>&1"
+        "npm-repro embed --model {input.model} --blocks {input.blocks} --out {output} {params.drop}"
+        " --batch-blocks {params.d[batch_blocks]} --shard-blocks {params.d[shard_blocks]} > {log} 2>&1"

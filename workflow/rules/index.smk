@@ -1,12 +1,15 @@
 # kNN index (FAISS) per datastore and BM25 index (pyserini/Lucene) per corpus (reference 3.5, 3.8).
-# Entry points come with the issue "datastore".
 
 
 rule build_faiss_index:
+    """FAISS index from a factory string, inner product (paper: HNSW; original code: IVF4096,PQ64)."""
     input:
         "data/datastore/{model}/{corpus}",
     output:
-        "data/index/{model}/{corpus}.faiss",
+        index="data/index/{model}/{corpus}.faiss",
+        sidecar="data/index/{model}/{corpus}.faiss.json",
+    params:
+        d=config["datastore"],
     resources:
         gpu=1,
         mem_mb=32000,
@@ -14,23 +17,30 @@ rule build_faiss_index:
         cpus_per_task=8,
     log:
         "logs/build_faiss_index/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/rules/build_faiss_index/{model}/{corpus}.tsv"
     conda:
         "../envs/embed.yaml"
     shell:
-        "npm-repro build-faiss-index --datastore {input} --out {output} > {log} 2>&1"
+        "npm-repro build-faiss-index --datastore {input} --out {output.index} --factory {params.d[faiss_factory]:q}"
+        " --train-sample {params.d[faiss_train_sample]} --nprobe {params.d[nprobe]} --ef-search {params.d[ef_search]}"
+        " > {log} 2>&1"
 
 
 rule build_bm25_index:
+    """Lucene BM25 index over the blocks of a corpus; docid = global block id (the datastore's block order)."""
     input:
-        lambda wc: expand("data/blocks/{corpus}/shard{shard}.npz", corpus=wc.corpus, shard=shard_ids(wc.corpus)),
+        lambda wc: corpus_blocks(wc.corpus),
     output:
         directory("data/bm25/{corpus}"),
     resources:
         mem_mb=16000,
         runtime=240,
-        cpus_per_task=4,
+        cpus_per_task=1,
     log:
         "logs/build_bm25_index/{corpus}.log",
+    benchmark:
+        "results/benchmarks/rules/build_bm25_index/{corpus}.tsv"
     conda:
         "../envs/bm25.yaml"
     shell:
