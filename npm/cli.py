@@ -321,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every CPU variant it tries
     try:
         args.func(args)
     except (FileNotFoundError, ValueError) as e:

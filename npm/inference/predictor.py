@@ -203,9 +203,10 @@ class Predictor:
         for g in order[:top]:
             occ = np.flatnonzero(group == g)
             occ = occ[np.argsort(-weights[occ], kind="stable")]
-            blocks = view["blocks"][view["block"][occ]]
+            in_view = view["block"][span_start[occ]]  # view block of each occurrence
+            blocks = view["blocks"][in_view]
             best = occ[0]
-            base = view["offsets"][view["block"][best]]
+            base = view["offsets"][in_view[0]]
             out.append({
                 "text": self.surface(int(blocks[0]), int(span_start[best] - base), int(span_end[best] - base)).strip(),
                 "score": float(scores[g]),
