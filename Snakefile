@@ -26,10 +26,11 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
-    """Default target: masked batches of every training corpus, both trained models, and the datastore, FAISS
-    index and BM25 index of every reference corpus."""
+    """Default target: masked batches of every training corpus, both models trained (except a model for which
+    config `models` names a released checkpoint), and the datastore, FAISS index and BM25 index of every
+    reference corpus."""
     input:
         data_targets(),
-        expand("results/models/{model}", model=["npm", "npm_single"]),
+        expand("results/models/{model}", model=trained_models()),
         retrieval_targets(),
     default_target: True

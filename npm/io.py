@@ -103,7 +103,8 @@ def provenance(config: dict | None = None) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
-    for pkg in ("npm-repro", "numpy", "torch", "transformers", "tokenizers", "snakemake", "faiss-cpu", "pyserini"):
+    for pkg in ("npm-repro", "numpy", "torch", "transformers", "tokenizers", "snakemake", "faiss-cpu", "faiss-gpu",
+                "pyserini"):
         try:
             versions[pkg] = version(pkg)
         except PackageNotFoundError:

