@@ -1,0 +1,224 @@
+"""Task templates, label words and fuzzy verbalizers (paper 4.1-4.2, Tables 5 and 7, A.2; reference npm.md 4.1-4.2,
+5.1; section 9 items 27-28).
+
+Closed set (reference 4.2 table): ``CLOSED_SET_TEMPLATES[task](record)`` gives the text before the mask;
+``closed_set_text`` passes it through ``npm.inference.query.closed_set_input`` which appends "<mask>." with no space
+when the template has no mask (item 27; RTE has its mask inside). ``LABEL_WORDS[task]`` lists the label words with
+their leading space, in label-id order. Record fields (names chosen here, the loaders must map their sources to
+them): agn ``title``/``description``; yahoo ``question_title``/``question_content``/``best_answer``; rte
+``sentence1``/``sentence2`` (GLUE); subj, sst2, mr, rt, cr ``text``; amazon ``title``/``content``.
+
+Open set (reference 5.1): LAMA, KAMEL, NQ/TriviaQA and entity-translation inputs, and ``is_question``.
+
+Fuzzy verbalizers (reference 4.2 notes, item 28): the .txt format (one line per label, words joined by ", ",
+every list truncated to the shortest) and yahoo's .json (topic -> words, not truncated). Every word gets a leading
+space and must encode to exactly one token.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from npm.inference.query import MASK_PLACEHOLDER, closed_set_input
+
+_PUNCTUATION = frozenset(string.punctuation)
+_NO_SPACE_BEFORE = frozenset({"!", "?", ".", ",", "'", ";", ":", ")", "]"})
+_NO_SPACE_AFTER = frozenset({"(", "["})
+
+
+def detokenize(text: str) -> str:
+    """Undo PTB-style tokenisation (reference 4.2 notes; sst2/mr/rt/cr/subj).
+
+    "n 't" -> "n't"; then, token by token (whitespace split), no space before a token that is one of
+    ! ? . , ' ; : ) ], starts with "'", or is "n't"; none after "www." (the text so far ends with it); none before
+    "com" when the previous token ends in "."; none after a "(" or "[" token. Finally "!." -> "!", "?." -> "?".
+    """
+    tokens = text.replace("n 't", "n't").split()
+    out = ""
+    for i, tok in enumerate(tokens):
+        if i > 0:
+            prev = tokens[i - 1]
+            glued = (tok in _NO_SPACE_BEFORE or tok.startswith("'") or tok == "n't" or out.endswith("www.")
+                     or (tok == "com" and prev.endswith(".")) or prev in _NO_SPACE_AFTER)
+            if not glued:
+                out += " "
+        out += tok
+    return out.replace("!.", "!").replace("?.", "?")
+
+
+# ------------------------------------------------------------------------------------------------ closed set
+
+def _rstrip_punctuation(s: str) -> str:
+    s = s.strip()
+    while s and s[-1] in _PUNCTUATION:
+        s = s[:-1].rstrip()
+    return s
+
+
+def _agn(r: Mapping) -> str:
+    return f"{r['title']} \n {r['description']} The text topic is about"
+
+
+def _yahoo(r: Mapping) -> str:
+    return (f"title: {r['question_title']} content: {r['question_content']} answer: {r['best_answer']}"
+            " The text topic is about")
+
+
+def _rte(r: Mapping) -> str:
+    premise, hypothesis = _rstrip_punctuation(r["sentence1"]), _rstrip_punctuation(r["sentence2"])
+    return f"{premise}, right?{MASK_PLACEHOLDER}, {hypothesis[:1].lower()}{hypothesis[1:]}."
+
+
+def _subj(r: Mapping) -> str:
+    return detokenize(r["text"]) + " This is a"
+
+
+def _sentiment(r: Mapping) -> str:
+    return detokenize(r["text"]) + " It was"
+
+
+def _amazon(r: Mapping) -> str:
+    title = r["title"].strip()
+    if title and title[-1] not in _PUNCTUATION:
+        title += "."
+    return f"{title} {r['content'].strip()} It was"
+
+
+CLOSED_SET_TEMPLATES: dict[str, Callable[[Mapping], str]] = {
+    "agn": _agn, "yahoo": _yahoo, "rte": _rte, "subj": _subj,
+    "sst2": _sentiment, "mr": _sentiment, "rt": _sentiment, "cr": _sentiment, "amazon": _amazon,
+}
+
+_SENTIMENT = (" terrible", " great")
+LABEL_WORDS: dict[str, tuple[str, ...]] = {
+    "agn": (" politics", " sports", " business", " technology"),
+    "yahoo": (" society", " science", " health", " education", " computer", " sports", " business",
+              " entertainment", " family", " politics"),
+    "rte": (" Yes", " No"),
+    "subj": (" review", " summary"),
+    "sst2": _SENTIMENT, "mr": _SENTIMENT, "rt": _SENTIMENT, "cr": _SENTIMENT, "amazon": _SENTIMENT,
+}
+
+# HF yahoo_answers_topics topic names, in topic-id order (the assumed key order of yahoo.json).
+YAHOO_TOPICS = ("Society & Culture", "Science & Mathematics", "Health", "Education & Reference",
+                "Computers & Internet", "Sports", "Business & Finance", "Entertainment & Music",
+                "Family & Relationships", "Politics & Government")
+
+
+def closed_set_text(task: str, record: Mapping) -> str:
+    """The model input of one closed-set example: the task's template, "<mask>." appended when it has none."""
+    if task not in CLOSED_SET_TEMPLATES:
+        raise ValueError(f"unknown closed-set task {task!r}; known: {sorted(CLOSED_SET_TEMPLATES)}")
+    return closed_set_input(CLOSED_SET_TEMPLATES[task](record))
+
+
+# ------------------------------------------------------------------------------------------------ open set
+
+QUESTION_TASKS = frozenset({"kamel", "nq", "triviaqa"})
+# Entity translation (reference 5.1, Table 7): the 15 codes of the data and the language names of the template.
+TRANSLATION_LANGUAGES = {
+    "zh": "Chinese", "ar": "Arabic", "el": "Greek", "iw": "Hebrew", "ru": "Russian", "jp": "Japanese",
+    "hi": "Hindi", "ko": "Korean", "pl": "Polish", "tr": "Turkish", "cs": "Czech", "ta": "Tamil", "th": "Thai",
+    "mn": "Mongolian", "ml": "Malayalam",
+}
+
+
+def is_question(task: str) -> bool:
+    """True for kamel, nq and triviaqa only (it only changes the BM25 query string)."""
+    return task in QUESTION_TASKS
+
+
+def lama_input(template: str, subject: str) -> str:
+    """HF LAMA template: [X] -> subject, [Y] -> "<mask>", " ." -> "."."""
+    return template.replace("[X]", subject).replace("[Y]", MASK_PLACEHOLDER).replace(" .", ".")
+
+
+def kamel_input(question: str, subject: str, answers: Sequence[str]) -> str:
+    """"{question, [S] -> subject} Answer: <mask>."; the final "." is dropped if a gold ends in ".", "+" or "!"."""
+    text = f"{question.replace('[S]', subject)} Answer: {MASK_PLACEHOLDER}."
+    if any(a.endswith((".", "+", "!")) for a in answers):
+        text = text[:-1]
+    return text
+
+
+def qa_input(question: str) -> str:
+    """NQ / TriviaQA: stripped, wrapping double quotes removed, "?" appended if missing, " The answer is: <mask>."."""
+    q = question.strip()
+    if len(q) >= 2 and q[0] == '"' and q[-1] == '"':
+        q = q[1:-1].strip()
+    if not q.endswith("?"):
+        q += "?"
+    return f"{q} The answer is: {MASK_PLACEHOLDER}."
+
+
+def translation_input(language: str, title: str) -> str:
+    """"The {Language} translation of {English title} is: <mask>."; ``language`` is a name or a Table 7 code."""
+    name = TRANSLATION_LANGUAGES.get(language, language)
+    return f"The {name} translation of {title.strip()} is: {MASK_PLACEHOLDER}."
+
+
+# ------------------------------------------------------------------------------------------------ verbalizers
+
+def _one_token_ids(words: Iterable[str], tokenizer, label) -> list[int]:
+    ids = []
+    for word in words:
+        pieces = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
+        if len(pieces) != 1:
+            raise ValueError(f"fuzzy verbalizer word {word!r} of label {label!r} encodes to {len(pieces)} tokens "
+                             f"{pieces} with a leading space; every word must be exactly one token")
+        ids.append(int(pieces[0]))
+    return ids
+
+
+def _split_words(line: str) -> list[str]:
+    return [w.strip() for w in line.strip().split(", ") if w.strip()]
+
+
+def read_fuzzy_verbalizer_txt(path_or_lines: str | Path | Iterable[str], tokenizer) -> list[np.ndarray]:
+    """The .txt fuzzy verbalizer: one int64 array of token ids per label, in label order, all of the shortest
+    list's length. Trailing blank lines are ignored; a blank line between labels is an error."""
+    if isinstance(path_or_lines, (str, Path)):
+        lines = Path(path_or_lines).read_text(encoding="utf-8").splitlines()
+    else:
+        lines = [line.rstrip("\n") for line in path_or_lines]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise ValueError("empty fuzzy verbalizer: expected one line of words per label")
+    per_label = []
+    for label, line in enumerate(lines):
+        words = _split_words(line)
+        if not words:
+            raise ValueError(f"fuzzy verbalizer line {label} (label {label}) has no words")
+        per_label.append(_one_token_ids(words, tokenizer, label))
+    shortest = min(len(ids) for ids in per_label)
+    return [np.asarray(ids[:shortest], dtype=np.int64) for ids in per_label]
+
+
+def read_fuzzy_verbalizer_json(path_or_mapping: str | Path | Mapping, tokenizer,
+                               topics: Sequence[str] | None = None) -> list[np.ndarray]:
+    """yahoo.json: topic name -> words (a list, or one ", "-joined string); not truncated.
+
+    Labels follow ``topics`` (e.g. ``YAHOO_TOPICS``) when given, else the file's key order.
+    """
+    if isinstance(path_or_mapping, (str, Path)):
+        mapping = json.loads(Path(path_or_mapping).read_text(encoding="utf-8"))
+    else:
+        mapping = path_or_mapping
+    order = list(mapping) if topics is None else list(topics)
+    missing = [t for t in order if t not in mapping]
+    if missing:
+        raise ValueError(f"fuzzy verbalizer has no words for {missing}; its keys are {list(mapping)}")
+    out = []
+    for topic in order:
+        words = mapping[topic]
+        words = _split_words(words) if isinstance(words, str) else [w.strip() for w in words if w.strip()]
+        if not words:
+            raise ValueError(f"fuzzy verbalizer topic {topic!r} has no words")
+        out.append(np.asarray(_one_token_ids(words, tokenizer, topic), dtype=np.int64))
+    return out
