@@ -1,0 +1,281 @@
+"""The task registry (config/tasks.yaml) and the examples of a task (reference npm.md 4.2, 5.1, 5.2).
+
+* ``load_registry(path)`` -> ``{name: Task}``, every key checked (an error names the task and the key).
+* ``task_examples(name, folder, tokenizer=None, n_samples=None)`` -> the evaluated examples of one task: read with
+  its loader (local files only), templated, subsampled with seed 0 exactly as the original ``Task`` does, each a
+  dict with ``id``, ``input`` and ``label`` (closed set) or ``answers`` (open set); LAMA adds ``bucket``
+  (``metrics.ngram_bucket``, needs the tokenizer), ``relation``, ``is_uhn``, ``is_hard``; entity translation adds
+  ``lang``. ``group`` holds the macro-average group (bucket or lang) where the task has one.
+
+Sampling (reference 5.2): ``sampling.n_samples`` -> ``metrics.sample_indices`` (the first n of a seed-0
+permutation; smaller sets are kept whole, reordered); ``sampling.per_group`` -> ``metrics.sample_by_group`` over
+``group_by`` (LAMA bucket, translation language). ``n_samples=0`` keeps every example in file order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from npm.tasks import loaders as loaders_module
+from npm.tasks.metrics import ngram_bucket, sample_by_group, sample_indices
+from npm.tasks.templates import CLOSED_SET_TEMPLATES, LABEL_WORDS, closed_set_text, is_question
+
+DEFAULT_REGISTRY = Path(__file__).resolve().parents[2] / "config" / "tasks.yaml"
+DEFAULT_TASKS_ROOT = Path("data/tasks")
+OPEN_TEMPLATES = ("lama", "kamel", "qa", "given")
+FUZZY_FILES = ("agn.txt", "sst2.txt", "yahoo.json")
+GROUP_BY = ("bucket", "lang")
+SEED = 0
+
+REQUIRED = ("family", "loader", "files", "template", "verbalizer", "metric", "average", "sampling",
+            "reference_corpus", "is_question", "l_max", "url", "source")
+OPTIONAL = ("hf_dataset", "outdated_corpus")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One entry of config/tasks.yaml (see its header for the keys)."""
+
+    name: str
+    family: str
+    loader: str
+    files: tuple[str, ...]
+    template: str
+    label_words: tuple[str, ...] | None
+    fuzzy: str | None
+    metric: str
+    average: str
+    n_samples: int | None
+    per_group: int | None
+    group_by: str | None
+    reference_corpus: tuple[str, ...]
+    is_question: bool
+    l_max: int | None
+    urls: tuple[str, ...]
+    source: str
+    hf_dataset: dict | None = None
+    outdated_corpus: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def closed(self) -> bool:
+        return self.family == "closed"
+
+    def where(self) -> str:
+        """Where this task's files come from, for a missing-file error."""
+        get = f"download {' and '.join(self.urls)}" if self.urls else "no public URL"
+        hf = ""
+        if self.hf_dataset:
+            hf = " ".join(str(v) for v in (self.hf_dataset.get("name"), self.hf_dataset.get("config")) if v)
+            hf = f"; HF dataset {hf} ({self.hf_dataset.get('split')})"
+        return (f"task {self.name} expects {list(self.files)} in the format of docs/task-formats.md: "
+                f"{get}{hf}; source: {self.source}")
+
+
+class RegistryError(ValueError):
+    """A malformed config/tasks.yaml entry."""
+
+
+def _err(name: str, key: str, msg: str) -> RegistryError:
+    return RegistryError(f"config/tasks.yaml: task {name!r}, key {key!r}: {msg}")
+
+
+def _str_list(name: str, key: str, value, allow_empty: bool = False) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _err(name, key, f"must be a list of non-empty strings, got {value!r}")
+    if not value and not allow_empty:
+        raise _err(name, key, "must not be empty")
+    return tuple(value)
+
+
+def _positive_int(name: str, key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _err(name, key, f"must be a positive integer, got {value!r}")
+    return value
+
+
+def parse_task(name: str, entry) -> Task:
+    """Validate one registry entry and build its Task."""
+    if not isinstance(entry, Mapping):
+        raise _err(name, "*", f"must be a mapping, got {type(entry).__name__}")
+    for key in REQUIRED:
+        if key not in entry:
+            raise _err(name, key, "missing")
+    unknown = set(entry) - set(REQUIRED) - set(OPTIONAL)
+    if unknown:
+        raise _err(name, sorted(unknown)[0], f"unknown key (allowed: {list(REQUIRED + OPTIONAL)})")
+
+    family = entry["family"]
+    if family not in ("closed", "open"):
+        raise _err(name, "family", f"must be closed or open, got {family!r}")
+    closed = family == "closed"
+    loader = entry["loader"]
+    if loader not in loaders_module.LOADERS:
+        raise _err(name, "loader", f"{loader!r} is not in npm/tasks/loaders.py {sorted(loaders_module.LOADERS)}")
+    files = _str_list(name, "files", entry["files"])
+
+    template = entry["template"]
+    allowed = tuple(CLOSED_SET_TEMPLATES) if closed else OPEN_TEMPLATES
+    if template not in allowed:
+        raise _err(name, "template", f"{template!r} is not one of {list(allowed)}")
+
+    verbalizer, label_words, fuzzy = entry["verbalizer"], None, None
+    if closed:
+        if not isinstance(verbalizer, Mapping) or "words" not in verbalizer or "fuzzy" not in verbalizer:
+            raise _err(name, "verbalizer", f"a closed-set task needs {{words, fuzzy}}, got {verbalizer!r}")
+        label_words = _str_list(name, "verbalizer.words", verbalizer["words"])
+        if label_words != LABEL_WORDS[template]:
+            raise _err(name, "verbalizer.words", f"{list(label_words)} differ from templates.LABEL_WORDS"
+                       f"[{template!r}] = {list(LABEL_WORDS[template])}")
+        fuzzy = verbalizer["fuzzy"]
+        if fuzzy is not None and fuzzy not in FUZZY_FILES:
+            raise _err(name, "verbalizer.fuzzy", f"must be one of {list(FUZZY_FILES)} or null, got {fuzzy!r}")
+    elif verbalizer is not None:
+        raise _err(name, "verbalizer", "an open-set task has no verbalizer (null)")
+
+    metric = entry["metric"]
+    expected = "accuracy" if closed else "em"
+    if metric != expected:
+        raise _err(name, "metric", f"a {family}-set task is scored with {expected}, not {metric!r}")
+
+    sampling = entry["sampling"]
+    if not isinstance(sampling, Mapping):
+        raise _err(name, "sampling", f"must be a mapping, got {sampling!r}")
+    n_samples = per_group = group_by = None
+    if set(sampling) == {"n_samples"}:
+        n_samples = _positive_int(name, "sampling.n_samples", sampling["n_samples"])
+    elif set(sampling) == {"per_group", "group_by"}:
+        per_group = _positive_int(name, "sampling.per_group", sampling["per_group"])
+        group_by = sampling["group_by"]
+        if group_by not in GROUP_BY:
+            raise _err(name, "sampling.group_by", f"must be one of {list(GROUP_BY)}, got {group_by!r}")
+        if group_by == "bucket" and template != "lama":
+            raise _err(name, "sampling.group_by", "n-gram buckets are defined for the LAMA tasks only")
+    else:
+        raise _err(name, "sampling", f"must be {{n_samples}} or {{per_group, group_by}}, got {dict(sampling)}")
+
+    average = entry["average"]
+    if average not in ("micro", "macro"):
+        raise _err(name, "average", f"must be micro or macro, got {average!r}")
+    if average == "macro" and group_by is None:
+        raise _err(name, "average", "macro needs groups: set sampling {per_group, group_by}")
+
+    question = entry["is_question"]
+    if not isinstance(question, bool):
+        raise _err(name, "is_question", f"must be true or false, got {question!r}")
+    if question != is_question(name):
+        raise _err(name, "is_question", f"{question} disagrees with templates.is_question({name!r})")
+
+    l_max = entry["l_max"]
+    if closed:
+        if l_max is not None:
+            raise _err(name, "l_max", "closed-set tasks predict one token: l_max must be null")
+    else:
+        l_max = _positive_int(name, "l_max", l_max)
+
+    url = entry["url"]
+    urls = () if url is None else _str_list(name, "url", url)
+    if not all(u.startswith(("https://", "http://")) for u in urls):
+        raise _err(name, "url", f"must be http(s) URLs or null, got {list(urls)}")
+    source = entry["source"]
+    if not isinstance(source, str) or not source.strip():
+        raise _err(name, "source", "must say where the data comes from")
+    hf = entry.get("hf_dataset")
+    if hf is not None and not (isinstance(hf, Mapping) and isinstance(hf.get("name"), str) and "split" in hf):
+        raise _err(name, "hf_dataset", f"must be {{name, config, split}}, got {hf!r}")
+
+    return Task(name=name, family=family, loader=loader, files=files, template=template, label_words=label_words,
+                fuzzy=fuzzy, metric=metric, average=average, n_samples=n_samples, per_group=per_group,
+                group_by=group_by, reference_corpus=_str_list(name, "reference_corpus", entry["reference_corpus"]),
+                is_question=question, l_max=l_max, urls=urls, source=source.strip(),
+                hf_dataset=dict(hf) if hf is not None else None,
+                outdated_corpus=_str_list(name, "outdated_corpus", entry.get("outdated_corpus", []), True))
+
+
+def read_registry_file(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
+    """The raw YAML of the registry (``tasks`` and ``fuzzy_verbalizers``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task registry {path} does not exist")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("tasks"), Mapping) or not raw["tasks"]:
+        raise RegistryError(f"{path}: expected a mapping with a non-empty `tasks` mapping")
+    return dict(raw)
+
+
+def load_registry(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict[str, Task]:
+    """``{task name: Task}`` of config/tasks.yaml, in file order, every entry validated."""
+    return {str(name): parse_task(str(name), entry) for name, entry in read_registry_file(path)["tasks"].items()}
+
+
+def fuzzy_verbalizer_info(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
+    """The registry's ``fuzzy_verbalizers`` section: folder, files, url, source."""
+    return dict(read_registry_file(path).get("fuzzy_verbalizers") or {})
+
+
+def fuzzy_verbalizer_path(task: Task, tasks_root: str | os.PathLike = DEFAULT_TASKS_ROOT) -> Path | None:
+    """``{tasks_root}/fuzzy_verbalizers/{task.fuzzy}``, or None when the task has no fuzzy verbalizer."""
+    return None if task.fuzzy is None else Path(tasks_root) / "fuzzy_verbalizers" / task.fuzzy
+
+
+def _get_task(name: str, registry: Mapping[str, Task] | str | os.PathLike | None) -> Task:
+    tasks = registry if isinstance(registry, Mapping) else load_registry(registry or DEFAULT_REGISTRY)
+    if name not in tasks:
+        raise KeyError(f"unknown task {name!r}; the registry has {list(tasks)}")
+    return tasks[name]
+
+
+def load_task_records(task: Task, folder: str | os.PathLike) -> list[dict]:
+    """The raw records of ``task`` (its loader on ``folder``), before templating and sampling."""
+    loader = loaders_module.LOADERS[task.loader]
+    records = loader(Path(folder), task.files, where=task.where())
+    if not records:
+        raise ValueError(f"task {task.name}: no examples in {Path(folder)} ({list(task.files)})")
+    return records
+
+
+def _example(task: Task, rec: dict) -> dict:
+    if task.closed:
+        out = {"id": rec["id"], "input": closed_set_text(task.template, rec), "label": rec["label"]}
+    else:
+        out = {"id": rec["id"], "input": rec["input"], "answers": list(rec["answers"])}
+        for key in ("relation", "is_uhn", "is_hard", "lang"):
+            if key in rec:
+                out[key] = rec[key]
+    return out
+
+
+def task_examples(name: str, folder: str | os.PathLike, tokenizer=None, n_samples: int | None = None,
+                  per_group: int | None = None,
+                  registry: Mapping[str, Task] | str | os.PathLike | None = None) -> list[dict]:
+    """The evaluated examples of task ``name`` read from ``folder`` (see the module docstring).
+
+    ``n_samples`` overrides ``sampling.n_samples``; for grouped tasks it sets ``per_group = n_samples // 3`` as the
+    original ``Task`` does (3000 -> 1000), unless ``per_group`` is given. ``n_samples=0`` keeps everything in file
+    order. ``tokenizer`` is required for LAMA (n-gram buckets; the paper's is roberta-large's).
+    """
+    task = _get_task(name, registry)
+    examples = [_example(task, r) for r in load_task_records(task, folder)]
+    if task.group_by == "bucket":
+        if tokenizer is None:
+            raise ValueError(f"task {name}: LAMA n-gram buckets need the tokenizer (reference 5.1)")
+        for ex in examples:
+            ex["bucket"] = ngram_bucket(ex["answers"], tokenizer)
+    if task.group_by is not None:
+        for ex in examples:
+            ex["group"] = ex[task.group_by]
+    if n_samples == 0:
+        return examples
+    if task.group_by is None:
+        idx = sample_indices(len(examples), task.n_samples if n_samples is None else n_samples, seed=SEED)
+    else:
+        if per_group is None:
+            per_group = task.per_group if n_samples is None else max(1, n_samples // 3)
+        idx = sample_by_group([ex["group"] for ex in examples], per_group, seed=SEED)
+    return [examples[i] for i in idx.tolist()]
