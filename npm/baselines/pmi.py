@@ -1,0 +1,98 @@
+"""Closed-set scoring with a decoder LM: plain and domain-conditional PMI (Holtzman et al. 2021; NPM Table 1).
+
+NPM's Table 1 compares with "GPT-2" and "GPT-2 + PMI" (numbers copied from Shi et al. 2022 / Holtzman et al. 2021;
+the original NPM repo ships no PMI code, reference npm.md 6). Re-implemented from the definition:
+
+* plain score of label y for input x: log P(y | x) = the sum of the log-probabilities of the label word's tokens
+  (label words carry their leading space, npm.tasks.templates.LABEL_WORDS) right after the prompt;
+* domain-conditional PMI: log P(y | x) - log P(y | x_domain), where the domain premise x_domain is the
+  task-specific template text without the example (e.g. "It was" for sentiment, "The text topic is about" for
+  topic classification), which divides out each label's prior surface-form probability.
+
+The prompt for a causal LM is the NPM closed-set template's text before the mask (:func:`causal_prompt`).
+Templates with text after the mask (RTE: "{premise}, right?<mask>, {hypothesis}.") are not meaningful under this
+left-to-right scoring and are rejected by :func:`causal_prompt`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from npm.baselines.lm import MAX_LENGTH, encode_prompt
+
+MASK = "<mask>"
+# Domain premises: the template text that follows the example (npm.tasks.templates.CLOSED_SET_TEMPLATES).
+DOMAIN_PREMISES = {
+    "agn": "The text topic is about", "yahoo": "The text topic is about", "subj": "This is a",
+    "sst2": "It was", "mr": "It was", "rt": "It was", "cr": "It was", "amazon": "It was",
+}
+
+
+def causal_prompt(text: str) -> str:
+    """The causal-LM prompt of an NPM closed-set input: the text before its "<mask>" with trailing spaces removed
+    (label words bring their own leading space). Raises ValueError when text follows the mask (other than ".")."""
+    before, sep, after = text.partition(MASK)
+    if sep and after.strip() not in ("", "."):
+        raise ValueError(f"the mask is not at the end of {text!r}: left-to-right label scoring would ignore "
+                         f"{after!r}")
+    return before.rstrip()
+
+
+def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequence[str], batch_size: int = 16,
+                   max_length: int = MAX_LENGTH) -> np.ndarray:
+    """log P(label word | prompt) for every prompt and label: float64 [n_prompts, n_labels].
+
+    The prompt is encoded like :func:`npm.baselines.lm.encode_prompt` (tokenizer's special prefix, cut from the
+    left so that prompt + label fit in ``max_length``); the label word is encoded on its own without special
+    tokens and appended; its score is the sum over its tokens of log softmax(logits at the previous position).
+    """
+    import torch
+
+    labels = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in label_words]
+    if not labels or any(len(ids) == 0 for ids in labels):
+        raise ValueError(f"every label word must encode to at least one token: {list(label_words)}")
+    longest = max(len(ids) for ids in labels)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pairs = []  # (prompt ids, label ids)
+    for prompt in prompts:
+        ids = encode_prompt(tokenizer, prompt, max_length - longest)
+        if not ids:
+            raise ValueError(f"prompt {prompt!r} encodes to no tokens and the tokenizer adds no BOS to condition on")
+        pairs.extend((ids, lab) for lab in labels)
+    out = np.empty(len(pairs), dtype=np.float64)
+    with torch.no_grad():
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start:start + batch_size]
+            width = max(len(p) + len(lab) for p, lab in chunk)
+            ids = torch.full((len(chunk), width), int(pad), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, (p, lab) in enumerate(chunk):  # right padding: positions start at 0 for every row
+                seq = p + lab
+                ids[i, :len(seq)] = torch.as_tensor(seq)
+                mask[i, :len(seq)] = 1
+            log_p = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.double(), dim=-1)
+            for i, (p, lab) in enumerate(chunk):
+                rows = torch.arange(len(p) - 1, len(p) + len(lab) - 1)
+                out[start + i] = float(log_p[i, rows, torch.as_tensor(lab)].sum())
+    return out.reshape(len(prompts), len(labels))
+
+
+def plain_scores(model, tokenizer, prompts: Sequence[str], label_words: Sequence[str], **kwargs) -> np.ndarray:
+    """Uncalibrated scores log P(y | x) [n_prompts, n_labels] (the "GPT-2" rows of NPM Table 1)."""
+    return label_logprobs(model, tokenizer, prompts, label_words, **kwargs)
+
+
+def pmi_scores(model, tokenizer, prompts: Sequence[str], label_words: Sequence[str], domain_premise: str,
+               **kwargs) -> np.ndarray:
+    """Domain-conditional PMI log P(y | x) - log P(y | domain_premise) [n_prompts, n_labels] (Holtzman et al.
+    2021, "+ PMI" rows of NPM Table 1); ``domain_premise`` e.g. :data:`DOMAIN_PREMISES`[task]."""
+    conditional = label_logprobs(model, tokenizer, prompts, label_words, **kwargs)
+    domain = label_logprobs(model, tokenizer, [domain_premise], label_words, **kwargs)
+    return conditional - domain
+
+
+def predict(scores: np.ndarray) -> np.ndarray:
+    """Predicted label ids: argmax over labels (first label on ties)."""
+    return np.asarray(scores).argmax(axis=-1)
