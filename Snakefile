@@ -33,4 +33,5 @@ rule all:
         data_targets(),
         expand("results/models/{model}", model=trained_models()),
         retrieval_targets(),
+        embedded_task_targets(),
     default_target: True

