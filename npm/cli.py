@@ -177,6 +177,15 @@ def cmd_predict(args):
                 print(f"       block {block}: {short}")
 
 
+def cmd_evaluate(args):
+    from npm.evaluation import run_evaluation
+
+    run_evaluation(args.task, args.system, args.model, args.datastore, tasks_root=args.tasks_root,
+                   bm25=args.bm25, faiss=args.faiss, predictions_path=args.predictions, metrics_path=args.metrics,
+                   n_samples=args.n_samples, tau=args.tau, tau_twice=args.tau_twice, span_score=args.span_score,
+                   k=args.k, fuzzy=not args.no_fuzzy)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npm-repro", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -317,6 +326,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--evidence", type=int, default=1, help="supporting passages printed per phrase")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("evaluate", help="zero-shot evaluation of one task and system (paper 4-5)")
+    p.add_argument("--task", required=True)
+    p.add_argument("--system", required=True, choices=["npm", "npm_single"])
+    p.add_argument("--model", required=True)
+    p.add_argument("--datastore", nargs="+", required=True, help="one per reference corpus (their union)")
+    p.add_argument("--faiss", nargs="+", help="one per datastore, same order (closed set)")
+    p.add_argument("--bm25", nargs="+", help="one per datastore (open set, restricted mode)")
+    p.add_argument("--tasks-root", default="data/tasks")
+    p.add_argument("--predictions", type=Path, required=True)
+    p.add_argument("--metrics", type=Path, required=True)
+    p.add_argument("--n-samples", type=int)
+    p.add_argument("--tau", type=float, help="default 5.0 closed set, 1.0 open set")
+    p.add_argument("--tau-twice", action="store_true", help="original code's s/tau^2 for NPM (reference 4.1)")
+    p.add_argument("--span-score", choices=["paper", "code"], default="paper")
+    p.add_argument("--k", type=int, default=4096)
+    p.add_argument("--no-fuzzy", action="store_true")
+    p.set_defaults(func=cmd_evaluate)
     return parser
 
 
@@ -329,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every CPU variant it tries
     try:
         args.func(args)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"npm-repro {args.command}: error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -170,13 +170,18 @@ def embedded_task_targets():
 
 
 def closed_set_inputs(wildcards):
+    """Model, datastores and FAISS indexes (one per reference corpus, their union) and the evaluation sets."""
+    inputs = {"tasks": embedded_task_targets()}
     if wildcards.system == "mlm":
-        return {}
+        return inputs
     corpora = config["evaluation"]["reference_corpora"]
-    return {
-        "indexes": expand("data/index/{model}/{corpus}.faiss", model=wildcards.system, corpus=corpora),
-        "datastores": expand("data/datastore/{model}/{corpus}", model=wildcards.system, corpus=corpora),
-    }
+    inputs["indexes"] = expand("data/index/{model}/{corpus}.faiss", model=wildcards.system, corpus=corpora)
+    inputs["datastores"] = expand("data/datastore/{model}/{corpus}", model=wildcards.system, corpus=corpora)
+    if not released_model(wildcards.system):
+        inputs["model"] = f"results/models/{wildcards.system}"
+    elif checkpoint_folder(wildcards.system):
+        inputs["model"] = checkpoint_folder(wildcards.system)
+    return inputs
 
 
 # Raw sources with a public URL are fetched by rule download_source (resumable, checksum-verified).

@@ -1,5 +1,6 @@
-# Zero-shot evaluation per task and system (paper 5, reference 4-6). Entry points come with the issue
-# "evaluation"; the rules fix the file contracts of DESIGN.md section 3.
+# Zero-shot evaluation per task and system (paper 5, reference 4-6): predictions and metrics files of DESIGN.md
+# section 3. NPM and NPM-single run (`npm-repro evaluate`); the parametric MLM baseline (system mlm) is planned
+# and its job fails with the CLI's "invalid choice" until it lands.
 
 
 rule evaluate_closed_set:
@@ -20,6 +21,12 @@ rule evaluate_closed_set:
         "results/benchmarks/rules/evaluate_closed_set/{task}/{system}.tsv"
     conda:
         "../envs/eval.yaml"
+    params:
+        model=lambda wc: released_model(wc.system) or f"results/models/{wc.system}",
+        stores=lambda wc: " ".join(closed_set_inputs(wc).get("datastores", [])),
+        indexes=lambda wc: " ".join(closed_set_inputs(wc).get("indexes", [])),
+        tau=config["inference"]["closed_set_tau"],
     shell:
-        "npm-repro evaluate --task {wildcards.task} --system {wildcards.system}"
+        "npm-repro evaluate --task {wildcards.task} --system {wildcards.system} --model {params.model:q}"
+        " --datastore {params.stores} --faiss {params.indexes} --tau {params.tau}"
         " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"

@@ -1,0 +1,212 @@
+"""npm.evaluation on a tiny real world (reference npm.md 4.1, 5.2): the closed-set union of datastores is one softmax
+over the concatenated neighbour lists, verbalizers fall back to the label words, accuracy / EM / macro-micro
+averages are what the predictions say, and bad input is a clear error."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from npm.data.blocks import block_text, build_blocks, load_blocks
+from npm.datastore.bm25 import build_bm25_index
+from npm.datastore.embed import embed_corpus
+from npm.datastore.faiss_index import build_faiss_index
+from npm.datastore.store import load_datastore
+from npm.evaluation import closed_set_scores, evaluate_task, label_verbalizers, resolve_task, run_evaluation
+from npm.inference.closed_set import label_scores
+from npm.inference.predictor import Predictor
+from npm.io import read_jsonl, write_jsonl
+from npm.tasks.metrics import exact_match
+from npm.tasks.templates import LABEL_WORDS
+from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
+
+K = 30
+
+
+def _corpus(root, name, lines):
+    """Blocks, datastore, exact FAISS index and BM25 index of ``lines`` under ``root/name``."""
+    d = root / name
+    write_jsonl(d / "docs.jsonl", [{"id": str(i), "units": [line]} for i, line in enumerate(lines)])
+    build_blocks(d / "docs.jsonl", d / "blocks.npz", WORDPIECE, max_seq_length=64)
+    embed_corpus(str(root / "model"), [d / "blocks.npz"], d / "ds", batch_blocks=8, progress=False)
+    ds = load_datastore(d / "ds")
+    shards = [(d / "ds" / s["file"], s["rows"][1] - s["rows"][0]) for s in ds.meta["shards"]]
+    build_faiss_index(shards, ds.hidden_size, d / "flat.faiss", factory="Flat")
+    blocks = load_blocks(d / "blocks.npz", text=True)
+    docs = [(b, block_text(blocks, b).replace("\n", " ")) for b in range(ds.n_blocks)]
+    build_bm25_index([x for x in docs if x[1].strip()], d / "bm25")
+    return {"ds": str(d / "ds"), "faiss": str(d / "flat.faiss"), "bm25": str(d / "bm25")}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny random BERT and two small corpora (news paragraphs), each a datastore + Flat FAISS + BM25 index."""
+    root = tmp_path_factory.mktemp("eval_world")
+    save_tiny_bert(root / "model", seed=0)
+    lines = lee_corpus_lines()[:8]
+    lines[1] = "Thessaloniki is the second largest city in Greece, a great place for a review."
+    return {"root": root, "model": str(root / "model"), "a": _corpus(root, "a", lines[:4]),
+            "b": _corpus(root, "b", lines[4:])}
+
+
+def _predictor(world, name, kind="npm", **kw):
+    c = world[name]
+    return Predictor(world["model"], c["ds"], kind=kind, faiss=c["faiss"], bm25=c["bm25"], k=K, **kw)
+
+
+@pytest.fixture(scope="module")
+def predictors(world):
+    return {(kind, name): _predictor(world, name, kind, open_set=False)
+            for kind in ("npm", "npm_single") for name in ("a", "b")}
+
+
+@pytest.mark.parametrize("kind", ["npm", "npm_single"])
+@pytest.mark.parametrize("tau_twice", [False, True])
+def test_union_is_one_softmax_over_the_concatenated_neighbours(predictors, kind, tau_twice):
+    pa, pb = predictors[kind, "a"], predictors[kind, "b"]
+    text = "Thessaloniki is a great city. It was <mask>."
+    (ia, sa), (ib, sb) = pa.knn(text), pb.knn(text)
+    assert len(ia) == (2 * K if kind == "npm" else K)  # start + end neighbours for NPM
+    verb = [np.unique(ia[:5]), np.unique(ib[:5]), np.array([0])]  # tokens the neighbours really vote for
+    expected = label_scores(np.concatenate([ia, ib]), np.concatenate([sa, sb]), verb, tau=5.0,
+                            tau_twice=tau_twice and kind == "npm")
+    got = closed_set_scores([pa, pb], text, verb, tau=5.0, tau_twice=tau_twice)
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert got[:2].sum() > 0 and got[2] == 0  # [PAD] is never stored
+    # One softmax over the union, not the mean of the per-datastore distributions.
+    mean = (pa.label_scores(text, verb, tau=5.0, tau_twice=tau_twice)
+            + pb.label_scores(text, verb, tau=5.0, tau_twice=tau_twice)) / 2
+    assert not np.allclose(got, mean)
+    single = closed_set_scores([pa], text, verb, tau=5.0, tau_twice=tau_twice)
+    np.testing.assert_allclose(single, pa.label_scores(text, verb, tau=5.0, tau_twice=tau_twice), rtol=1e-12)
+    if tau_twice and kind == "npm":  # s / 25 differs from s / 5
+        assert not np.allclose(got, closed_set_scores([pa, pb], text, verb, tau=5.0))
+
+
+def test_verbalizers_fuzzy_file_or_label_words(wordpiece_tokenizer, tmp_path):
+    tok = wordpiece_tokenizer
+    single = label_verbalizers("sst2", tok, tmp_path)  # no fuzzy file: the label words
+    assert [v.tolist() for v in single] == [tok(w, add_special_tokens=False)["input_ids"] for w in LABEL_WORDS["sst2"]]
+    (tmp_path / "fuzzy_verbalizers").mkdir()
+    (tmp_path / "fuzzy_verbalizers" / "sst2.txt").write_text("terrible, bad, awful\ngreat, good\n")
+    fuzzy = label_verbalizers("sst2", tok, tmp_path)
+    assert [len(v) for v in fuzzy] == [2, 2]  # truncated to the shortest list
+    assert fuzzy[1].tolist() == tok(" great good", add_special_tokens=False)["input_ids"]
+    assert [v.tolist() for v in label_verbalizers("sst2", tok, tmp_path, fuzzy=False)] == \
+        [v.tolist() for v in single]
+    assert len(label_verbalizers("rte", tok, tmp_path)) == 2  # no fuzzy verbalizer in the registry
+    (tmp_path / "fuzzy_verbalizers" / "sst2.txt").write_text("terrible, thessalonikian\ngreat, good\n")
+    with pytest.raises(ValueError, match="exactly one token"):
+        label_verbalizers("sst2", tok, tmp_path)
+    bad = dataclasses.replace(resolve_task("subj"), template="sst2", fuzzy=None)
+    assert len(label_verbalizers(bad, tok, tmp_path)) == 2
+    with pytest.raises(ValueError, match="open-set"):
+        label_verbalizers("nq", tok, tmp_path)
+
+
+def test_closed_set_run_writes_predictions_and_accuracy(world, predictors, tmp_path):
+    rows = ["__label__5\tThessaloniki is a great city", "__label__1\tthe plot is dull", "__label__4\ta fine film",
+            "__label__3\tneutral, dropped", "__label__2\tan awful waste of time", "__label__5\tshe meets her brother",
+            "__label__1\the goes to Greece"]
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "test.tsv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "fuzzy_verbalizers").mkdir()  # frequent words, so that the neighbours vote for them
+    (tmp_path / "fuzzy_verbalizers" / "sst2.txt").write_text("the, of, is\nand, in, to\n")
+    pred_path, metrics_path = tmp_path / "out" / "p.jsonl", tmp_path / "out" / "m.json"
+    metrics = run_evaluation("sst2", "npm_single", world["model"], [world["a"]["ds"], world["b"]["ds"]],
+                             tasks_root=tmp_path, faiss=[world["a"]["faiss"], world["b"]["faiss"]],
+                             predictions_path=pred_path, metrics_path=metrics_path, k=K)
+    preds = list(read_jsonl(pred_path))
+    assert len(preds) == 6 == metrics["n"] and {p["label"] for p in preds} == {0, 1}
+    pa, pb = predictors["npm_single", "a"], predictors["npm_single", "b"]
+    verb = label_verbalizers("sst2", pa.tokenizer, tmp_path)
+    assert [len(v) for v in verb] == [3, 3]
+    correct = []
+    for p in preds:
+        assert p["input"].endswith(" It was<mask>.")
+        scores = closed_set_scores([pa, pb], p["input"], verb, tau=5.0)
+        assert scores.sum() > 0
+        np.testing.assert_allclose(p["scores"], scores, rtol=1e-6)
+        assert p["prediction"] == int(np.argmax(scores)) and p["correct"] == (p["prediction"] == p["label"])
+        correct.append(int(np.argmax(scores)) == p["label"])
+    assert metrics["score"] == pytest.approx(100.0 * np.mean(correct))
+    saved = json.loads(metrics_path.read_text())
+    assert saved["score"] == pytest.approx(metrics["score"]) and saved["metric"] == "accuracy"
+    assert saved["average"] == "micro" and "provenance" in saved and saved["queries_per_s"] > 0
+    assert "groups" not in saved and "subsets" not in saved
+
+
+def test_open_set_run_exact_match_from_predictions(world, tmp_path):
+    recs = [{"id": "q1", "input": "Thessaloniki is the second largest city in <mask>.", "answers": ["Greece"]},
+            {"id": "q2", "input": "Thessaloniki is a great place for a <mask>.", "answers": ["review"]},
+            {"id": "q3", "input": "The capital of Greece is <mask>.", "answers": ["Athens"]},
+            {"id": "q4", "input": "Thessaloniki is the second largest <mask> in Greece.", "answers": ["city"]}]
+    write_jsonl(tmp_path / "templama_changed" / "test.jsonl", recs)
+    metrics = run_evaluation("templama_changed", "npm", world["model"], [world["a"]["ds"]], tasks_root=tmp_path,
+                             bm25=world["a"]["bm25"], predictions_path=tmp_path / "p.jsonl",
+                             metrics_path=tmp_path / "m.json", k=K)
+    preds = list(read_jsonl(tmp_path / "p.jsonl"))
+    assert len(preds) == 4 and all(isinstance(p["prediction"], str) for p in preds)
+    em = [exact_match(p["prediction"], p["answers"]) for p in preds]
+    assert [p["correct"] for p in preds] == em
+    assert metrics["score"] == pytest.approx(100.0 * np.mean(em)) and metrics["metric"] == "em"
+    assert metrics["tau"] == 1.0 and json.loads((tmp_path / "m.json").read_text())["n"] == 4
+
+
+class _Stub:
+    """Stands in for a Predictor: answers from a fixed table."""
+
+    kind = "npm"
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def predict(self, text, top=1, mode="restricted"):
+        assert top == 1 and mode == "restricted"
+        return [{"text": self.answers[text]}] if text in self.answers else []
+
+
+def test_lama_macro_over_buckets_differs_from_micro_on_an_unbalanced_set():
+    ex = [{"id": str(i), "input": f"q{i} <mask>.", "answers": ["Paris"], "bucket": b, "group": b,
+           "is_uhn": i in (0, 3), "is_hard": None} for i, b in enumerate([1, 1, 1, 2])]
+    stub = _Stub({"q0 <mask>.": "Paris", "q1 <mask>.": "the Paris.", "q2 <mask>.": "paris", "q3 <mask>.": "Lyon"})
+    preds, macro = evaluate_task("lama_trex", "npm", ex, [stub])
+    assert [p["correct"] for p in preds] == [True, True, True, False]
+    assert macro["average"] == "macro" and macro["score"] == pytest.approx(50.0)  # (100 + 0) / 2
+    assert macro["groups"] == {"1": 100.0, "2": 0.0}
+    assert macro["subsets"]["uhn"] == pytest.approx(50.0) and macro["subsets"]["hard"] is None
+    _, micro = evaluate_task("lama_trex", "npm", ex, [stub], average="micro")
+    assert micro["score"] == pytest.approx(75.0) and micro["subsets"]["uhn"] == pytest.approx(50.0)
+    task = dataclasses.replace(resolve_task("lama_trex"), average="micro")
+    assert evaluate_task(task, "npm", ex, [stub])[1]["score"] == pytest.approx(75.0)
+
+
+def test_entity_translation_cuts_at_punctuation():
+    ex = [{"id": "0", "input": "a <mask>.", "answers": ["Αθήνα"], "lang": "el", "group": "el"},
+          {"id": "1", "input": "b <mask>.", "answers": ["Москва"], "lang": "ru", "group": "ru"}]
+    preds, m = evaluate_task("entity_translation", "npm", ex, [_Stub({"a <mask>.": "Αθήνα, Greece"})])
+    assert preds[0]["prediction"] == "Αθήνα" and preds[0]["raw_prediction"] == "Αθήνα, Greece"
+    assert preds[1]["prediction"] == "" and m["groups"] == {"el": 100.0, "ru": 0.0} and m["score"] == 50.0
+
+
+def test_errors_are_clear(world, tmp_path):
+    ds, faiss = [world["a"]["ds"]], [world["a"]["faiss"]]
+    with pytest.raises(KeyError, match="unknown task"):
+        run_evaluation("nope", "npm", world["model"], ds, faiss=faiss)
+    with pytest.raises(ValueError, match="npm.baselines"):
+        run_evaluation("subj", "mlm", world["model"], ds, faiss=faiss)
+    with pytest.raises(FileNotFoundError, match="datastore"):
+        run_evaluation("subj", "npm", world["model"], [str(tmp_path / "absent")], faiss=faiss)
+    with pytest.raises(ValueError, match="one per datastore"):
+        run_evaluation("subj", "npm", world["model"], [world["a"]["ds"], world["b"]["ds"]], faiss=faiss)
+    with pytest.raises(ValueError, match="FAISS"):
+        run_evaluation("subj", "npm", world["model"], ds)
+    with pytest.raises(ValueError, match="BM25"):
+        run_evaluation("nq", "npm", world["model"], ds)
+    with pytest.raises(FileNotFoundError, match="task folder"):
+        run_evaluation("subj", "npm", world["model"], ds, faiss=faiss, tasks_root=tmp_path)
+    with pytest.raises(ValueError, match="no examples"):
+        evaluate_task("subj", "npm", [], [_Stub({})])
+    with pytest.raises(ValueError, match="one datastore"):
+        evaluate_task("nq", "npm", [{"id": "0", "input": "x <mask>.", "answers": ["y"]}], [_Stub({}), _Stub({})])
