@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,30 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a not-yet-existing path beside the folder ``path`` to build it in; when the block succeeds it replaces
+    ``path`` (an existing folder is swapped out, removed, and put back if the swap fails). On an error nothing at
+    ``path`` changes and the partial build is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        new = work / "new"
+        yield new
+        previous = work / "previous"
+        if path.exists():
+            os.rename(path, previous)
+        try:
+            os.rename(new, path)
+        except OSError:
+            if previous.exists():
+                os.rename(previous, path)
+            raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict], gz: bool | None = None) -> int:

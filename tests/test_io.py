@@ -2,7 +2,7 @@
 
 import pytest
 
-from npm.io import atomic_path, read_jsonl, write_jsonl, write_summary
+from npm.io import atomic_dir, atomic_path, read_jsonl, write_jsonl, write_summary
 
 
 def test_failed_write_keeps_previous_file(tmp_path):
@@ -51,3 +51,22 @@ def test_outputs_get_the_usual_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "x.jsonl").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_atomic_dir_replaces_a_folder_only_when_the_build_succeeds(tmp_path):
+    out = tmp_path / "model"
+    with atomic_dir(out) as new:
+        new.mkdir()
+        (new / "weights").write_text("v1")
+    assert (out / "weights").read_text() == "v1"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(out) as new:
+            new.mkdir()
+            (new / "weights").write_text("half-written")
+            raise RuntimeError("killed")
+    assert (out / "weights").read_text() == "v1"  # the previous folder is untouched
+    with atomic_dir(out) as new:
+        new.mkdir()
+        (new / "weights").write_text("v2")
+    assert (out / "weights").read_text() == "v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary folder left behind

