@@ -130,32 +130,17 @@ def cmd_build_faiss_index(args):
     from npm.datastore.store import load_datastore
 
     ds = load_datastore(args.datastore)
-    shards = [(str(ds.root / s["file"]), s["rows"][1] - s["rows"][0]) for s in ds.meta["shards"]]
-    summary = build_faiss_index(shards, ds.hidden_size, args.out, factory=args.factory, metric="ip",
+    summary = build_faiss_index(ds.vector_shards(), ds.hidden_size, args.out, factory=args.factory, metric="ip",
                                 train_sample=args.train_sample, seed=args.seed, nprobe=args.nprobe,
                                 ef_search=args.ef_search)
     _summary(args, summary)
 
 
 def cmd_build_bm25_index(args):
-    from npm.data.blocks import block_text, load_blocks
-    from npm.datastore.bm25 import build_bm25_index
-
-    def docs():
-        first = 0  # docid = global block id: the blocks files in the order given (the datastore's order)
-        for path in args.blocks:
-            blocks = load_blocks(path, text=True)
-            n = len(blocks["block_doc"])
-            for b in range(n):
-                text = block_text(blocks, b).replace("\n", " ")
-                if text.strip():  # a block holding only the tail special token of a split unit has no text
-                    yield first + b, text
-                else:
-                    skipped.append(first + b)
-            first += n
+    from npm.datastore.bm25 import block_documents, build_bm25_index
 
     skipped = []
-    summary = build_bm25_index(docs(), args.out, threads=args.threads)
+    summary = build_bm25_index(block_documents(args.blocks, skipped), args.out, threads=args.threads)
     _summary(args, summary | {"blocks_without_text": len(skipped)})
 
 

@@ -66,6 +66,27 @@ def save_tiny_bert(path: str | Path, seed: int = 0) -> str:
     return str(path)
 
 
+def build_tiny_corpus(folder: str | Path, model: str, lines: list[str]) -> dict[str, str]:
+    """Blocks (<= 64 tokens), datastore, exact FAISS index and BM25 index of ``lines`` under ``folder``, built with the
+    real entry points; returns the paths (``blocks``, ``ds``, ``faiss``, ``bm25``)."""
+    from npm.data.blocks import build_blocks
+    from npm.datastore.bm25 import block_documents, build_bm25_index
+    from npm.datastore.embed import embed_corpus
+    from npm.datastore.faiss_index import build_faiss_index
+    from npm.datastore.store import load_datastore
+    from npm.io import write_jsonl
+
+    d = Path(folder)
+    write_jsonl(d / "docs.jsonl", [{"id": str(i), "units": [line]} for i, line in enumerate(lines)])
+    build_blocks(d / "docs.jsonl", d / "blocks.npz", WORDPIECE, max_seq_length=64)
+    embed_corpus(model, [d / "blocks.npz"], d / "ds", batch_blocks=8, progress=False)
+    ds = load_datastore(d / "ds")
+    build_faiss_index(ds.vector_shards(), ds.hidden_size, d / "flat.faiss", factory="Flat")
+    build_bm25_index(block_documents([d / "blocks.npz"]), d / "bm25")
+    return {name: str(d / rel) for name, rel in
+            (("blocks", "blocks.npz"), ("ds", "ds"), ("faiss", "flat.faiss"), ("bm25", "bm25"))}
+
+
 @pytest.fixture(scope="session")
 def wordpiece_tokenizer():
     from npm.model import load_tokenizer

@@ -8,35 +8,20 @@ import json
 import numpy as np
 import pytest
 
-from npm.data.blocks import block_text, build_blocks, load_blocks
-from npm.datastore.bm25 import build_bm25_index
-from npm.datastore.embed import embed_corpus
-from npm.datastore.faiss_index import build_faiss_index
-from npm.datastore.store import load_datastore
 from npm.evaluation import closed_set_scores, evaluate_task, label_verbalizers, resolve_task, run_evaluation
 from npm.inference.closed_set import label_scores
 from npm.inference.predictor import Predictor
 from npm.io import read_jsonl, write_jsonl
 from npm.tasks.metrics import exact_match
 from npm.tasks.templates import LABEL_WORDS
-from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
+from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
 
 K = 30
 
 
 def _corpus(root, name, lines):
     """Blocks, datastore, exact FAISS index and BM25 index of ``lines`` under ``root/name``."""
-    d = root / name
-    write_jsonl(d / "docs.jsonl", [{"id": str(i), "units": [line]} for i, line in enumerate(lines)])
-    build_blocks(d / "docs.jsonl", d / "blocks.npz", WORDPIECE, max_seq_length=64)
-    embed_corpus(str(root / "model"), [d / "blocks.npz"], d / "ds", batch_blocks=8, progress=False)
-    ds = load_datastore(d / "ds")
-    shards = [(d / "ds" / s["file"], s["rows"][1] - s["rows"][0]) for s in ds.meta["shards"]]
-    build_faiss_index(shards, ds.hidden_size, d / "flat.faiss", factory="Flat")
-    blocks = load_blocks(d / "blocks.npz", text=True)
-    docs = [(b, block_text(blocks, b).replace("\n", " ")) for b in range(ds.n_blocks)]
-    build_bm25_index([x for x in docs if x[1].strip()], d / "bm25")
-    return {"ds": str(d / "ds"), "faiss": str(d / "flat.faiss"), "bm25": str(d / "bm25")}
+    return build_tiny_corpus(root / name, str(root / "model"), lines)
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,9 @@ import numpy as np
 import pytest
 
 from npm.cli import main
-from npm.data.blocks import build_blocks
-from npm.datastore.bm25 import build_bm25_index
-from npm.datastore.embed import embed_corpus
-from npm.datastore.faiss_index import build_faiss_index
 from npm.datastore.store import load_datastore
 from npm.inference.predictor import Predictor
-from npm.io import write_jsonl
-from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
+from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -24,18 +19,8 @@ def world(tmp_path_factory):
     save_tiny_bert(root / "model", seed=0)
     lines = lee_corpus_lines()[:12]
     lines[3] = "Thessaloniki is the second largest city in Greece, with the café Ω on its waterfront."
-    write_jsonl(root / "docs.jsonl", [{"id": str(i), "units": [line]} for i, line in enumerate(lines)])
-    build_blocks(root / "docs.jsonl", root / "blocks.npz", WORDPIECE, max_seq_length=64)
-    embed_corpus(str(root / "model"), [root / "blocks.npz"], root / "ds", batch_blocks=8, progress=False)
-    ds = load_datastore(root / "ds")
-    shards = [(root / "ds" / s["file"], s["rows"][1] - s["rows"][0]) for s in ds.meta["shards"]]
-    build_faiss_index(shards, ds.hidden_size, root / "flat.faiss", factory="Flat")
-    from npm.data.blocks import block_text, load_blocks
-
-    blocks = load_blocks(root / "blocks.npz", text=True)
-    docs = [(b, block_text(blocks, b).replace("\n", " ")) for b in range(ds.n_blocks)]
-    build_bm25_index([d for d in docs if d[1].strip()], root / "bm25")
-    return root, ds
+    build_tiny_corpus(root, str(root / "model"), lines)
+    return root, load_datastore(root / "ds")
 
 
 def predictor(world, **kw):

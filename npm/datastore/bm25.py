@@ -22,17 +22,17 @@ from __future__ import annotations
 import array
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from npm.datastore.java import ensure_jvm
+from npm.io import atomic_dir
 
 DEFAULT_K1 = 0.9  # pyserini's LuceneSearcher defaults, not overridden by the original (reference 3.8)
 DEFAULT_B = 0.4
@@ -59,6 +59,26 @@ def bm25_query(text: str, is_question: bool, mask_token: str = "<mask>") -> str:
 # ------------------------------------------------------------------------------------------------ indexing
 
 
+def block_documents(blocks_paths: Sequence[str | os.PathLike], skipped: list[int] | None = None
+                    ) -> Iterator[tuple[int, str]]:
+    """``(global block id, text)`` of every block of the blocks files, in the order given (the datastore's global
+    block order), the units of a block joined by a space. A block without text (only the end token of a split
+    unit) cannot be a Lucene document: it is left out and its id appended to ``skipped``."""
+    from npm.data.blocks import block_text, load_blocks
+
+    first = 0
+    for path in blocks_paths:
+        blocks = load_blocks(path, text=True)
+        n = len(blocks["block_doc"])
+        for b in range(n):
+            text = block_text(blocks, b).replace("\n", " ")
+            if text.strip():
+                yield first + b, text
+            elif skipped is not None:
+                skipped.append(first + b)
+        first += n
+
+
 def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike, threads: int = 1, *,
                      store_raw: bool = False, store_docvectors: bool = False, optimize: bool = True) -> dict:
     """Index ``(global block id, text)`` pairs into a Lucene BM25 index at ``out_dir``, atomically.
@@ -80,27 +100,14 @@ def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike
     start = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        collection = work / "collection"
-        collection.mkdir()
+    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.collection.", dir=out_dir.parent) as work, \
+            atomic_dir(out_dir) as index:
+        collection = Path(work)
         n = _write_collection(docs, collection, threads)
-        index = work / "index"
         flags = ["--storeRaw"] * store_raw + ["--storeDocvectors"] * store_docvectors + ["--optimize"] * optimize
         stats = _run_indexer(collection, index, threads, flags)
         if stats.get("documents") != n:
             raise RuntimeError(f"Lucene indexed {stats.get('documents')} documents out of {n}; index left unused")
-        previous = work / "previous"
-        if out_dir.exists():
-            os.rename(out_dir, previous)
-        try:
-            os.rename(index, out_dir)
-        except OSError:
-            if previous.exists():
-                os.rename(previous, out_dir)  # put the old index back
-            raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     unique_terms = stats.get("unique_terms")  # Lucene reports -1 when the index has several segments
     return {"documents": n, "unique_terms": unique_terms if unique_terms is None or unique_terms >= 0 else None,
             "total_terms": stats.get("total_terms"),

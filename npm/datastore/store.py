@@ -234,6 +234,10 @@ class Datastore:
 
     # -- vectors
 
+    def vector_shards(self) -> list[tuple[Path, int]]:
+        """``(file, rows)`` of every embedding shard in row order (the input of npm.datastore.faiss_index)."""
+        return [(self.root / s["file"], s["rows"][1] - s["rows"][0]) for s in self.meta["shards"]]
+
     def vectors(self, rows) -> np.ndarray:
         """float32 [n, h]: the vectors of ``rows`` (any order, any shards)."""
         rows = self._check_rows(rows)
