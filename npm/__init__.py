@@ -4,3 +4,13 @@ Every Snakemake rule calls one small entry point of this package (see ``npm.cli`
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    """``npm.Predictor`` (the Python API of ``npm-repro predict``), imported on first use: torch and transformers
+    load only when it is asked for."""
+    if name == "Predictor":
+        from npm.inference.predictor import Predictor
+
+        return Predictor
+    raise AttributeError(f"module 'npm' has no attribute {name!r}")

@@ -84,6 +84,8 @@ def test_predict_cli_prints_phrases_and_evidence(world, capsys):
                str(root / "bm25"), "--top", "2", "Thessaloniki is the second largest city in <mask>."])
     out = capsys.readouterr().out
     assert rc == 0 and "1. " in out and "2. " in out and "block " in out
+    import npm
+    assert npm.Predictor is Predictor
     rc = main(["predict", "--model", str(root / "model"), "--datastore", str(root / "ds"), "--bm25",
                str(root / "bm25"), "No mask in this query."])
     assert rc == 1 and "no mask" in capsys.readouterr().err
