@@ -62,6 +62,12 @@ def cmd_tokenize_blocks(args):
     _summary(args, build_blocks(args.docs, args.out, args.tokenizer, max_seq_length=args.max_seq_length))
 
 
+def cmd_subsample_blocks(args):
+    from npm.data.blocks import subsample_blocks
+
+    _summary(args, subsample_blocks(args.blocks, args.percent / 100.0, args.out, seed=args.seed))
+
+
 def cmd_batch_blocks(args):
     from npm.data.batches import build_batches
 
@@ -168,7 +174,7 @@ def cmd_evaluate(args):
     run_evaluation(args.task, args.system, args.model, args.datastore, tasks_root=args.tasks_root,
                    bm25=args.bm25, faiss=args.faiss, predictions_path=args.predictions, metrics_path=args.metrics,
                    n_samples=args.n_samples, tau=args.tau, tau_twice=args.tau_twice, span_score=args.span_score,
-                   k=args.k, fuzzy=not args.no_fuzzy)
+                   k=args.k, fuzzy=not args.no_fuzzy, corpus=args.corpus)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--summary", type=Path)
     p.set_defaults(func=cmd_tokenize_blocks)
+
+    p = sub.add_parser("subsample-blocks", help="a seeded percentage of a corpus's blocks (paper Figure 7 ablation)")
+    p.add_argument("--blocks", nargs="+", required=True, help="the corpus's blocks files, in shard order")
+    p.add_argument("--percent", type=float, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--summary", type=Path)
+    p.set_defaults(func=cmd_subsample_blocks)
 
     p = sub.add_parser("batch-blocks", help="blocks -> document-grouped batches (reference 2.1)")
     p.add_argument("--blocks", type=Path, required=True)
@@ -314,9 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="zero-shot evaluation of one task and system (paper 4-5)")
     p.add_argument("--task", required=True)
-    p.add_argument("--system", required=True, choices=["npm", "npm_single"])
+    p.add_argument("--system", required=True, choices=["npm", "npm_single", "npm_faiss", "mlm"],
+                   help="npm_faiss: NPM open set without BM25 (paper 6.4); mlm: the parametric MLM baseline")
     p.add_argument("--model", required=True)
-    p.add_argument("--datastore", nargs="+", required=True, help="one per reference corpus (their union)")
+    p.add_argument("--datastore", nargs="+", default=[], help="one per reference corpus (their union); not for mlm")
+    p.add_argument("--corpus", help="the reference corpus's name recorded in the metrics (default: datastore names)")
     p.add_argument("--faiss", nargs="+", help="one per datastore, same order (closed set)")
     p.add_argument("--bm25", nargs="+", help="one per datastore (open set, restricted mode)")
     p.add_argument("--tasks-root", default="data/tasks")

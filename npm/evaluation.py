@@ -8,7 +8,8 @@
   (Shi et al. 2022) when the registry names one and its file exists, else the single label word. Prediction =
   argmax; metric = accuracy (%).
 * Open set (reference 3.7-3.8, 5.2): the top phrase of ``Predictor.predict(text, top=1, mode="restricted")``
-  (BM25 top-3 blocks); entity translation cuts it at its first punctuation character; metric = exact match (%)
+  (BM25 top-3 blocks; system ``npm_faiss``: ``mode="faiss"``, the paper's 6.4 ablation without sparse retrieval);
+  entity translation cuts it at its first punctuation character; metric = exact match (%)
   after normalisation, averaged as the registry says (macro over LAMA n-gram buckets / translation languages,
   micro otherwise). LAMA also reports its UHN and Hard subsets, macro-averaged the same way.
 
@@ -39,7 +40,9 @@ from npm.tasks.templates import LABEL_WORDS, YAHOO_TOPICS, read_fuzzy_verbalizer
 
 log = logging.getLogger("npm-repro.evaluate")
 
-SYSTEMS = ("npm", "npm_single")
+SYSTEMS = ("npm", "npm_single", "npm_faiss")
+KIND = {"npm": "npm", "npm_single": "npm_single", "npm_faiss": "npm"}  # npm_faiss: NPM open set without BM25
+OPEN_MODE = {"npm": "restricted", "npm_single": "restricted", "npm_faiss": "faiss"}
 TRANSLATION_TASKS = frozenset({"entity_translation"})
 
 
@@ -120,62 +123,15 @@ def closed_set_scores(predictors: Sequence, text: str, verbalizers: list[np.ndar
 
 # ------------------------------------------------------------------------------------------------ one task
 
-def _percent(scores: Sequence[float], groups: Sequence | None, average: str) -> float:
-    return 100.0 * aggregate(scores, groups, average)
-
-
-def evaluate_task(task: Task | str, system: str, examples: Sequence[dict], predictors: Sequence, tokenizer=None,
-                  verbalizers: list[np.ndarray] | None = None, tasks_root: str | os.PathLike = DEFAULT_TASKS_ROOT,
-                  tau: float = 5.0, tau_twice: bool = False, fuzzy: bool = True, average: str | None = None,
-                  log_every: int = 100) -> tuple[list[dict], dict]:
-    """Predict every example and score the task. Returns ``(predictions, metrics)``.
-
-    Closed set: ``closed_set_scores`` over all ``predictors`` (one per datastore), argmax, accuracy.
-    Open set: the top phrase of the single predictor in restricted mode, exact match.
-    ``average`` overrides the registry's (``macro`` / ``micro``). Scores are percentages.
-    """
+def task_metrics(task: Task | str, system: str, examples: Sequence[dict], correct: Sequence[float],
+                 average: str | None = None) -> dict:
+    """The metrics record of one task (reference 5.2): the score in percent, micro or macro over the examples'
+    ``group`` (LAMA n-gram buckets, translation languages), per-group scores, and LAMA's UHN / Hard subsets.
+    Shared by every system (NPM, the MLM and LM baselines) so that all rows of a table are scored alike."""
     task = resolve_task(task)
-    _check_system(system)
-    if not examples:
-        raise ValueError(f"task {task.name}: no examples to evaluate")
-    if not predictors:
-        raise ValueError(f"task {task.name}: no predictor (datastore) to evaluate with")
+    if len(correct) != len(examples):
+        raise ValueError(f"{len(correct)} correctness values for {len(examples)} examples")
     average = average or task.average
-    if task.closed and verbalizers is None:
-        if tokenizer is None:
-            tokenizer = predictors[0].tokenizer
-        verbalizers = label_verbalizers(task, tokenizer, tasks_root, fuzzy=fuzzy)
-    if not task.closed and len(predictors) != 1:
-        raise ValueError(f"open-set task {task.name} is evaluated on one datastore, got {len(predictors)}")
-
-    predictions, correct = [], []
-    t0 = time.perf_counter()
-    for i, ex in enumerate(examples):
-        rec = {"id": ex["id"], "input": ex["input"]}
-        if task.closed:
-            scores = closed_set_scores(predictors, ex["input"], verbalizers, tau=tau, tau_twice=tau_twice)
-            pred = int(np.argmax(scores))
-            ok = pred == int(ex["label"])
-            rec.update(label=int(ex["label"]), prediction=pred, scores=[float(s) for s in scores])
-        else:
-            top = predictors[0].predict(ex["input"], top=1, mode="restricted")
-            raw = top[0]["text"] if top else ""
-            pred = translation_prediction(raw) if task.name in TRANSLATION_TASKS else raw
-            ok = exact_match(pred, ex["answers"])
-            rec.update(answers=list(ex["answers"]), prediction=pred)
-            if pred != raw:
-                rec["raw_prediction"] = raw
-        for key in ("group", "bucket", "lang", "relation", "is_uhn", "is_hard"):
-            if key in ex:
-                rec[key] = ex[key]
-        rec["correct"] = bool(ok)
-        predictions.append(rec)
-        correct.append(float(ok))
-        if log_every and (i + 1) % log_every == 0:
-            log.info("%s/%s: %d/%d examples, running %.2f%%", task.name, system, i + 1, len(examples),
-                     100.0 * np.mean(correct))
-    seconds = time.perf_counter() - t0
-
     groups = [ex.get("group") for ex in examples]
     has_groups = task.group_by is not None and all(g is not None for g in groups)
     if average == "macro" and not has_groups:
@@ -203,6 +159,68 @@ def evaluate_task(task: Task | str, system: str, examples: Sequence[dict], predi
             sub_groups = [groups[i] for i in keep] if average == "macro" else None
             metrics["subsets"][name] = _percent([correct[i] for i in keep], sub_groups, average)
             metrics["subsets"][f"n_{name}"] = len(keep)
+    return metrics
+
+
+def _percent(scores: Sequence[float], groups: Sequence | None, average: str) -> float:
+    return 100.0 * aggregate(scores, groups, average)
+
+
+def evaluate_task(task: Task | str, system: str, examples: Sequence[dict], predictors: Sequence, tokenizer=None,
+                  verbalizers: list[np.ndarray] | None = None, tasks_root: str | os.PathLike = DEFAULT_TASKS_ROOT,
+                  tau: float = 5.0, tau_twice: bool = False, fuzzy: bool = True, average: str | None = None,
+                  log_every: int = 100) -> tuple[list[dict], dict]:
+    """Predict every example and score the task. Returns ``(predictions, metrics)``.
+
+    Closed set: ``closed_set_scores`` over all ``predictors`` (one per datastore), argmax, accuracy.
+    Open set: the top phrase of the single predictor (restricted mode; FAISS mode for npm_faiss), exact match.
+    ``average`` overrides the registry's (``macro`` / ``micro``). Scores are percentages.
+    """
+    task = resolve_task(task)
+    _check_system(system)
+    if not examples:
+        raise ValueError(f"task {task.name}: no examples to evaluate")
+    if not predictors:
+        raise ValueError(f"task {task.name}: no predictor (datastore) to evaluate with")
+    if task.closed and verbalizers is None:
+        if tokenizer is None:
+            tokenizer = predictors[0].tokenizer
+        verbalizers = label_verbalizers(task, tokenizer, tasks_root, fuzzy=fuzzy)
+    if task.closed and system == "npm_faiss":
+        raise ValueError("npm_faiss is NPM's open-set search without BM25; closed-set tasks always use FAISS: "
+                         "evaluate them as system npm")
+    if not task.closed and len(predictors) != 1:
+        raise ValueError(f"open-set task {task.name} is evaluated on one datastore, got {len(predictors)}")
+
+    predictions, correct = [], []
+    t0 = time.perf_counter()
+    for i, ex in enumerate(examples):
+        rec = {"id": ex["id"], "input": ex["input"]}
+        if task.closed:
+            scores = closed_set_scores(predictors, ex["input"], verbalizers, tau=tau, tau_twice=tau_twice)
+            pred = int(np.argmax(scores))
+            ok = pred == int(ex["label"])
+            rec.update(label=int(ex["label"]), prediction=pred, scores=[float(s) for s in scores])
+        else:
+            top = predictors[0].predict(ex["input"], top=1, mode=OPEN_MODE[system])
+            raw = top[0]["text"] if top else ""
+            pred = translation_prediction(raw) if task.name in TRANSLATION_TASKS else raw
+            ok = exact_match(pred, ex["answers"])
+            rec.update(answers=list(ex["answers"]), prediction=pred)
+            if pred != raw:
+                rec["raw_prediction"] = raw
+        for key in ("group", "bucket", "lang", "relation", "is_uhn", "is_hard"):
+            if key in ex:
+                rec[key] = ex[key]
+        rec["correct"] = bool(ok)
+        predictions.append(rec)
+        correct.append(float(ok))
+        if log_every and (i + 1) % log_every == 0:
+            log.info("%s/%s: %d/%d examples, running %.2f%%", task.name, system, i + 1, len(examples),
+                     100.0 * np.mean(correct))
+    seconds = time.perf_counter() - t0
+
+    metrics = task_metrics(task, system, examples, correct, average)
     if task.closed:
         metrics["tau"], metrics["tau_twice"] = tau, bool(tau_twice and system == "npm")
     metrics["seconds"] = seconds
@@ -229,12 +247,20 @@ def run_evaluation(task: str, system: str, model: str, datastores: Sequence[str]
                    n_samples: int | None = None, tau: float | None = None, tau_twice: bool = False,
                    span_score: str = "paper", open_set_tau: float = 1.0, closed_set_tau: float = 5.0, k: int = 4096,
                    fuzzy: bool = True, registry: Mapping[str, Task] | str | os.PathLike | None = None,
-                   device=None) -> dict:
+                   device=None, corpus: str | None = None) -> dict:
     """Evaluate ``system`` (npm | npm_single; ``model`` its checkpoint) on ``task`` with the union of
     ``datastores``; examples from ``{tasks_root}/{task}``. ``faiss``: one index per datastore (closed set);
     ``bm25``: one index per datastore (open set, restricted mode). ``tau`` overrides ``closed_set_tau`` /
     ``open_set_tau``. Writes the predictions JSONL and the metrics JSON (with provenance) when their paths are given
-    and returns the metrics."""
+    and returns the metrics. ``corpus``: the reference corpus's name for the report (default: the datastore folder
+    names joined by "+"). System ``mlm`` (the parametric baseline) is scored by npm.baselines.mlm without any
+    datastore."""
+    if system == "mlm":
+        from npm.baselines.mlm import run_mlm_evaluation
+
+        return run_mlm_evaluation(task, model, tasks_root=tasks_root, n_samples=n_samples,
+                                  predictions_path=predictions_path, metrics_path=metrics_path, device=device,
+                                  registry=registry)
     from npm.inference.predictor import Predictor
     from npm.io import write_jsonl, write_summary
 
@@ -252,6 +278,7 @@ def run_evaluation(task: str, system: str, model: str, datastores: Sequence[str]
             raise FileNotFoundError(f"datastore {d} does not exist; run the embed rule for it first")
     faiss_paths = _as_list(faiss, len(datastores), "FAISS index")
     bm25_paths = _as_list(bm25, len(datastores), "BM25 index")
+    open_mode = OPEN_MODE[system]
     if spec.closed:
         if any(f is None for f in faiss_paths):
             raise ValueError(f"closed-set task {spec.name} needs a FAISS index per datastore (faiss=[...])")
@@ -259,8 +286,10 @@ def run_evaluation(task: str, system: str, model: str, datastores: Sequence[str]
     else:
         if len(datastores) != 1:
             raise ValueError(f"open-set task {spec.name} is evaluated on one datastore, got {len(datastores)}")
-        if bm25_paths[0] is None:
+        if open_mode == "restricted" and bm25_paths[0] is None:
             raise ValueError(f"open-set task {spec.name} needs a BM25 index (restricted mode, reference 3.8)")
+        if open_mode == "faiss" and faiss_paths[0] is None:
+            raise ValueError(f"system {system} searches the whole datastore: it needs a FAISS index (faiss=...)")
         tau = open_set_tau if tau is None else tau
     for p in [*faiss_paths, *bm25_paths]:
         if p is not None and not Path(p).exists():
@@ -270,7 +299,7 @@ def run_evaluation(task: str, system: str, model: str, datastores: Sequence[str]
         raise FileNotFoundError(f"task folder {folder} does not exist; {spec.where()}")
 
     predictors = [
-        Predictor(model, d, kind=system, bm25=b, faiss=f, tau=1.0 if spec.closed else tau,
+        Predictor(model, d, kind=KIND[system], bm25=b, faiss=f, tau=1.0 if spec.closed else tau,
                   l_max=spec.l_max or 10, form=span_score, open_set=not spec.closed, k=k, device=device)
         for d, f, b in zip(datastores, faiss_paths, bm25_paths, strict=True)
     ]
@@ -284,7 +313,14 @@ def run_evaluation(task: str, system: str, model: str, datastores: Sequence[str]
                                          tau=tau, tau_twice=tau_twice, fuzzy=fuzzy)
     if not spec.closed:
         metrics["tau"] = tau
-    metrics.update(model=str(model), datastores=[str(d) for d in datastores], k=k)
+    metrics.update(
+        model=str(model), datastores=[str(d) for d in datastores], k=k,
+        corpus=corpus or "+".join(Path(d).name for d in datastores),
+        corpus_tokens=sum(p.ds.n_tokens for p in predictors),
+        parameters=sum(p.numel() for p in predictors[0].model.parameters()),
+        retrieval="faiss" if spec.closed or open_mode == "faiss" else "bm25",
+        device=str(next(predictors[0].model.parameters()).device),
+    )
     if predictions_path is not None:
         write_jsonl(predictions_path, predictions)
     if metrics_path is not None:
@@ -294,4 +330,4 @@ def run_evaluation(task: str, system: str, model: str, datastores: Sequence[str]
 
 
 __all__ = ["closed_set_scores", "evaluate_task", "label_verbalizers", "resolve_task", "run_evaluation",
-           "union_knn"]
+           "task_metrics", "union_knn"]

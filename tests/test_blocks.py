@@ -7,7 +7,15 @@ import pytest
 
 from npm.boundaries import SPECIAL
 from npm.data.batches import build_batches, make_batches
-from npm.data.blocks import block_text, build_blocks, load_blocks, pack_blocks, pad_blocks, tokenize_documents
+from npm.data.blocks import (
+    block_text,
+    build_blocks,
+    load_blocks,
+    pack_blocks,
+    pad_blocks,
+    subsample_blocks,
+    tokenize_documents,
+)
 from npm.io import load_npz, write_jsonl
 from tests.conftest import WORDPIECE, lee_corpus_lines
 
@@ -145,3 +153,36 @@ def test_blocks_keep_the_exact_surface_text_of_every_token(family, bpe_tokenizer
                 piece = tok.decode([int(ids[i])]).strip().removeprefix("##")
                 norm = tok.backend_tokenizer.normalizer
                 assert (norm.normalize_str(surface) if norm else surface).strip() == piece, (surface, piece)
+
+
+def test_subsampled_corpus_keeps_whole_blocks_in_corpus_order(tmp_path):
+    """Figure 7's corpus-size ablation: a seeded fraction of the blocks of all shards, each block unchanged."""
+    lines = lee_corpus_lines()
+    paths = []
+    for shard in range(2):
+        docs = [{"id": f"s{shard}d{i}", "title": f"T{i}", "units": lines[(shard * 10 + i) * 3:(shard * 10 + i + 1) * 3]}
+                for i in range(10)]
+        write_jsonl(tmp_path / f"docs{shard}.jsonl", docs)
+        build_blocks(tmp_path / f"docs{shard}.jsonl", tmp_path / f"b{shard}.npz", WORDPIECE, max_seq_length=64)
+        paths.append(tmp_path / f"b{shard}.npz")
+    full = [load_blocks(p, text=True) for p in paths]
+    originals = [(s, b) for s in full for b in range(len(s["block_doc"]))]
+    summary = subsample_blocks(paths, 0.5, tmp_path / "half.npz", seed=3)
+    sub = load_blocks(tmp_path / "half.npz", text=True)
+    assert summary["blocks"] == len(sub["block_doc"]) == round(0.5 * len(originals))
+    assert summary["tokens"] == len(sub["input_ids"]) == len(sub["token_spans"]) == sub["block_offsets"][-1]
+    texts = [block_text(s, b) for s, b in originals]
+    positions = [texts.index(block_text(sub, b)) for b in range(len(sub["block_doc"]))]
+    assert positions == sorted(positions), "blocks keep their corpus order"
+    for b, pos in enumerate(positions):
+        s, ob = originals[pos]
+        a, e = sub["block_offsets"][b], sub["block_offsets"][b + 1]
+        oa, oe = s["block_offsets"][ob], s["block_offsets"][ob + 1]
+        assert np.array_equal(sub["input_ids"][a:e], s["input_ids"][oa:oe])
+        assert np.array_equal(sub["token_spans"][a:e], s["token_spans"][oa:oe])
+        assert sub["doc_ids"][sub["block_doc"][b]] == s["doc_ids"][s["block_doc"][ob]]
+    again = tmp_path / "again.npz"
+    subsample_blocks(paths, 0.5, again, seed=3)
+    assert np.array_equal(load_blocks(again)["input_ids"], sub["input_ids"]), "seeded"
+    with pytest.raises(ValueError, match="fraction"):
+        subsample_blocks(paths, 0, tmp_path / "none.npz")

@@ -232,3 +232,55 @@ def load_blocks(path: str | Path, text: bool = False) -> dict[str, np.ndarray]:
     if missing:
         raise ValueError(f"{path}: not a blocks file (missing {sorted(missing)}); rebuild it with build_blocks")
     return arrays
+
+
+def _take_ranges(values: np.ndarray, offsets: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``offsets[b]:offsets[b+1]`` of ``values`` for every ``b`` in ``keep`` (in order), and new offsets."""
+    lengths = offsets[keep + 1] - offsets[keep]
+    new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    starts = np.repeat(offsets[keep] - new_offsets[:-1], lengths)
+    index = np.arange(int(new_offsets[-1]), dtype=np.int64) + starts
+    return values[index], new_offsets
+
+
+def subsample_blocks(paths: list[str | Path], fraction: float, out_path: str | Path, seed: int = 0) -> dict:
+    """A seeded random ``fraction`` of the blocks of a corpus (its shard files, in order), as one blocks file with
+    the blocks kept in corpus order (paper 6.4, Figure 7: the reference corpus subsampled from 5% to 100%).
+
+    Blocks are the unit (every block keeps its tokens, flags, text and document), so a subsampled corpus's
+    datastore and BM25 index are exactly those of its blocks in the full corpus. ``fraction`` in (0, 1]."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if not paths:
+        raise ValueError("no blocks file to subsample")
+    shards = [load_blocks(p, text=True) for p in paths]
+    doc_base = np.cumsum([0] + [len(s["doc_ids"]) for s in shards])
+    cat = {
+        "input_ids": np.concatenate([s["input_ids"] for s in shards]),
+        "flags": np.concatenate([s["flags"] for s in shards]),
+        "token_spans": np.concatenate([s["token_spans"] for s in shards]),
+        "text": np.concatenate([s["text"] for s in shards]),
+        "block_doc": np.concatenate([s["block_doc"] + b for s, b in zip(shards, doc_base[:-1], strict=True)]),
+        "doc_ids": np.concatenate([s["doc_ids"] for s in shards]),
+    }
+    tok_base = np.cumsum([0] + [int(s["block_offsets"][-1]) for s in shards])
+    txt_base = np.cumsum([0] + [int(s["text_offsets"][-1]) for s in shards])
+    block_offsets = np.concatenate([s["block_offsets"][:-1] + b for s, b in zip(shards, tok_base, strict=False)]
+                                   + [[tok_base[-1]]])
+    text_offsets = np.concatenate([s["text_offsets"][:-1] + b for s, b in zip(shards, txt_base, strict=False)]
+                                  + [[txt_base[-1]]])
+    n_blocks = len(cat["block_doc"])
+    n_keep = max(1, round(fraction * n_blocks))
+    keep = np.sort(np.random.default_rng(seed).choice(n_blocks, size=n_keep, replace=False))
+    out = {}
+    for name in ("input_ids", "flags", "token_spans"):
+        out[name], new_block_offsets = _take_ranges(cat[name], block_offsets, keep)
+    out["text"], out["text_offsets"] = _take_ranges(cat["text"], text_offsets, keep)
+    out["block_offsets"] = new_block_offsets
+    docs, out["block_doc"] = np.unique(cat["block_doc"][keep], return_inverse=True)
+    out["block_doc"] = out["block_doc"].astype(np.int32)
+    out["doc_ids"] = cat["doc_ids"][docs]
+    save_npz(out_path, **out)
+    return {"fraction": fraction, "seed": seed, "blocks": int(n_keep), "of_blocks": int(n_blocks),
+            "tokens": int(new_block_offsets[-1]), "of_tokens": int(block_offsets[-1]), "documents": int(len(docs)),
+            "sources": [str(p) for p in paths]}
