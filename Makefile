@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## make demo: install, then run the whole workflow on the embedded default (CPU, minutes)
+## make demo: install, then run the whole workflow on the embedded default (CPU, minutes), then the HTML report
 demo: $(STAMP)
 	PATH=$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES)
+	PATH=$(BIN):$$PATH $(BIN)/snakemake --report results/report.html
 
 ## make test: install with the dev extras, then run the test suite
 test: $(STAMP)

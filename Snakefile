@@ -22,16 +22,22 @@ include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/corpus.smk"
 include: "workflow/rules/index.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/baselines.smk"
 include: "workflow/rules/report.smk"
 
 
+report: "workflow/report/workflow.rst"
+
+
 rule all:
-    """Default target: masked batches of every training corpus, both models trained (except a model for which
-    config `models` names a released checkpoint), and the datastore, FAISS index and BM25 index of every
-    reference corpus."""
+    """Default target: masked batches of every training corpus, the models trained (except a model for which
+    config `models` names a released checkpoint), the datastore, FAISS index and BM25 index of every reference
+    corpus, every evaluation, and the paper's tables and figures (then `snakemake --report results/report.html`)."""
     input:
         data_targets(),
         expand("results/models/{model}", model=trained_models()),
         retrieval_targets(),
         embedded_task_targets(),
+        report_targets(),
+        "results/config.yaml",
     default_target: True

@@ -33,7 +33,7 @@ def test_dry_run_of_table1_plans_the_whole_pipeline(tmp_path):
     rules = dry_run_jobs(tmp_path, "results/tables/table1.csv")
     for rule in ["prepare_embedded_wikipedia", "prepare_embedded_ccnews", "extract_documents", "shard_documents",
                  "tokenize_blocks", "batch_blocks", "mask_batches", "pretrain", "embed_corpus",
-                 "build_faiss_index", "evaluate_closed_set", "make_table1"]:
+                 "build_faiss_index", "evaluate", "baseline", "convert_smollm2", "table1"]:
         assert rule in rules, rule
 
 
@@ -49,9 +49,13 @@ def test_paper_config_does_not_inherit_embedded_sources(tmp_path):
 
 @pytest.mark.slow
 def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
-    """Data stages, a few pretraining steps of both models, datastores, FAISS and BM25 indexes, then predict."""
+    """Data stages, a few pretraining steps of the three models, datastores, FAISS and BM25 indexes, every
+    evaluation and baseline on 3 examples per task, the corpus-size ablation on two points, tables and figures."""
     config = {"embedded": {"max_articles": 300, "max_news": 100},
-              "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2}}
+              "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2},
+              "evaluation": {"max_examples": 3},
+              "baselines": {"max_new_tokens": 4, "passages": 2},
+              "ablation": {"percents": [50, 100], "tasks": ["lama_trex"]}}
     run_workflow(tmp_path, targets=["all"], config=config)
     for corpus, shards in [("enwiki", 2), ("enwiki_excerpt", 1), ("cc_news", 1)]:
         for shard in range(shards):
@@ -82,6 +86,24 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     for name in load_registry():
         examples = task_examples(name, tmp_path / "data/tasks" / name, tokenizer=tokenizer, n_samples=0)
         assert examples and all("<mask>" in e["input"] for e in examples), name
+    # Every evaluation wrote its metrics with provenance; every table and figure exists.
+    for task in ["agn", "rte", "lama_trex", "nq", "templama_changed", "entity_translation"]:
+        for path in (tmp_path / "results/metrics" / task).glob("*.json"):
+            record = json.loads(path.read_text())
+            assert record["n"] == 3 and record["provenance"]["git_commit"], path
+    assert {p.stem for p in (tmp_path / "results/metrics/nq").glob("*.json")} >= {
+        "npm", "npm_single", "npm_faiss", "lm", "bm25_lm", "replug"}
+    assert {p.stem for p in (tmp_path / "results/metrics/agn").glob("*.json")} >= {
+        "npm", "npm_single", "mlm", "lm", "lm_pmi"}
+    assert (tmp_path / "results/metrics/templama_changed/npm@enwiki.json").exists()
+    assert (tmp_path / "results/metrics/lama_trex/npm@enwiki_p50.json").exists()
+    for table in ["table1", "table2", "table3", "table4", "table8"]:
+        csv_lines = (tmp_path / f"results/tables/{table}.csv").read_text().splitlines()
+        assert len(csv_lines) >= 2 and (tmp_path / f"results/tables/{table}.md").exists(), table
+    for figure in ["figure6", "figure7", "figure8"]:
+        assert (tmp_path / f"results/figures/{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (tmp_path / f"results/figures/{figure}.pdf").read_bytes()[:4] == b"%PDF"
+    assert "git_commit" in (tmp_path / "results/config.yaml").read_text()
     # Re-running does nothing: every output is up to date.
     run_workflow(tmp_path, targets=["all"], config=config, dryrun=True)
     out = subprocess.run([str(Path(sys.executable).parent / "npm-repro"), "predict", "--model", "results/models/npm",

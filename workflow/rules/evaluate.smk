@@ -1,32 +1,32 @@
-# Zero-shot evaluation per task and system (paper 5, reference 4-6): predictions and metrics files of DESIGN.md
-# section 3. NPM and NPM-single run (`npm-repro evaluate`); the parametric MLM baseline (system mlm) is planned
-# and its job fails with the CLI's "invalid choice" until it lands.
+# Zero-shot evaluation per task and system (paper 4-6, reference 4-6): the predictions and metrics files of
+# DESIGN.md section 3. `{run}` is `{system}` (the task's reference corpus, common.smk task_corpora) or
+# `{system}@{corpus}` (another corpus: TempLAMA's outdated 2019 corpus, Figure 7's subsampled corpora).
 
 
-rule evaluate_closed_set:
+rule evaluate:
+    """NPM / NPM-single (closed set: kNN over the union of datastores with FAISS; open set: BM25-restricted phrase
+    search), NPM without BM25 (npm_faiss, paper 6.4) and the parametric MLM baseline (mlm, reference 6)."""
     input:
-        unpack(closed_set_inputs),
+        unpack(evaluate_inputs),
     output:
-        predictions="results/predictions/{task}/{system}.jsonl",
-        metrics="results/metrics/{task}/{system}.json",
+        predictions="results/predictions/{task}/{run}.jsonl",
+        metrics="results/metrics/{task}/{run}.json",
     wildcard_constraints:
-        system="npm|npm_single|mlm",
+        run=r"(npm|npm_single|npm_faiss|mlm)(@[A-Za-z0-9_]+)?",
+    params:
+        system=lambda wc: split_run(wc.run)[0],
+        args=evaluate_args,
+        n=n_samples_arg(),
     resources:
         gpu=1,
         mem_mb=32000,
         runtime=120,
     log:
-        "logs/evaluate_closed_set/{task}/{system}.log",
+        "logs/evaluate/{task}/{run}.log",
     benchmark:
-        "results/benchmarks/rules/evaluate_closed_set/{task}/{system}.tsv"
+        "results/benchmarks/rules/evaluate/{task}/{run}.tsv"
     conda:
         "../envs/eval.yaml"
-    params:
-        model=lambda wc: released_model(wc.system) or f"results/models/{wc.system}",
-        stores=lambda wc: " ".join(closed_set_inputs(wc).get("datastores", [])),
-        indexes=lambda wc: " ".join(closed_set_inputs(wc).get("indexes", [])),
-        tau=config["inference"]["closed_set_tau"],
     shell:
-        "npm-repro evaluate --task {wildcards.task} --system {wildcards.system} --model {params.model:q}"
-        " --datastore {params.stores} --faiss {params.indexes} --tau {params.tau}"
+        "npm-repro evaluate --task {wildcards.task} --system {params.system} {params.args} {params.n}"
         " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"
