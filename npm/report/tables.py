@@ -1,0 +1,532 @@
+"""The paper's tables from our metrics files, with the paper's number beside each of ours (paper 5-6; reference
+npm.md 7.1-7.5).
+
+* ``table1``: zero-shot closed-set accuracy (paper Table 1, reference 7.1).
+* ``table2``: TempLAMA, outdated (2019) -> updated (2022) corpus (paper Table 2, reference 7.3).
+* ``table3``: entity translation, w/o and w/ BM25, per language (paper Tables 3 and 10, reference 7.4).
+* ``table4``: inference speed (paper Table 4, reference 7.5).
+* ``table8``: knowledge tasks, LAMA with its UHN / Hard subsets (paper Table 8, reference 7.2).
+
+Each builder reads metrics JSON files (the contract of ``npm-repro evaluate``: task, system, metric, score, n, ...;
+the path is never parsed) and returns a :class:`Table`; :func:`write_table` writes it as CSV (2 decimals) and
+Markdown (1 decimal, same basename, ``.md``, with a provenance footer), both atomically. Which paper row each of
+our systems is compared with is data (``paper_values.yaml``, ``mapping``). A cell we have no number for is empty:
+nothing is filled in or carried over from another setting.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from npm.io import atomic_path
+
+PAPER_VALUES = Path(__file__).resolve().parent / "paper_values.yaml"
+
+# Table 1 column order (reference 7.1) and the paper's column labels.
+CLOSED_SET_TASKS = {"agn": "AGN", "yahoo": "Yahoo", "subj": "Subj", "sst2": "SST-2", "mr": "MR", "rt": "RT",
+                    "cr": "CR", "amazon": "Amz", "rte": "RTE"}
+# Table 8's tasks; the paper's key (paper_values.yaml) of each task's "All" column.
+KNOWLEDGE_TASKS = {"lama_trex": "trex", "lama_google_re": "gre", "kamel": "kamel", "triviaqa": "triviaqa",
+                   "nq": "nq"}
+TEMPLAMA_TASKS = {"templama_unchanged": "Unchanged", "templama_changed": "Changed"}
+TRANSLATION_TASK = "entity_translation"
+OPEN_SET_TASKS = (*KNOWLEDGE_TASKS, *TEMPLAMA_TASKS, TRANSLATION_TASK)
+KNOWN_TASKS = (*CLOSED_SET_TASKS, *OPEN_SET_TASKS)
+LAMA_TASKS = ("lama_trex", "lama_google_re")
+
+# Our systems (rows), in display order.
+SYSTEMS = {"npm": "NPM", "npm_single": "NPM-single", "npm_faiss": "NPM w/o BM25 (FAISS)", "mlm": "MLM (same encoder)",
+           "lm": "LM", "lm_pmi": "LM + PMI", "bm25_lm": "BM25 + LM", "replug": "REPLUG"}
+LM_SYSTEMS = ("lm", "lm_pmi", "bm25_lm", "replug")  # rows whose display name carries the LM's name
+
+REQUIRED_FIELDS = ("task", "system", "metric", "score", "n")
+
+# Table 8 columns: (label, task, subset or None for the task's score, paper key).
+TABLE8_COLUMNS = (
+    ("T-REx All", "lama_trex", None, "trex"),
+    ("T-REx UHN", "lama_trex", "uhn", "trex_uhn"),
+    ("T-REx Hard", "lama_trex", "hard", "trex_hard"),
+    ("G-RE All", "lama_google_re", None, "gre"),
+    ("G-RE UHN", "lama_google_re", "uhn", "gre_uhn"),
+    ("KML", "kamel", None, "kamel"),
+    ("TQA", "triviaqa", None, "triviaqa"),
+    ("NQ", "nq", None, "nq"),
+)
+
+
+# ------------------------------------------------------------------------------------------------ values and tables
+
+@dataclass(frozen=True)
+class Arrow:
+    """The paper's "a→b" cell (Table 2): ``before`` on the outdated corpus, ``after`` on the updated one."""
+
+    before: float | None
+    after: float | None
+
+
+@dataclass
+class Table:
+    """Rows (dicts keyed by column label) ready to write. ``notes`` become the Markdown footer; ``md_digits`` lets a
+    column keep more than one decimal in Markdown (Table 4's #Q/sec, 0.12 vs 0.18 in the paper)."""
+
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[dict]
+    notes: list[str] = field(default_factory=list)
+    md_digits: dict[str, int] = field(default_factory=dict)
+
+    def column(self, label: str) -> list:
+        """The values of one column, row order."""
+        return [row.get(label) for row in self.rows]
+
+    def row(self, system: str) -> dict:
+        """The row of one system (by its registry name, e.g. ``npm``)."""
+        for row in self.rows:
+            if row.get("_system") == system:
+                return row
+        raise KeyError(f"{self.name} has no row for system {system!r}; rows: {[r.get('_system') for r in self.rows]}")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+def load_paper_values(path: str | os.PathLike | None = None) -> dict:
+    """The paper's numbers and the system -> paper row mapping (``paper_values.yaml``; reference 7)."""
+    path = Path(path) if path is not None else PAPER_VALUES
+    if not path.exists():
+        raise FileNotFoundError(f"paper values file {path} does not exist (the packaged one is {PAPER_VALUES})")
+    values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for key in ("params_base", "mapping", "table1", "table2", "table3", "table4", "table8", "table10_npm"):
+        if not isinstance(values, dict) or key not in values:
+            raise ValueError(f"paper values file {path} lacks the key {key!r} (compare with {PAPER_VALUES})")
+    return values
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load_metrics(paths: Iterable[str | os.PathLike], tasks: Sequence[str] | None = None, what: str = "report",
+                 require: Sequence[str] = ()) -> list[dict]:
+    """Read metrics JSON files and check them.
+
+    Every file needs ``task``, ``system``, ``metric``, ``score`` (finite, percent) and ``n``, plus the fields in
+    ``require``; its task must be a known one and, when ``tasks`` is given, one of them (``what`` names the table
+    in the error). Each record gets ``_file`` (its path) for error messages.
+    """
+    records = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise FileNotFoundError(f"metrics file {p} does not exist; run the evaluation rule that writes it first")
+        try:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"metrics file {p}: not JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"metrics file {p}: expected one JSON object, got {type(rec).__name__}")
+        for key in (*REQUIRED_FIELDS, *require):
+            if key not in rec:
+                raise ValueError(f"metrics file {p} lacks the field {key!r} that {what} needs; re-run the rule that "
+                                 "wrote it (npm-repro evaluate / the baseline rules write every field)")
+        if not _number(rec["score"]):
+            raise ValueError(f"metrics file {p}: score must be a finite number (percent), got {rec['score']!r}")
+        if not isinstance(rec["n"], int) or isinstance(rec["n"], bool) or rec["n"] < 0:
+            raise ValueError(f"metrics file {p}: n must be the number of examples (an integer), got {rec['n']!r}")
+        task = rec["task"]
+        if task not in KNOWN_TASKS:
+            raise ValueError(f"metrics file {p}: unknown task {task!r}; known tasks: {list(KNOWN_TASKS)}")
+        if tasks is not None and task not in tasks:
+            raise ValueError(f"metrics file {p}: task {task!r} is not part of {what}, which takes {list(tasks)}")
+        expected = "accuracy" if task in CLOSED_SET_TASKS else "em"
+        if rec["metric"] != expected:
+            raise ValueError(f"metrics file {p}: task {task} is scored by {expected!r}, the file says "
+                             f"{rec['metric']!r}")
+        rec = dict(rec)
+        rec["_file"] = str(p)
+        records.append(rec)
+    if not records:
+        raise ValueError(f"{what}: no metrics files given")
+    return records
+
+
+def index_by_task_system(records: Sequence[dict], what: str) -> dict[tuple[str, str], dict]:
+    """``{(system, task): record}``; two files for the same pair is an error (pass the default-corpus one)."""
+    cells: dict[tuple[str, str], dict] = {}
+    for rec in records:
+        key = (rec["system"], rec["task"])
+        if key in cells:
+            other = cells[key]
+            raise ValueError(f"{what}: two metrics files for system {key[0]!r} on task {key[1]!r}: {other['_file']} "
+                             f"(corpus {other.get('corpus')!r}) and {rec['_file']} (corpus {rec.get('corpus')!r}); "
+                             "pass only the evaluation on the task's default reference corpus")
+        cells[key] = rec
+    return cells
+
+
+def ordered_systems(systems: Iterable[str]) -> list[str]:
+    """Known systems in display order, then any others alphabetically."""
+    systems = set(systems)
+    return [s for s in SYSTEMS if s in systems] + sorted(systems - set(SYSTEMS))
+
+
+def short_model_name(model: str | None) -> str | None:
+    """``HuggingFaceTB/SmolLM2-135M`` / ``models/SmolLM2-135M`` / ``pypi:pkg/SmolLM2-135M`` -> ``SmolLM2-135M``."""
+    if not model:
+        return None
+    return str(model).rstrip("/").replace(":", "/").split("/")[-1] or None
+
+
+def display_name(system: str, model: str | None = None) -> str:
+    """The row label: the paper-style system name, with the LM's name for the decoder baselines."""
+    label = SYSTEMS.get(system, system)
+    name = short_model_name(model) if system in LM_SYSTEMS else None
+    if not name:
+        return label
+    if system == "lm_pmi":
+        return f"LM ({name}) + PMI"
+    if system == "bm25_lm":
+        return f"BM25 + LM ({name})"
+    return f"{label} ({name})"
+
+
+def _system_model(records: Sequence[dict], system: str) -> str | None:
+    for rec in records:
+        if rec["system"] == system and rec.get("model"):
+            return rec["model"]
+    return None
+
+
+def _system_params(records: Sequence[dict], system: str) -> float | None:
+    for rec in records:
+        if rec["system"] == system and _number(rec.get("parameters")):
+            return rec["parameters"] / 1e6
+    return None
+
+
+def footer(records: Sequence[dict]) -> list[str]:
+    """Provenance lines: the git commit(s) of the metrics and the number of examples per task."""
+    commits = sorted({str((rec.get("provenance") or {}).get("git_commit") or "unknown") for rec in records})
+    by_task: dict[str, dict[int, list[str]]] = {}
+    for rec in records:
+        by_task.setdefault(rec["task"], {}).setdefault(int(rec["n"]), []).append(rec["system"])
+    parts = []
+    for task in [t for t in KNOWN_TASKS if t in by_task]:
+        ns = by_task[task]
+        if len(ns) == 1:
+            parts.append(f"{task} {next(iter(ns)):,}")
+        else:
+            parts.append(f"{task} " + ", ".join(f"{n:,} ({', '.join(sorted(set(s)))})" for n, s in sorted(ns.items())))
+    return [f"Metrics from git commit(s): {', '.join(commits)}.", f"Examples per task (n): {'; '.join(parts)}."]
+
+
+def _paper_row(paper: Mapping, table: str, key: str) -> str | None:
+    return (paper["mapping"].get(table) or {}).get(key)
+
+
+def _paper_vals(paper: Mapping, table: str, name: str | None) -> dict:
+    if not name:
+        return {}
+    if name not in paper[table]:
+        raise ValueError(f"paper values: the mapping names row {name!r} but {table} has no such row")
+    return paper[table][name]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+# ------------------------------------------------------------------------------------------------ Table 1
+
+def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
+    """Paper Table 1 (reference 7.1): zero-shot closed-set accuracy, rows = systems, columns = the Table 1 tasks
+    present in the files (paper order) and Avg over them; each cell followed by the mapped paper row's value.
+
+    Avg is empty unless the system has every column. Avg (paper) is the paper's own Avg when all nine tasks are
+    shown, else the mean of the paper row's cells over the shown tasks (empty if one of them is "–").
+    """
+    paper = paper or load_paper_values()
+    records = load_metrics(paths, tasks=tuple(CLOSED_SET_TASKS), what="table1")
+    cells = index_by_task_system(records, "table1")
+    tasks = [t for t in CLOSED_SET_TASKS if any(t == task for _, task in cells)]
+    columns = ["System", "Paper row", "#Params (M)"]
+    for t in tasks:
+        columns += [CLOSED_SET_TASKS[t], f"{CLOSED_SET_TASKS[t]} (paper)"]
+    columns += ["Avg", "Avg (paper)"]
+    rows = []
+    for system in ordered_systems(s for s, _ in cells):
+        paper_name = _paper_row(paper, "table1", system)
+        paper_vals = _paper_vals(paper, "table1", paper_name)
+        row = {"_system": system, "System": display_name(system, _system_model(records, system)),
+               "Paper row": paper_name, "#Params (M)": _system_params(records, system)}
+        ours, theirs = [], []
+        for t in tasks:
+            rec = cells.get((system, t))
+            row[CLOSED_SET_TASKS[t]] = rec["score"] if rec else None
+            row[f"{CLOSED_SET_TASKS[t]} (paper)"] = paper_vals.get(t)
+            ours.append(row[CLOSED_SET_TASKS[t]])
+            theirs.append(paper_vals.get(t))
+        row["Avg"] = _mean(ours)
+        row["Avg (paper)"] = (paper_vals.get("avg") if len(tasks) == len(CLOSED_SET_TASKS) else _mean(theirs)) \
+            if paper_vals else None
+        rows.append(row)
+    notes = [f"Avg over the {len(tasks)} task(s) shown; empty where a system lacks one."]
+    if len(tasks) != len(CLOSED_SET_TASKS):
+        notes.append("Avg (paper) is the mean of the paper row's cells over the tasks shown, not the paper's Avg.")
+    return Table("table1", "Table 1: zero-shot closed-set accuracy (%)", columns, rows, notes + footer(records))
+
+
+# ------------------------------------------------------------------------------------------------ Table 2
+
+def _pair(value) -> Arrow | float | None:
+    if isinstance(value, (list, tuple)):
+        return Arrow(*value)
+    return value
+
+
+def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", paper: Mapping | None = None) -> Table:
+    """Paper Table 2 (reference 7.3): TempLAMA EM. A system with a reference corpus shows "a→b": ``a`` from its file
+    whose ``corpus`` is ``outdated_corpus`` (the 2019 Wikipedia), ``b`` from its other file (the task's default,
+    updated 2022 corpus). A system without retrieval has one number (in the ``*_updated`` column). AVG = the mean of
+    the unchanged and changed scores on the updated corpus (the paper's NPM 18.5 = (19.5 + 17.5) / 2).
+    """
+    paper = paper or load_paper_values()
+    records = load_metrics(paths, tasks=tuple(TEMPLAMA_TASKS), what="table2")
+    slots: dict[tuple[str, str, str], dict] = {}  # (system, task, "outdated" | "updated") -> record
+    for rec in records:
+        when = "outdated" if rec.get("corpus") == outdated_corpus else "updated"
+        key = (rec["system"], rec["task"], when)
+        if key in slots:
+            raise ValueError(f"table2: two metrics files for system {key[0]!r} on task {key[1]!r} on the {when} corpus:"
+                             f" {slots[key]['_file']} (corpus {slots[key].get('corpus')!r}) and {rec['_file']} (corpus "
+                             f"{rec.get('corpus')!r}); the outdated corpus is {outdated_corpus!r}")
+        slots[key] = rec
+    columns = ["System", "Paper row", "#Params (M)", "Unchanged", "Unchanged (paper)", "Changed", "Changed (paper)",
+               "AVG", "AVG (paper)", "unchanged_outdated", "unchanged_updated", "changed_outdated", "changed_updated"]
+    rows = []
+    for system in ordered_systems(s for s, _, _ in slots):
+        mine = [rec for rec in records if rec["system"] == system]
+        retrieval = any(rec.get("corpus") or rec.get("retrieval") for rec in mine)
+        paper_name = _paper_row(paper, "table2", system)
+        paper_vals = _paper_vals(paper, "table2", paper_name)
+        row = {"_system": system, "System": display_name(system, _system_model(records, system)),
+               "Paper row": paper_name, "#Params (M)": _system_params(records, system)}
+        for task, label in TEMPLAMA_TASKS.items():
+            key = label.lower()
+            old = slots.get((system, task, "outdated"))
+            new = slots.get((system, task, "updated"))
+            row[f"{key}_outdated"] = old["score"] if old else None
+            row[f"{key}_updated"] = new["score"] if new else None
+            if retrieval:
+                both = (row[f"{key}_outdated"], row[f"{key}_updated"])
+                row[label] = Arrow(*both) if any(v is not None for v in both) else None
+            else:
+                row[label] = row[f"{key}_updated"]
+            row[f"{label} (paper)"] = _pair(paper_vals.get(key))
+        row["AVG"] = _mean([row["unchanged_updated"], row["changed_updated"]])
+        row["AVG (paper)"] = paper_vals.get("avg")
+        rows.append(row)
+    notes = [f"a→b: EM on the outdated corpus ({outdated_corpus}) → on the task's updated (2022) corpus; – = not "
+             "evaluated. AVG = mean of Unchanged and Changed on the updated corpus.",
+             "Systems without retrieval have one number (no corpus)."]
+    return Table("table2", "Table 2: TempLAMA exact match (%)", columns, rows, notes + footer(records))
+
+
+# ------------------------------------------------------------------------------------------------ Table 3
+
+TABLE3_ROW_OF = {"bm25_lm": "lm"}  # LM w/o and w/ BM25 share one row, as in the paper's Table 3
+TABLE3_ORDER = ("lm", "replug", "npm", "npm_single")
+
+
+def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
+    """Paper Table 3 and Table 10 (reference 7.4): entity translation EM (macro over languages).
+
+    A file goes to "w/ BM25" when its ``retrieval`` is ``bm25``, else to "w/o BM25"; ``lm`` and ``bm25_lm`` share
+    the LM row. The per-language columns come from ``groups``: of the row's w/ BM25 file when it has one (the
+    setting of the paper's Table 10), else of its w/o BM25 file. Paper columns: the mapped Table 3 row, and the
+    Table 10 per-language numbers for NPM.
+    """
+    paper = paper or load_paper_values()
+    records = load_metrics(paths, tasks=(TRANSLATION_TASK,), what="table3", require=("retrieval",))
+    slots: dict[tuple[str, str], dict] = {}
+    for rec in records:
+        row_key = TABLE3_ROW_OF.get(rec["system"], rec["system"])
+        col = "w/ BM25" if rec.get("retrieval") == "bm25" else "w/o BM25"
+        if (row_key, col) in slots:
+            other = slots[(row_key, col)]
+            raise ValueError(f"table3: two metrics files for the {row_key!r} row, column {col!r}: {other['_file']} "
+                             f"(system {other['system']!r}) and {rec['_file']} (system {rec['system']!r})")
+        slots[(row_key, col)] = rec
+    langs = sorted({g for rec in records for g in (rec.get("groups") or {})})
+    columns = ["System", "Paper row", "#Params (M)", "w/o BM25", "w/o BM25 (paper)", "w/ BM25", "w/ BM25 (paper)"]
+    for lang in langs:
+        columns += [lang, f"{lang} (paper)"]
+    row_keys = {k for k, _ in slots}
+    order = [k for k in TABLE3_ORDER if k in row_keys] + ordered_systems(row_keys - set(TABLE3_ORDER))
+    rows = []
+    for key in order:
+        wo, w = slots.get((key, "w/o BM25")), slots.get((key, "w/ BM25"))
+        systems = [rec["system"] for rec in (wo, w) if rec]
+        model = next((rec.get("model") for rec in (w, wo) if rec and rec.get("model")), None)
+        paper_name = next((p for p in (_paper_row(paper, "table3", s) for s in systems) if p), None)
+        paper_vals = _paper_vals(paper, "table3", paper_name)
+        params = [rec["parameters"] / 1e6 for rec in (w, wo) if rec and _number(rec.get("parameters"))]
+        row = {"_system": key, "System": display_name(key, model), "Paper row": paper_name,
+               "#Params (M)": params[0] if params else None,
+               "w/o BM25": wo["score"] if wo else None, "w/o BM25 (paper)": paper_vals.get("wo_bm25"),
+               "w/ BM25": w["score"] if w else None, "w/ BM25 (paper)": paper_vals.get("w_bm25")}
+        groups = ((w or wo).get("groups") or {})
+        per_lang = paper["table10_npm"] if paper_name == "NPM" else {}
+        for lang in langs:
+            value = groups.get(lang)
+            row[lang] = value if _number(value) else None
+            row[f"{lang} (paper)"] = per_lang.get(lang)
+        rows.append(row)
+    notes = ["LM and BM25 + LM share a row (w/o / w/ BM25); per-language EM is of the w/ BM25 run where there is "
+             "one. Paper per-language numbers: NPM's Table 10."]
+    return Table("table3", "Table 3: entity translation exact match (%)", columns, rows, notes + footer(records))
+
+
+# ------------------------------------------------------------------------------------------------ Table 4
+
+def table4(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
+    """Paper Table 4 (reference 7.5): inference speed, one row per (system, task) file. FAISS / Sparse come from
+    ``retrieval`` (faiss / bm25); Acc is ``score``; #Q/sec is ``queries_per_s``; the paper row is the mapping's
+    ``system/task`` entry (e.g. ``npm/subj`` -> "NPM (Subj)")."""
+    paper = paper or load_paper_values()
+    records = load_metrics(paths, what="table4", require=("retrieval", "queries_per_s", "device"))
+    cells = index_by_task_system(records, "table4")
+    columns = ["System", "Task", "Paper row", "#Params (M)", "FAISS", "FAISS (paper)", "Sparse", "Sparse (paper)",
+               "Corpus", "|C| (M tokens)", "|C| (paper, M tokens)", "Acc", "Acc (paper)", "#Q/sec", "#Q/sec (paper)",
+               "Device"]
+    rows = []
+    for system in ordered_systems(s for s, _ in cells):
+        for task in [t for t in KNOWN_TASKS if (system, t) in cells]:
+            rec = cells[(system, task)]
+            paper_name = _paper_row(paper, "table4", f"{system}/{task}")
+            pv = _paper_vals(paper, "table4", paper_name)
+            qps = rec["queries_per_s"]
+            tokens = rec.get("corpus_tokens")
+            rows.append({
+                "_system": system, "System": display_name(system, rec.get("model")), "Task": task,
+                "Paper row": paper_name,
+                "#Params (M)": rec["parameters"] / 1e6 if _number(rec.get("parameters")) else None,
+                "FAISS": rec["retrieval"] == "faiss", "FAISS (paper)": pv.get("faiss") if pv else None,
+                "Sparse": rec["retrieval"] == "bm25", "Sparse (paper)": pv.get("sparse") if pv else None,
+                "Corpus": rec.get("corpus"), "|C| (M tokens)": tokens / 1e6 if _number(tokens) else None,
+                "|C| (paper, M tokens)": pv["corpus_tokens"] / 1e6 if pv.get("corpus_tokens") else None,
+                "Acc": rec["score"], "Acc (paper)": pv.get("acc"),
+                "#Q/sec": qps if _number(qps) else None, "#Q/sec (paper)": pv.get("queries_per_s"),
+                "Device": rec["device"],
+            })
+    notes = ["The paper timed one Quadro GP100 GPU; ours ran on the device shown, so only the ratios between rows "
+             "compare.", "#Q/sec is empty where the run was too short to time."]
+    return Table("table4", "Table 4: inference speed", columns, rows, notes + footer(records),
+                 md_digits={"#Q/sec": 2, "#Q/sec (paper)": 2})
+
+
+# ------------------------------------------------------------------------------------------------ Table 8
+
+def table8(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
+    """Paper Table 8 (reference 7.2): open-set EM on the knowledge tasks. T-REx and Google-RE "All" are the task's
+    score (macro over n-gram buckets), UHN / Hard its ``subsets`` (same macro average); KML, TQA and NQ the score.
+    Each cell is followed by the mapped paper row's value."""
+    paper = paper or load_paper_values()
+    records = load_metrics(paths, tasks=tuple(KNOWLEDGE_TASKS), what="table8")
+    for rec in records:
+        if rec["task"] in LAMA_TASKS and not isinstance(rec.get("subsets"), dict):
+            raise ValueError(f"metrics file {rec['_file']} lacks the field 'subsets' (UHN / Hard) that table8 needs "
+                             f"for {rec['task']}; re-run its evaluation")
+    cells = index_by_task_system(records, "table8")
+    columns = ["System", "Paper row", "#Params (M)", "Corpus"]
+    for label, *_ in TABLE8_COLUMNS:
+        columns += [label, f"{label} (paper)"]
+    rows = []
+    for system in ordered_systems(s for s, _ in cells):
+        paper_name = _paper_row(paper, "table8", system)
+        pv = _paper_vals(paper, "table8", paper_name)
+        mine = [rec for rec in records if rec["system"] == system]
+        row = {"_system": system, "System": display_name(system, _system_model(records, system)),
+               "Paper row": paper_name, "#Params (M)": _system_params(records, system),
+               "Corpus": any(rec.get("corpus") for rec in mine)}
+        for label, task, subset, key in TABLE8_COLUMNS:
+            rec = cells.get((system, task))
+            value = None
+            if rec is not None:
+                value = rec["score"] if subset is None else rec["subsets"].get(subset)
+            row[label] = value if _number(value) else None
+            row[f"{label} (paper)"] = pv.get(key)
+        rows.append(row)
+    notes = ["LAMA columns are macro over the 1/2/3/4+ n-gram buckets; UHN / Hard are the same average over the "
+             "filtered subsets (empty where a subset has no example)."]
+    return Table("table8", "Table 8: open-set exact match (%)", columns, rows, notes + footer(records))
+
+
+# ------------------------------------------------------------------------------------------------ writers
+
+def format_cell(value, digits: int) -> str:
+    """A cell as text: empty for None, ✓ / empty for booleans, ``digits`` decimals for numbers, "a→b" for arrows."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "✓" if value else ""
+    if isinstance(value, Arrow):
+        def side(v):
+            return "–" if v is None else f"{v:.{digits}f}"
+
+        return f"{side(value.before)}→{side(value.after)}"
+    if isinstance(value, (int, float)):  # a JSON score may be an integer (50 -> "50.0")
+        return f"{value:.{digits}f}" if math.isfinite(value) else ""
+    return str(value)
+
+
+def write_csv(table: Table, path: str | os.PathLike) -> Path:
+    """The table as CSV (2 decimals), atomically."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(table.columns)
+            for row in table.rows:
+                writer.writerow([format_cell(row.get(c), 2) for c in table.columns])
+    return path
+
+
+def write_markdown(table: Table, path: str | os.PathLike) -> Path:
+    """The table as Markdown (1 decimal unless ``md_digits`` says otherwise) with the notes as a footer, atomically."""
+    path = Path(path)
+
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [f"# {table.title}", "", "| " + " | ".join(esc(c) for c in table.columns) + " |",
+             "|" + "|".join("---" for _ in table.columns) + "|"]
+    for row in table.rows:
+        cells = [esc(format_cell(row.get(c), table.md_digits.get(c, 1))) for c in table.columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"{note}  " for note in table.notes]
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return path
+
+
+def write_table(table: Table, out: str | os.PathLike) -> tuple[Path, Path]:
+    """Write ``out`` (CSV) and the Markdown with the same basename and ``.md``. Returns both paths."""
+    out = Path(out)
+    if out.suffix == ".md":
+        raise ValueError(f"--out {out}: give the CSV path; the Markdown is written beside it with .md")
+    return write_csv(table, out), write_markdown(table, out.with_suffix(".md"))
+
+
+TABLES = {"table1": table1, "table2": table2, "table3": table3, "table4": table4, "table8": table8}
