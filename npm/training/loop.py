@@ -1,4 +1,5 @@
-"""Contrastive pretraining of NPM and NPM-single (paper 3.2-3.3 and 4.1; reference npm.md 2.3-2.5).
+"""Contrastive pretraining of NPM and NPM-single (paper 3.2-3.3 and 4.1; reference npm.md 2.3-2.5), and the plain
+MLM training of the parametric baseline (paper Table 1 "RoBERTa" row; reference npm.md section 6).
 
 One step: each rank takes one batch line, encodes the masked view (queries) and the unmasked view
 (targets) with the same encoder, both with gradient; the targets of every rank form the candidate pool
@@ -9,6 +10,13 @@ One step: each rank takes one batch line, encodes the masked view (queries) and 
 Resumable: every ``checkpoint_every`` steps a checkpoint folder (``save_pretrained`` weights plus
 optimiser, scheduler, RNG and data-position state) is written under a temporary name and renamed, so a
 killed job leaves the previous checkpoint intact; ``resume`` continues bit-for-bit on CPU.
+
+``model_type="mlm"``: the parametric baseline. At paper scale it is the released roberta-large (not trained); the
+embedded default's encoder (MiniLM, a sentence-transformers BERT) ships without an MLM head, so the head (newly
+initialised, logged) and the encoder are trained with plain masked-LM cross-entropy (``AutoModelForMaskedLM``) on
+**the same batch lines** (unmasked view; ``collate.collate_mlm`` masks 15% BERT-style on the fly with a generator
+seeded from (seed, step, rank)), for the same steps, with the same optimiser, schedule, clipping, precision,
+checkpointing and DDP as NPM, so that the comparison of Table 1 is fair. There is no candidate pool.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -29,19 +38,21 @@ from transformers import get_linear_schedule_with_warmup
 
 from npm.io import atomic_dir, write_summary
 from npm.model import encode, load_encoder, load_tokenizer
-from npm.training.collate import collate_phrase, collate_single
+from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
 from npm.training.data import BatchLines
 from npm.training.gather import candidate_pool
 from npm.training.loss import phrase_loss, phrase_positives, single_loss, single_positives
 
 log = logging.getLogger(__name__)
 STATE_FILE = "training_state.pt"
+MODEL_TYPES = ("npm", "npm_single", "mlm")
+# model_type "mlm": loss_start = loss, loss_end = positives_per_span = 0, queries = tokens predicted.
 LOG_COLUMNS = ["step", "loss", "loss_start", "loss_end", "positives_per_span", "queries", "lr", "tokens_per_s"]
 
 
 @dataclass
 class TrainConfig:
-    model_type: str  # "npm" (phrase, span masking) or "npm_single" (token)
+    model_type: str  # "npm" (phrase, span masking), "npm_single" (token) or "mlm" (parametric baseline)
     encoder: str
     shards: list[tuple[str, str]]  # (blocks .npz, masked .npz) per training shard
     out_dir: str  # final save_pretrained folder
@@ -58,6 +69,7 @@ class TrainConfig:
     precision: str = "bf16"  # on GPU: bf16 | fp16 | fp32; CPU always runs fp32
     pool: str = "half"  # "all" ranks or this rank's "half" of the world (reference 2.4)
     pad_to: int | None = None  # None: longest row of the batch; the original pads to 320
+    mlm_ratio: float = 0.15  # model_type "mlm": share of non-special tokens selected (BERT's 15%)
     checkpoint_every: int = 10_000
     keep_checkpoints: int = 2
     seed: int = 0
@@ -143,12 +155,30 @@ def _encode_both(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return vectors[:rows, :lq], vectors[rows:, :lt]
 
 
+def mlm_step_loss(model, batch: dict, device) -> tuple[torch.Tensor, dict]:
+    """Masked-LM cross-entropy of one ``collate_mlm`` batch (MLM baseline): mean over the selected tokens of
+    -log softmax(vocabulary logits)[original id] (``AutoModelForMaskedLM``'s loss; one forward, DDP-safe)."""
+    batch = {k: v.to(device) for k, v in batch.items()}
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    return out.loss, {"queries": int((batch["labels"] != IGNORE_INDEX).sum())}
+
+
+def mlm_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
+    """The masking generator of one step of the MLM baseline: seeded from (seed, step, rank) only, so a resumed run
+    draws the same masks, and ranks draw independent ones."""
+    state = np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
 def step_loss(model, batch: dict, model_type: str, pool: str, device) -> tuple[torch.Tensor, dict]:
     """Loss of one batch line: two views through the same encoder, then the pooled contrastive loss (reference 2.4).
 
     The masked (query) and unmasked (target) views go through the encoder in one call (``_encode_both``: DDP
     allows one forward per backward); the targets of the pool's ranks form the candidates (``candidate_pool``).
+    ``model_type="mlm"``: the masked-LM loss of ``mlm_step_loss`` (``pool`` unused).
     """
+    if model_type == "mlm":
+        return mlm_step_loss(model, batch, device)
     batch = {k: v.to(device) for k, v in batch.items()}
     queries, targets = _encode_both(model, batch)
     pool_vectors, pool_ids, pool_valid, offset = candidate_pool(
@@ -169,15 +199,23 @@ def step_loss(model, batch: dict, model_type: str, pool: str, device) -> tuple[t
 
 def train(cfg: TrainConfig) -> dict:
     """Run (or resume) pretraining; returns a summary. Writes the final model to ``cfg.out_dir``."""
-    if cfg.model_type not in ("npm", "npm_single"):
-        raise ValueError(f"model_type must be 'npm' or 'npm_single', not {cfg.model_type!r}")
+    if cfg.model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, not {cfg.model_type!r}")
     rank, world, device = _init_distributed()
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.encoder)
     data = BatchLines(cfg.shards)
+    if cfg.model_type == "mlm":
+        from npm.baselines.mlm import load_masked_lm
+
+        def load_model(name: str):
+            return load_masked_lm(name, allow_new_head=True)
+    else:
+        load_model = load_encoder
     collate = collate_phrase if cfg.model_type == "npm" else collate_single
-    model = load_encoder(cfg.encoder).to(device)
+    model = load_model(cfg.encoder).to(device)
+    mlm_vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)  # random replacements (MLM)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                   weight_decay=cfg.weight_decay)
@@ -187,7 +225,7 @@ def train(cfg: TrainConfig) -> dict:
     existing = _checkpoints(ckpt_root) if cfg.resume else []
     if existing:
         state = _load_state(existing[-1])
-        model.load_state_dict(load_encoder(str(existing[-1])).state_dict())
+        model.load_state_dict(load_model(str(existing[-1])).state_dict())
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
@@ -223,7 +261,14 @@ def train(cfg: TrainConfig) -> dict:
         sequences, spans, where = data.line(int(order[cursor]))
         cursor += 1
         start = time.perf_counter()
-        batch = collate(sequences, spans, tokenizer.mask_token_id, cfg.pad_to)
+        if cfg.model_type == "mlm":  # the unmasked view, masked BERT-style with this step's generator
+            try:
+                batch = collate_mlm(sequences, tokenizer.mask_token_id, tokenizer.all_special_ids, mlm_vocab,
+                                    mlm_generator(cfg.seed, step, rank), cfg.mlm_ratio, cfg.pad_to)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+        else:
+            batch = collate(sequences, spans, tokenizer.mask_token_id, cfg.pad_to)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
             try:
                 loss, stats = step_loss(ddp, batch, cfg.model_type, cfg.pool, device)
@@ -237,7 +282,7 @@ def train(cfg: TrainConfig) -> dict:
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         step += 1
-        tokens = int(batch["target_valid"].sum()) * world
+        tokens = int(batch["attention_mask" if cfg.model_type == "mlm" else "target_valid"].sum()) * world
         row = {
             "step": step,
             "loss": round(float(loss.detach()), 6),
