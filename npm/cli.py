@@ -347,8 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fuzzy", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
+    from npm.baselines.run import add_cli as add_baseline_cli
     from npm.report.cli import add_cli as add_report_cli
 
+    add_baseline_cli(sub)
     add_report_cli(sub)
     return parser
 

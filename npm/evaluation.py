@@ -202,7 +202,7 @@ def evaluate_task(task: Task | str, system: str, examples: Sequence[dict], predi
             ok = pred == int(ex["label"])
             rec.update(label=int(ex["label"]), prediction=pred, scores=[float(s) for s in scores])
         else:
-            top = predictors[0].predict(ex["input"], top=1, mode=OPEN_MODE[system])
+            top = predictors[0].predict(ex["input"], top=1, mode=OPEN_MODE[system], is_question=task.is_question)
             raw = top[0]["text"] if top else ""
             pred = translation_prediction(raw) if task.name in TRANSLATION_TASKS else raw
             ok = exact_match(pred, ex["answers"])

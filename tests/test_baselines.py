@@ -33,21 +33,25 @@ PROMPTS = ["Question: Who won the election in Australia?\nAnswer:", "The prime m
            "Fire crews were still fighting the blaze on"]
 
 
-@pytest.fixture(scope="module")
-def tiny_lm(tmp_path_factory):
+def save_tiny_llama(path, seed: int = 0) -> str:
+    """A randomly initialised 2-layer Llama (hidden 32) with the tiny byte-level BPE, saved with
+    ``save_pretrained`` at ``path`` like a real checkpoint; returns the path."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    path = tmp_path_factory.mktemp("tiny_llama")
     train_tiny_bpe(path, lee_corpus_lines() + REFERENCE_EXAMPLES * 20, vocab_size=1000)
     tok = AutoTokenizer.from_pretrained(path)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
     LlamaForCausalLM(config).save_pretrained(path)
-    model, tok = load_causal_lm(str(path))
-    return model, tok
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    return load_causal_lm(save_tiny_llama(tmp_path_factory.mktemp("tiny_llama")))
 
 
 def manual_greedy(model, tok, prompt: str, steps: int = 30) -> str:

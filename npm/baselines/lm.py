@@ -35,7 +35,7 @@ KAMEL_SPLIT = "Answer: <mask>"  # KAMEL inputs (npm.tasks.templates.kamel_input)
 TASK_FAMILIES = {
     "nq": "question", "triviaqa": "question", "kamel": "question",
     "lama": "cloze", "trex": "cloze", "googlere": "cloze", "templama": "cloze",
-    "translation": "translation",
+    "translation": "translation", "entity_translation": "translation",
 }
 FAMILIES = ("question", "cloze", "translation")
 
@@ -211,35 +211,68 @@ def eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
-                    max_length: int = MAX_LENGTH, batch_size: int = 8) -> list[str]:
-    """Greedy continuations of ``prompts``, each cut at its first "\\n" and stripped (reference 6).
+def model_device(model):
+    """The device of a model's first parameter (CPU for a parameter-less module)."""
+    import torch
+
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return param.device if param is not None else torch.device("cpu")
+
+
+def forward_last(model, **inputs):
+    """One forward pass that keeps only the last position's logits when the model supports it.
+
+    HF causal LMs take ``logits_to_keep=1``; without it a prefill of B prompts of L tokens materialises a
+    [B, L, V] float tensor (8 x 1000 x 49,152 floats = 1.5 GB for SmolLM2) of which decoding reads one row.
+    """
+    import inspect
+
+    try:
+        accepts = "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    if accepts:
+        inputs["logits_to_keep"] = 1
+    return model(**inputs)
+
+
+def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
+                         max_length: int = MAX_LENGTH, batch_size: int = 8) -> list[str]:
+    """Raw greedy continuations of ``prompts`` (decoded, special tokens skipped, *not* cut or stripped).
 
     Prompts are encoded by :func:`encode_prompt` (left truncation to ``max_length - max_new_tokens`` tokens),
-    left-padded in batches of ``batch_size`` and decoded with the KV cache; a row stops at an EOS token, at its
-    first generated "\\n" (nothing after it is kept) or after ``max_new_tokens`` tokens. This is HF ``generate``'s
-    greedy decoding, with the early stop at "\\n" only saving time.
+    sorted by length (so that a batch pads little; results come back in input order), left-padded in batches of
+    ``batch_size`` and decoded with the KV cache on the model's device; a row stops at
+    an EOS token, once its continuation contains a "\\n" (the token that brought it is kept in the raw text) or
+    after ``max_new_tokens`` tokens. This is HF ``generate``'s greedy decoding, with the early stop at "\\n" only
+    saving time (the answer is cut there anyway, reference 6).
     """
     import torch
 
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
         raise ValueError("the tokenizer has neither a pad nor an EOS token")
     eos = eos_ids(model, tokenizer)
-    out: list[str] = []
-    for start in range(0, len(prompts), batch_size):
-        batch = [encode_prompt(tokenizer, p, max_length - max_new_tokens) for p in prompts[start:start + batch_size]]
-        ids, mask, positions = left_pad(batch, pad)
+    device = model_device(model)
+    encoded = [encode_prompt(tokenizer, p, max_length - max_new_tokens) for p in prompts]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    out: list[str] = [""] * len(encoded)
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        batch = [encoded[i] for i in rows]
+        ids, mask, positions = (t.to(device) for t in left_pad(batch, pad))
         new = [[] for _ in batch]
         done = [False] * len(batch)
         past = None
         step_ids = ids
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                res = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=past,
-                            use_cache=True)
+                res = forward_last(model, input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                   past_key_values=past, use_cache=True)
                 past = res.past_key_values
                 nxt = res.logits[:, -1, :].argmax(-1)
                 for i, token in enumerate(nxt.tolist()):
@@ -256,5 +289,14 @@ def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
                 step_ids = nxt[:, None]
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 positions = positions[:, -1:] + 1
-        out.extend(first_line(tokenizer.decode(t, skip_special_tokens=True)) for t in new)
+        for i, t in zip(rows, new, strict=True):
+            out[i] = tokenizer.decode(t, skip_special_tokens=True)
     return out
+
+
+def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
+                    max_length: int = MAX_LENGTH, batch_size: int = 8) -> list[str]:
+    """Greedy answers of ``prompts``: :func:`greedy_continuations` cut at the first "\\n" and stripped
+    (reference 6)."""
+    return [first_line(t) for t in greedy_continuations(model, tokenizer, prompts, max_new_tokens, max_length,
+                                                         batch_size)]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from npm.baselines.lm import MAX_LENGTH, encode_prompt
+from npm.baselines.lm import MAX_LENGTH, encode_prompt, model_device
 
 MASK = "<mask>"
 # Domain premises: the template text that follows the example (npm.tasks.templates.CLOSED_SET_TEMPLATES).
@@ -55,6 +55,7 @@ def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequen
         raise ValueError(f"every label word must encode to at least one token: {list(label_words)}")
     longest = max(len(ids) for ids in labels)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = model_device(model)
     pairs = []  # (prompt ids, label ids)
     for prompt in prompts:
         ids = encode_prompt(tokenizer, prompt, max_length - longest)
@@ -72,10 +73,12 @@ def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequen
                 seq = p + lab
                 ids[i, :len(seq)] = torch.as_tensor(seq)
                 mask[i, :len(seq)] = 1
-            log_p = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.double(), dim=-1)
-            for i, (p, lab) in enumerate(chunk):
-                rows = torch.arange(len(p) - 1, len(p) + len(lab) - 1)
-                out[start + i] = float(log_p[i, rows, torch.as_tensor(lab)].sum())
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+            for i, (p, lab) in enumerate(chunk):  # log-softmax (float64) of the label positions only
+                rows = torch.arange(len(p) - 1, len(p) + len(lab) - 1, device=logits.device)
+                log_p = torch.log_softmax(logits[i, rows].double(), dim=-1)
+                picked = log_p[torch.arange(len(lab), device=logits.device), torch.as_tensor(lab, device=logits.device)]
+                out[start + i] = float(picked.sum())
     return out.reshape(len(prompts), len(labels))
 
 

@@ -8,9 +8,10 @@ distributions are mixed:
 
 The paper uses the raw retrieval scores (temperature 1); the temperature is a knob here because BM25 scores are
 not cosines (a few points of BM25 already make the weights nearly one-hot). ``weighting="uniform"`` gives the
-older code's uniform mixture (replug.md 2.5). Decoding is greedy over the mixture, token by token, with one KV
-cache per passage; it stops at EOS or the first "\\n" and returns the first line, stripped, like
-:func:`npm.baselines.lm.greedy_generate`.
+older code's uniform mixture (replug.md 2.5). Decoding is greedy over the mixture, token by token, with a KV
+cache per (example, passage) row; it stops at EOS or the first "\\n" and returns the first line, stripped, like
+:func:`npm.baselines.lm.greedy_generate`. :func:`replug_continuations` decodes several examples at once: their k
+passages each are rows of one left-padded batch (cost: k LM rows per example and step, replug.md 2.2).
 
 Not implemented here: LSR retriever training, the code's answer voting and concatenation modes, LM evaluation in
 bits per byte (replug.md 5.2).
@@ -22,7 +23,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from npm.baselines.lm import MAX_LENGTH, MAX_NEW_TOKENS, encode_prompt, eos_ids, first_line, left_pad, prepend_passages
+from npm.baselines.lm import (
+    MAX_LENGTH,
+    MAX_NEW_TOKENS,
+    encode_prompt,
+    eos_ids,
+    first_line,
+    forward_last,
+    left_pad,
+    model_device,
+    prepend_passages,
+)
 
 
 def mixture_weights(scores, temperature: float = 1.0, weighting: str = "softmax"):
@@ -66,31 +77,90 @@ def replug_generate(model, tokenizer, prompt: str, passages: Sequence[str], scor
     one left-padded batch with a KV cache, and at every step the same mixed-argmax token is appended to all of
     them. With one passage this is plain greedy decoding of "passage\\n" + prompt.
     """
-    import torch
-
     if len(passages) != len(np.atleast_1d(scores)):
         raise ValueError(f"{len(passages)} passages but {len(np.atleast_1d(scores))} scores")
+    if not len(passages):
+        raise ValueError("REPLUG needs at least one passage (replug_continuations decodes the bare prompt instead)")
+    raw = replug_continuations(model, tokenizer, [prompt], [passages], [scores], temperature=temperature,
+                               max_new_tokens=max_new_tokens, max_length=max_length, weighting=weighting)
+    return first_line(raw[0])
+
+
+def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Sequence[Sequence[str]], scores,
+                         temperature: float = 1.0, max_new_tokens: int = MAX_NEW_TOKENS,
+                         max_length: int = MAX_LENGTH, weighting: str = "softmax",
+                         batch_size: int = 8) -> list[str]:
+    """Raw greedy REPLUG continuations (decoded, not cut or stripped) of several prompts, ``batch_size`` at a time.
+
+    ``passages[i]`` / ``scores[i]`` are prompt i's retrieved texts (best first) and retrieval scores. Every
+    (prompt, passage) pair is one row "passage\\n" + prompt of a left-padded batch decoded with the KV cache on
+    the model's device (prompts sorted by their longest row so that a batch pads little; results come back in
+    input order); at each step prompt i's rows are mixed with lambda = :func:`mixture_weights` (float64,
+    log space) and the argmax of the mixture is appended to all of them. A prompt with no passage (BM25 found no
+    block sharing a term with the query) is decoded alone with weight 1, i.e. plain greedy decoding of the bare
+    prompt. A prompt stops at EOS, once its continuation contains "\\n", or after ``max_new_tokens`` tokens.
+    """
+    import torch
+
+    if not (len(prompts) == len(passages) == len(scores)):
+        raise ValueError(f"{len(prompts)} prompts, {len(passages)} passage lists and {len(scores)} score lists")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
-    weights = mixture_weights(scores, temperature, weighting)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an EOS token")
     eos = eos_ids(model, tokenizer)
-    seqs = [encode_prompt(tokenizer, prepend_passages(prompt, [p]), max_length - max_new_tokens) for p in passages]
-    ids, mask, positions = left_pad(seqs, pad)
-    new: list[int] = []
-    past = None
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            res = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=past,
-                        use_cache=True)
-            past = res.past_key_values
-            token = int(mix_next_token(res.logits[:, -1, :], weights).argmax())
-            if token in eos:
-                break
-            new.append(token)
-            if "\n" in tokenizer.decode(new, skip_special_tokens=True):
-                break
-            ids = torch.full((len(seqs), 1), token, dtype=torch.long)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            positions = positions[:, -1:] + 1
-    return first_line(tokenizer.decode(new, skip_special_tokens=True))
+    device = model_device(model)
+    budget = max_length - max_new_tokens
+    encoded, weights = [], []  # per prompt: its rows' ids and their mixture weights
+    for i, prompt in enumerate(prompts):
+        texts, s = list(passages[i]), np.atleast_1d(np.asarray(scores[i], dtype=np.float64))
+        if len(texts) != len(s):
+            raise ValueError(f"prompt {i}: {len(texts)} passages but {len(s)} scores")
+        if texts:
+            encoded.append([encode_prompt(tokenizer, prepend_passages(prompt, [t]), budget) for t in texts])
+            weights.append(mixture_weights(s, temperature, weighting))
+        else:
+            encoded.append([encode_prompt(tokenizer, prompt, budget)])
+            weights.append(torch.ones(1, dtype=torch.float64))
+    order = sorted(range(len(prompts)), key=lambda i: max(len(r) for r in encoded[i]))  # less padding per batch
+    out: list[str] = [""] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        group_ids = order[start:start + batch_size]
+        seqs, spans = [], []
+        for i in group_ids:
+            spans.append((len(seqs), len(seqs) + len(encoded[i])))
+            seqs.extend(encoded[i])
+        group_w = [weights[i].to(device) for i in group_ids]
+        ids, mask, positions = (t.to(device) for t in left_pad(seqs, pad))
+        new = [[] for _ in spans]
+        done = [False] * len(spans)
+        past = None
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                res = forward_last(model, input_ids=ids, attention_mask=mask, position_ids=positions,
+                                   past_key_values=past, use_cache=True)
+                past = res.past_key_values
+                last = res.logits[:, -1, :]
+                step = torch.empty(len(seqs), dtype=torch.long)
+                for g, (a, e) in enumerate(spans):
+                    token = int(mix_next_token(last[a:e], group_w[g]).argmax())
+                    step[a:e] = token
+                    if done[g]:
+                        continue
+                    if token in eos:
+                        done[g] = True
+                        continue
+                    new[g].append(token)
+                    if "\n" in tokenizer.decode(new[g], skip_special_tokens=True):
+                        done[g] = True
+                if all(done):
+                    break
+                ids = step.to(device)[:, None]
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                positions = positions[:, -1:] + 1
+        for i, t in zip(group_ids, new, strict=True):
+            out[i] = tokenizer.decode(t, skip_special_tokens=True)
+    return out

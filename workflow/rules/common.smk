@@ -318,6 +318,8 @@ def baseline_args(wildcards, input):
     system, _ = split_run(wildcards.run)
     b = config["baselines"]
     args = [f"--lm {lm_name()}", f"--max-new-tokens {b['max_new_tokens']}", f"--batch-size {b['batch_size']}"]
+    # LAMA's n-gram buckets (sampling and macro groups) counted with the NPM tokenizer, as rule evaluate does.
+    args.append(f"--encoder {config['model']['tokenizer']}")
     if system in ("bm25_lm", "replug"):
         args += [f"--bm25 {input.bm25}", "--blocks", *input.blocks, f"--corpus {run_corpora(wildcards)[0]}"]
         args += [f"--passages {b['passages']}", f"--replug-temperature {b['replug_temperature']}"]

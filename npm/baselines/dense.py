@@ -1,0 +1,128 @@
+"""A dense block retriever for REPLUG (Shi et al. 2023, section 3.1; reference replug.md 2.1 and 2.5).
+
+REPLUG retrieves with a dual encoder: E(d) = mean pooling of the last hidden states over d's tokens, E(x) the same
+for the input, s(d, x) = cos(E(d), E(x)) (paper); the authors' code uses the raw inner product of the unnormalised
+mean-pooled vectors (replug.md 2.5). Here the encoder is NPM's own (``npm.model.load_encoder``; the blocks are
+already tokenized with its tokenizer), not Contriever, and no LSR training is done.
+
+* :func:`block_vectors`: the mean-pooled vector of every block of the blocks files (global block order); a block's
+  tokens are exactly its stored ids (the units' own begin/end tokens included), padding excluded.
+* :class:`DenseBlockSearcher`: those vectors in a FAISS ``"IDMap,Flat"`` index with ``METRIC_INNER_PRODUCT`` (exact
+  search); ``score="cosine"`` (default, paper) L2-normalises blocks and queries first, ``score="ip"`` keeps the
+  code's raw inner products. Blocks without surface text (only the end token of a split unit) are left out, as
+  in the BM25 index (``npm.datastore.bm25.block_documents``). ``search(query, k)`` has the interface of
+  ``npm.datastore.bm25.Bm25Searcher.search``.
+
+The index is built in memory on every construction: one encoder pass over the corpus. Not measured here; the
+embedded enwiki corpus (2,617 blocks, 221 k tokens) at the ~1,400 tokens/s that results/benchmarks/embed-cpu.json
+measured for MiniLM on 2 CPU cores is ~2.5 minutes. A paper-scale corpus would want its own rule and a saved index.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+SCORES = ("cosine", "ip")
+MAX_QUERY_TOKENS = 256
+
+
+def mean_pool(hidden, attention):
+    """Mean of ``hidden`` [B, L, h] over the positions where ``attention`` [B, L] is 1: float32 [B, h]."""
+    mask = attention.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
+def block_vectors(model, blocks_paths: Sequence[str | os.PathLike], batch_blocks: int = 32,
+                  device=None) -> np.ndarray:
+    """Mean-pooled last-layer vectors float32 [n_blocks, h] of every block of ``blocks_paths`` (global order).
+
+    ``model`` is an encoder (``npm.model.load_encoder``) whose tokenizer made the blocks. Blocks are sorted by
+    length inside each file so that a batch pads little; the rows come back in block order.
+    """
+    import torch
+
+    from npm.data.blocks import load_blocks, pad_blocks
+    from npm.model import encode
+
+    if batch_blocks < 1:
+        raise ValueError(f"batch_blocks must be >= 1, got {batch_blocks}")
+    device = device or next(model.parameters()).device
+    out = []
+    for path in blocks_paths:
+        arrays = load_blocks(path)
+        offsets = arrays["block_offsets"]
+        lengths = np.diff(offsets)
+        vecs = np.zeros((len(lengths), model.config.hidden_size), dtype=np.float32)
+        order = np.argsort(lengths, kind="stable")
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_blocks):
+                batch = order[start:start + batch_blocks]
+                ids, attention = pad_blocks(arrays["input_ids"], offsets, batch, int(max(1, lengths[batch].max())))
+                ids_t = torch.as_tensor(ids, device=device)
+                att_t = torch.as_tensor(attention, device=device)
+                vecs[batch] = mean_pool(encode(model, ids_t, att_t), att_t).float().cpu().numpy()
+        out.append(vecs)
+    if not out:
+        raise ValueError("no blocks files given: the dense retriever searches the corpus blocks")
+    return np.concatenate(out)
+
+
+class DenseBlockSearcher:
+    """Exact inner-product search over mean-pooled block vectors (REPLUG's retriever with NPM's encoder).
+
+    ``search(query, k) -> (global block ids int64, scores float32)``, best first, like ``Bm25Searcher``.
+    """
+
+    def __init__(self, encoder: str, blocks_paths: Sequence[str | os.PathLike], score: str = "cosine",
+                 batch_blocks: int = 32, device=None):
+        import faiss
+        import torch
+
+        from npm.data.blocks import load_blocks
+        from npm.model import load_encoder, load_tokenizer
+
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+        self.encoder_name, self.score = str(encoder), score
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.tokenizer = load_tokenizer(encoder)
+        self.model = load_encoder(encoder).eval().to(self.device)
+        vecs = block_vectors(self.model, blocks_paths, batch_blocks, self.device)
+        has_text = np.concatenate([np.diff(load_blocks(p, text=True)["text_offsets"]) > 0 for p in blocks_paths])
+        ids = np.flatnonzero(has_text).astype(np.int64)
+        vecs = np.ascontiguousarray(vecs[ids])
+        if score == "cosine":
+            faiss.normalize_L2(vecs)
+        self.index = faiss.index_factory(vecs.shape[1], "IDMap,Flat", faiss.METRIC_INNER_PRODUCT)
+        self.index.add_with_ids(vecs, ids)
+        self.num_docs = int(self.index.ntotal)
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def encode(self, queries: Sequence[str]) -> np.ndarray:
+        """Mean-pooled query vectors float32 [n, h] (normalised for ``score="cosine"``)."""
+        import faiss
+        import torch
+
+        from npm.model import encode
+
+        enc = self.tokenizer(list(queries), padding=True, truncation=True, max_length=MAX_QUERY_TOKENS,
+                             return_tensors="pt")
+        with torch.inference_mode():
+            ids, att = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+            q = np.ascontiguousarray(mean_pool(encode(self.model, ids, att), att).float().cpu().numpy())
+        if self.score == "cosine":
+            faiss.normalize_L2(q)
+        return q
+
+    def search(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The top-``k`` blocks of one query: (global block ids int64, scores float32), best first."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        scores, ids = self.index.search(self.encode([query]), int(k))
+        keep = ids[0] >= 0
+        return ids[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
