@@ -222,6 +222,12 @@ def test_label_logprobs_and_pmi_match_manual_computation(tiny_lm):
     pmi = pmi_scores(model, tok, prompts, words, DOMAIN_PREMISES["sst2"])
     assert np.allclose(pmi, manual - domain[None, :], atol=1e-5)
     assert predict(pmi).tolist() == (manual - domain).argmax(1).tolist()
+    # Single-token label words take the one-pass path: the same numbers.
+    single = [w for w in (tok.decode([i]) for i in range(50, 400))
+              if len(tok(w, add_special_tokens=False)["input_ids"]) == 1][:3]
+    assert len(single) == 3
+    one_pass = label_logprobs(model, tok, prompts, single, batch_size=4)
+    assert np.allclose(one_pass, [[manual_logprob(model, tok, p, w) for w in single] for p in prompts], atol=1e-5)
 
 
 def test_causal_prompt_from_closed_set_input():
