@@ -183,7 +183,7 @@ def figure7(paths: Iterable[str | os.PathLike], out: str | os.PathLike, paper: M
     paper_row = (paper["mapping"].get("table8") or {}).get(system)
     anchor_x = paper["figure7"]["corpus_tokens_100"] if "figure7" in paper else None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
     ticks: dict[int, str] = {}
     drawn = {"system": system, "lines": {}, "paper": {}}
     for task in [t for t in OPEN_SET_TASKS if t in lines]:
@@ -197,9 +197,20 @@ def figure7(paths: Iterable[str | os.PathLike], out: str | os.PathLike, paper: M
             ax.scatter([anchor_x], [value], facecolors="none", edgecolors=handle.get_color(), s=60, zorder=3)
             drawn["paper"][task] = value
             ticks.setdefault(int(anchor_x), "paper 100%")
+    full = max(x for pts in lines.values() for x, _, _ in pts)
+    by_x: dict[int, list[float]] = {}
+    for pts in lines.values():
+        for x, y, _ in pts:
+            by_x.setdefault(x, []).append(y)
+    xs = [x for x in sorted(by_x) if len(by_x[x]) == len(lines)]  # the mean only where every task has a point
+    if len(lines) > 1 and xs:
+        mean = [sum(by_x[x]) / len(by_x[x]) for x in xs]
+        ax.plot(xs, mean, color="black", linewidth=2.2, marker="s", label="mean over tasks")
+        drawn["mean"] = list(zip(xs, mean, strict=True))
     ax.set_xscale("log")
     ax.set_xticks(sorted(ticks))
-    ax.set_xticklabels([f"{ticks[x]}\n{x / 1e6:.3g}M" for x in sorted(ticks)], fontsize=7)
+    ax.set_xticklabels([f"{ticks[x] if x > full else f'{100 * x / full:.0f}%'}\n{_tokens(x)}" for x in sorted(ticks)],
+                       fontsize=7)
     ax.minorticks_off()
     ax.set_xlabel("reference corpus size (tokens)")
     ax.set_ylabel("score (%)")
@@ -210,6 +221,11 @@ def figure7(paths: Iterable[str | os.PathLike], out: str | os.PathLike, paper: M
     ax.set_title(f"Corpus-size ablation: {display_name(system, records[0].get('model'))}", fontsize=10)
     save_figure(fig, out)
     return drawn
+
+
+def _tokens(n: int) -> str:
+    """A token count as 11k / 221k / 810M."""
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k"
 
 
 # ------------------------------------------------------------------------------------------------ Figure 8
