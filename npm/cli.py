@@ -174,6 +174,7 @@ def cmd_evaluate(args):
     run_evaluation(args.task, args.system, args.model, args.datastore, tasks_root=args.tasks_root,
                    bm25=args.bm25, faiss=args.faiss, predictions_path=args.predictions, metrics_path=args.metrics,
                    n_samples=args.n_samples, tau=args.tau, tau_twice=args.tau_twice, span_score=args.span_score,
+                   closed_set_tau=args.closed_set_tau, open_set_tau=args.open_set_tau,
                    k=args.k, fuzzy=not args.no_fuzzy, corpus=args.corpus)
 
 
@@ -340,7 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictions", type=Path, required=True)
     p.add_argument("--metrics", type=Path, required=True)
     p.add_argument("--n-samples", type=int)
-    p.add_argument("--tau", type=float, help="default 5.0 closed set, 1.0 open set")
+    p.add_argument("--tau", type=float, help="overrides --closed-set-tau / --open-set-tau")
+    p.add_argument("--closed-set-tau", type=float, default=5.0, help="kNN label scores (reference 4.1)")
+    p.add_argument("--open-set-tau", type=float, default=1.0, help="phrase prediction (reference 3.7)")
     p.add_argument("--tau-twice", action="store_true", help="original code's s/tau^2 for NPM (reference 4.1)")
     p.add_argument("--span-score", choices=["paper", "code"], default="paper")
     p.add_argument("--k", type=int, default=4096)

@@ -25,8 +25,10 @@ rule baseline:
         run=r"(lm|lm_pmi|bm25_lm|replug)(@[A-Za-z0-9_]+)?",
     params:
         system=lambda wc: split_run(wc.run)[0],
-        args=baseline_args,
+        args=baseline_args,  # input-dependent; the config values below are tracked by the params trigger
         n=n_samples_arg(),
+        b=config["baselines"],
+        tokenizer=config["model"]["tokenizer"],
     resources:
         gpu=1,
         mem_mb=64000,
@@ -39,4 +41,8 @@ rule baseline:
         "../envs/eval.yaml"
     shell:
         "npm-repro baseline --task {wildcards.task} --system {params.system} {params.args} {params.n}"
+        " --passages {params.b[passages]} --replug-temperature {params.b[replug_temperature]}"
+        " --max-new-tokens {params.b[max_new_tokens]} --batch-size {params.b[batch_size]}"
+        # LAMA's n-gram buckets (sampling and macro groups) counted with the NPM tokenizer, as rule evaluate does.
+        " --encoder {params.tokenizer:q}"
         " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"

@@ -286,8 +286,6 @@ def evaluate_args(wildcards, input):
         args += ["--faiss", *input.faiss]
     if "bm25" in input.keys():
         args += ["--bm25", *input.bm25]
-    family = TASKS[wildcards.task]["family"]
-    args.append(f"--tau {config['inference']['closed_set_tau' if family == 'closed' else 'open_set_tau']}")
     return " ".join(args)
 
 
@@ -316,13 +314,9 @@ def baseline_inputs(wildcards):
 
 def baseline_args(wildcards, input):
     system, _ = split_run(wildcards.run)
-    b = config["baselines"]
-    args = [f"--lm {lm_name()}", f"--max-new-tokens {b['max_new_tokens']}", f"--batch-size {b['batch_size']}"]
-    # LAMA's n-gram buckets (sampling and macro groups) counted with the NPM tokenizer, as rule evaluate does.
-    args.append(f"--encoder {config['model']['tokenizer']}")
+    args = [f"--lm {lm_name()}"]
     if system in ("bm25_lm", "replug"):
         args += [f"--bm25 {input.bm25}", "--blocks", *input.blocks, f"--corpus {run_corpora(wildcards)[0]}"]
-        args += [f"--passages {b['passages']}", f"--replug-temperature {b['replug_temperature']}"]
     return " ".join(args)
 
 

@@ -15,8 +15,9 @@ rule evaluate:
         run=r"(npm|npm_single|npm_faiss|mlm)(@[A-Za-z0-9_]+)?",
     params:
         system=lambda wc: split_run(wc.run)[0],
-        args=evaluate_args,
+        args=evaluate_args,  # input-dependent (not tracked by Snakemake's params trigger); config values below are
         n=n_samples_arg(),
+        inference=config["inference"],
     resources:
         gpu=1,
         mem_mb=32000,
@@ -29,4 +30,5 @@ rule evaluate:
         "../envs/eval.yaml"
     shell:
         "npm-repro evaluate --task {wildcards.task} --system {params.system} {params.args} {params.n}"
+        " --closed-set-tau {params.inference[closed_set_tau]} --open-set-tau {params.inference[open_set_tau]}"
         " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"
