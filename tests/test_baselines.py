@@ -249,3 +249,12 @@ def test_convert_smollm2_and_generate(tmp_path):
     model, tok = load_causal_lm(str(tmp_path / "smollm2"))
     answer = greedy_generate(model, tok, ["The capital of France is"], max_new_tokens=3)[0]
     assert "Paris" in answer
+
+
+def test_first_nonblank_line_switch():
+    from npm.baselines.lm import first_line, line_complete
+
+    assert first_line("\n Paris\nmore") == ""  # reference 6: the first line, even when empty
+    assert first_line("\n Paris\nmore", skip_blank_lines=True) == "Paris"
+    assert line_complete("\n") and not line_complete("\n", skip_blank_lines=True)
+    assert line_complete("\n Paris\n", skip_blank_lines=True)

@@ -196,9 +196,20 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int):
     return ids, mask, positions
 
 
-def first_line(text: str) -> str:
-    """The answer of a generated continuation: up to its first "\\n", stripped (reference 6)."""
+def first_line(text: str, skip_blank_lines: bool = False) -> str:
+    """The answer of a generated continuation: up to its first "\\n", stripped (reference 6).
+
+    ``skip_blank_lines`` first drops leading whitespace and newlines: the first *non-empty* line. Instruction-tuned
+    LMs such as the embedded default's SmolLM2-135M-Instruct often answer "Answer:" with a newline first, which the
+    original rule (written for base LMs) turns into an empty answer every time."""
+    if skip_blank_lines:
+        text = text.lstrip()
     return text.split("\n", 1)[0].strip()
+
+
+def line_complete(text: str, skip_blank_lines: bool = False) -> bool:
+    """Whether a growing continuation already holds its answer line (greedy decoding stops there)."""
+    return "\n" in (text.lstrip() if skip_blank_lines else text)
 
 
 def eos_ids(model, tokenizer) -> set[int]:
@@ -237,7 +248,8 @@ def forward_last(model, **inputs):
 
 
 def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
-                         max_length: int = MAX_LENGTH, batch_size: int = 8) -> list[str]:
+                         max_length: int = MAX_LENGTH, batch_size: int = 8,
+                         skip_blank_lines: bool = False) -> list[str]:
     """Raw greedy continuations of ``prompts`` (decoded, special tokens skipped, *not* cut or stripped).
 
     Prompts are encoded by :func:`encode_prompt` (left truncation to ``max_length - max_new_tokens`` tokens),
@@ -245,7 +257,8 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
     ``batch_size`` and decoded with the KV cache on the model's device; a row stops at
     an EOS token, once its continuation contains a "\\n" (the token that brought it is kept in the raw text) or
     after ``max_new_tokens`` tokens. This is HF ``generate``'s greedy decoding, with the early stop at "\\n" only
-    saving time (the answer is cut there anyway, reference 6).
+    saving time (the answer is cut there anyway, reference 6); with ``skip_blank_lines`` leading newlines do not
+    count (:func:`first_line`).
     """
     import torch
 
@@ -282,7 +295,7 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
                         done[i] = True
                         continue
                     new[i].append(token)
-                    if "\n" in tokenizer.decode(new[i], skip_special_tokens=True):
+                    if line_complete(tokenizer.decode(new[i], skip_special_tokens=True), skip_blank_lines):
                         done[i] = True
                 if all(done):
                     break
@@ -295,8 +308,8 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
 
 
 def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
-                    max_length: int = MAX_LENGTH, batch_size: int = 8) -> list[str]:
+                    max_length: int = MAX_LENGTH, batch_size: int = 8, skip_blank_lines: bool = False) -> list[str]:
     """Greedy answers of ``prompts``: :func:`greedy_continuations` cut at the first "\\n" and stripped
     (reference 6)."""
-    return [first_line(t) for t in greedy_continuations(model, tokenizer, prompts, max_new_tokens, max_length,
-                                                         batch_size)]
+    return [first_line(t, skip_blank_lines) for t in greedy_continuations(
+        model, tokenizer, prompts, max_new_tokens, max_length, batch_size, skip_blank_lines)]

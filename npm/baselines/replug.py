@@ -31,6 +31,7 @@ from npm.baselines.lm import (
     first_line,
     forward_last,
     left_pad,
+    line_complete,
     model_device,
     prepend_passages,
 )
@@ -89,7 +90,7 @@ def replug_generate(model, tokenizer, prompt: str, passages: Sequence[str], scor
 def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Sequence[Sequence[str]], scores,
                          temperature: float = 1.0, max_new_tokens: int = MAX_NEW_TOKENS,
                          max_length: int = MAX_LENGTH, weighting: str = "softmax",
-                         batch_size: int = 8) -> list[str]:
+                         batch_size: int = 8, skip_blank_lines: bool = False) -> list[str]:
     """Raw greedy REPLUG continuations (decoded, not cut or stripped) of several prompts, ``batch_size`` at a time.
 
     ``passages[i]`` / ``scores[i]`` are prompt i's retrieved texts (best first) and retrieval scores. Every
@@ -154,7 +155,7 @@ def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Seq
                         done[g] = True
                         continue
                     new[g].append(token)
-                    if "\n" in tokenizer.decode(new[g], skip_special_tokens=True):
+                    if line_complete(tokenizer.decode(new[g], skip_special_tokens=True), skip_blank_lines):
                         done[g] = True
                 if all(done):
                     break

@@ -104,12 +104,12 @@ def check_system(task: Task, system: str) -> None:
                          f"tasks take {list(allowed)}")
 
 
-def _answer(task: Task, raw: str) -> str:
+def _answer(task: Task, raw: str, skip_blank_lines: bool = False) -> str:
     from npm.baselines.lm import first_line
     from npm.evaluation import TRANSLATION_TASKS
     from npm.tasks.metrics import translation_prediction
 
-    pred = first_line(raw)
+    pred = first_line(raw, skip_blank_lines)
     return translation_prediction(pred) if task.name in TRANSLATION_TASKS else pred
 
 
@@ -126,7 +126,8 @@ def _batches(n: int, size: int):
 
 
 def _open_set(spec: Task, system: str, examples: list[dict], model, tokenizer, searcher, texts: BlockTexts | None,
-              passages: int, temperature: float, max_new_tokens: int, batch_size: int, bar) -> tuple[list, list, int]:
+              passages: int, temperature: float, max_new_tokens: int, batch_size: int, bar,
+              skip_blank_lines: bool = False) -> tuple[list, list, int]:
     from npm.baselines.lm import clean_passage, greedy_continuations, open_set_prompt
     from npm.baselines.replug import mixture_weights, replug_continuations
     from npm.datastore.bm25 import bm25_query
@@ -148,13 +149,13 @@ def _open_set(spec: Task, system: str, examples: list[dict], model, tokenizer, s
             prompts = [open_set_prompt(spec.name, ex["input"]) for ex in chunk]
             raws = replug_continuations(model, tokenizer, prompts, chunk_texts, [s for _, s in hits],
                                         temperature=temperature, max_new_tokens=max_new_tokens,
-                                        batch_size=batch_size)
+                                        batch_size=batch_size, skip_blank_lines=skip_blank_lines)
         else:
             prompts = [open_set_prompt(spec.name, ex["input"], t) for ex, t in zip(chunk, chunk_texts, strict=True)]
             raws = greedy_continuations(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                        batch_size=batch_size)
+                                        batch_size=batch_size, skip_blank_lines=skip_blank_lines)
         for ex, prompt, raw, (ids, scores) in zip(chunk, prompts, raws, hits, strict=True):
-            pred = _answer(spec, raw)
+            pred = _answer(spec, raw, skip_blank_lines)
             ok = exact_match(pred, ex["answers"])
             rec = {"id": ex["id"], "input": ex["input"], "prompt": prompt[:PROMPT_CHARS], "prediction": pred,
                    "raw_prediction": raw, "answers": list(ex["answers"]), "correct": bool(ok),
@@ -222,7 +223,7 @@ def run_lm_baseline(task: str | Task, system: str, lm: str, tasks_root: str | os
                     predictions_path: str | os.PathLike | None = None,
                     metrics_path: str | os.PathLike | None = None, device=None,
                     registry: Mapping[str, Task] | str | os.PathLike | None = None,
-                    encoder: str | None = None) -> dict:
+                    encoder: str | None = None, skip_blank_lines: bool = False) -> dict:
     """Evaluate the decoder baseline ``system`` with the causal LM ``lm`` on ``task`` (module docstring).
 
     ``lm``: a ``save_pretrained`` folder, hub id, ``pypi:...`` name or GGUF file (``npm.baselines.lm.
@@ -321,7 +322,8 @@ def run_lm_baseline(task: str | Task, system: str, lm: str, tasks_root: str | os
             records, correct, extra = _closed_set(spec, system, examples, model, tokenizer, batch_size, bar)
         else:
             records, correct, no_passages = _open_set(spec, system, examples, model, tokenizer, searcher, texts,
-                                                      passages, replug_temperature, max_new_tokens, batch_size, bar)
+                                                      passages, replug_temperature, max_new_tokens, batch_size, bar,
+                                                      skip_blank_lines)
             extra = {"no_passages": no_passages} if retrieves else {}
             if retrieves and no_passages:
                 log.warning("%d of %d queries retrieved no block (decoded without passages)", no_passages,
@@ -340,6 +342,7 @@ def run_lm_baseline(task: str | Task, system: str, lm: str, tasks_root: str | os
         model=str(lm),
         passages=passages if retrieves else None,
         max_new_tokens=None if spec.closed else max_new_tokens,
+        skip_blank_lines=None if spec.closed else skip_blank_lines,
         torch_threads=torch.get_num_threads(),
     )
     if system == "replug":
@@ -362,7 +365,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
                               replug_temperature=args.replug_temperature, retriever=args.retriever,
                               max_new_tokens=args.max_new_tokens, n_samples=args.n_samples,
                               batch_size=args.batch_size, predictions_path=args.predictions,
-                              metrics_path=args.metrics, device=args.device, encoder=args.encoder)
+                              metrics_path=args.metrics, device=args.device, encoder=args.encoder,
+                              skip_blank_lines=args.skip_blank_lines)
     if args.metrics is None:
         print(json.dumps(metrics, indent=2, default=str))
     return 0
@@ -394,6 +398,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--replug-temperature", type=float, default=REPLUG_TEMPERATURE,
                    help="REPLUG weights softmax(score / T); the paper uses T = 1")
     p.add_argument("--max-new-tokens", type=int, default=30)
+    p.add_argument("--skip-blank-lines", action="store_true",
+                   help="answer = first non-empty line (instruction-tuned LMs); default: the first line (reference 6)")
     p.add_argument("--n-samples", type=int, help="override the registry's sampling (0 = every example)")
     p.add_argument("--batch-size", type=int, default=8, help="examples per batch")
     p.add_argument("--device", help="default: cuda when available, else cpu")

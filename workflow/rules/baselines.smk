@@ -28,6 +28,7 @@ rule baseline:
         args=baseline_args,  # input-dependent; the config values below are tracked by the params trigger
         n=n_samples_arg(),
         b=config["baselines"],
+        skip_blank="--skip-blank-lines" if config["baselines"]["skip_blank_lines"] else "",
         tokenizer=config["model"]["tokenizer"],
     resources:
         gpu=1,
@@ -43,6 +44,7 @@ rule baseline:
         "npm-repro baseline --task {wildcards.task} --system {params.system} {params.args} {params.n}"
         " --passages {params.b[passages]} --replug-temperature {params.b[replug_temperature]}"
         " --max-new-tokens {params.b[max_new_tokens]} --batch-size {params.b[batch_size]}"
+        " {params.skip_blank}"
         # LAMA's n-gram buckets (sampling and macro groups) counted with the NPM tokenizer, as rule evaluate does.
         " --encoder {params.tokenizer:q}"
         " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"
