@@ -111,3 +111,13 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
                           "Paris is the capital of <mask>."], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "1. " in out.stdout and "block " in out.stdout
+
+
+def test_a_source_without_download_fails_with_instructions(tmp_path):
+    """config/paper.yaml's CC-News has no public export: the job that would need it says where to put it."""
+    out = subprocess.run([SNAKEMAKE, "data/raw/cc_news", "--configfile", "config/paper.yaml", "--cores", "1",
+                          "--directory", str(tmp_path), "-s", str(ROOT / "Snakefile")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "source cc_news: data/raw/cc_news does not exist and has no public download" in out.stdout + out.stderr
+    assert not (tmp_path / "data/raw/cc_news").exists()

@@ -370,3 +370,11 @@ def report_targets():
 # Raw sources with a public URL are fetched by rule download_source (resumable, checksum-verified).
 DOWNLOADS = {src["path"]: src for src in config["sources"].values() if "url" in src and "path" in src}
 DOWNLOAD_PATTERN = "|".join(re.escape(path) for path in DOWNLOADS) or "(?!)"
+# Raw sources with neither a URL nor an embedded builder (CC-News WARC extracts, a Wikipedia dump no longer online)
+# must be placed by hand: rule manual_source plans them (so dry runs list the whole DAG) and fails with instructions.
+MANUAL = {
+    src["path"]: name
+    for name, src in config["sources"].items()
+    if "path" in src and "url" not in src and not src["path"].startswith("pypi:")
+}
+MANUAL_PATTERN = "|".join(re.escape(path) for path in MANUAL) or "(?!)"

