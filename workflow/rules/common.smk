@@ -18,13 +18,18 @@ def _config_error(message):
     raise ValueError(f"config error: {message}")
 
 
+def _as_list(value):
+    return [value] if isinstance(value, str) else list(value)
+
+
 for _name in (
     config["training_corpora"]
     + config["evaluation"]["reference_corpora"]
-    + list(config["evaluation"]["task_corpus"].values())
+    + [c for v in config["evaluation"]["task_corpus"].values() for c in _as_list(v)]
     + [config["ablation"]["corpus"]]
 ):
-    if _name not in config["sources"]:
+    _base = re.fullmatch(r"([A-Za-z0-9_]+?)_p[0-9]+", _name)
+    if _name not in config["sources"] and not (_base and _base[1] in config["sources"]):
         _config_error(
             f"'{_name}' is not a source; allowed values are the keys of sources: {sorted(config['sources'])}"
         )
@@ -222,7 +227,10 @@ def task_corpora(task):
     """Reference corpus of a task: evaluation.task_corpus, else config/tasks.yaml's reference_corpus when every
     corpus there is a source, else (closed set) evaluation.reference_corpora. Open-set tasks read one corpus."""
     if task in EVAL["task_corpus"]:
-        return [EVAL["task_corpus"][task]]
+        corpora = _as_list(EVAL["task_corpus"][task])
+        if TASKS[task]["family"] == "open" and len(corpora) != 1:
+            _config_error(f"evaluation.task_corpus.{task}: an open-set task reads one corpus, got {corpora}")
+        return corpora
     corpora = TASKS[task]["reference_corpus"]
     if all(c in config["sources"] for c in corpora):
         return corpora
