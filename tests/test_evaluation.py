@@ -179,8 +179,11 @@ def test_errors_are_clear(world, tmp_path):
     ds, faiss = [world["a"]["ds"]], [world["a"]["faiss"]]
     with pytest.raises(KeyError, match="unknown task"):
         run_evaluation("nope", "npm", world["model"], ds, faiss=faiss)
+    subj = tmp_path / "tasks" / "subj"
+    subj.mkdir(parents=True)
+    (subj / "test.csv").write_text('0,"a fine, moving film ."\n1,"the plot follows two brothers ."\n')
     with pytest.raises(ValueError, match="no trained MLM head"):  # mlm is scored by npm.baselines.mlm
-        run_evaluation("subj", "mlm", world["model"], ds, faiss=faiss)
+        run_evaluation("subj", "mlm", world["model"], ds, faiss=faiss, tasks_root=tmp_path / "tasks")
     with pytest.raises(FileNotFoundError, match="datastore"):
         run_evaluation("subj", "npm", world["model"], [str(tmp_path / "absent")], faiss=faiss)
     with pytest.raises(ValueError, match="one per datastore"):
