@@ -90,7 +90,8 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     for task in ["agn", "rte", "lama_trex", "nq", "templama_changed", "entity_translation"]:
         for path in (tmp_path / "results/metrics" / task).glob("*.json"):
             record = json.loads(path.read_text())
-            assert 1 <= record["n"] <= 3 and record["provenance"]["git_commit"], path  # TempLAMA keeps 1 here
+            most = 15 if task == "entity_translation" else 3  # one example per language; TempLAMA keeps 1 here
+            assert 1 <= record["n"] <= most and record["provenance"]["git_commit"], path
     assert {p.stem for p in (tmp_path / "results/metrics/nq").glob("*.json")} >= {
         "npm", "npm_single", "npm_faiss", "lm", "bm25_lm", "replug"}
     assert {p.stem for p in (tmp_path / "results/metrics/agn").glob("*.json")} >= {
