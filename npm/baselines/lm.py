@@ -212,6 +212,15 @@ def line_complete(text: str, skip_blank_lines: bool = False) -> bool:
     return "\n" in (text.lstrip() if skip_blank_lines else text)
 
 
+def accept_token(token: int, continuation: list[int], tokenizer, eos: set[int], skip_blank_lines: bool = False) -> bool:
+    """Append a greedy ``token`` to a row's ``continuation``; True when the row is done: EOS (not appended) or a
+    complete answer line (:func:`line_complete`)."""
+    if token in eos:
+        return True
+    continuation.append(token)
+    return line_complete(tokenizer.decode(continuation, skip_special_tokens=True), skip_blank_lines)
+
+
 def eos_ids(model, tokenizer) -> set[int]:
     """Token ids that end generation: the generation config's, the model config's and the tokenizer's EOS."""
     ids = set()
@@ -289,14 +298,8 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
                 past = res.past_key_values
                 nxt = res.logits[:, -1, :].argmax(-1)
                 for i, token in enumerate(nxt.tolist()):
-                    if done[i]:
-                        continue
-                    if token in eos:
-                        done[i] = True
-                        continue
-                    new[i].append(token)
-                    if line_complete(tokenizer.decode(new[i], skip_special_tokens=True), skip_blank_lines):
-                        done[i] = True
+                    if not done[i]:
+                        done[i] = accept_token(token, new[i], tokenizer, eos, skip_blank_lines)
                 if all(done):
                     break
                 step_ids = nxt[:, None]

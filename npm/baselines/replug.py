@@ -26,12 +26,12 @@ import numpy as np
 from npm.baselines.lm import (
     MAX_LENGTH,
     MAX_NEW_TOKENS,
+    accept_token,
     encode_prompt,
     eos_ids,
     first_line,
     forward_last,
     left_pad,
-    line_complete,
     model_device,
     prepend_passages,
 )
@@ -149,14 +149,8 @@ def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Seq
                 for g, (a, e) in enumerate(spans):
                     token = int(mix_next_token(last[a:e], group_w[g]).argmax())
                     step[a:e] = token
-                    if done[g]:
-                        continue
-                    if token in eos:
-                        done[g] = True
-                        continue
-                    new[g].append(token)
-                    if line_complete(tokenizer.decode(new[g], skip_special_tokens=True), skip_blank_lines):
-                        done[g] = True
+                    if not done[g]:
+                        done[g] = accept_token(token, new[g], tokenizer, eos, skip_blank_lines)
                 if all(done):
                     break
                 ids = step.to(device)[:, None]
