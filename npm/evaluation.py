@@ -36,6 +36,7 @@ from npm.tasks.registry import (
     fuzzy_verbalizer_path,
     load_registry,
 )
+from npm.tasks.registry import SEED as SAMPLING_SEED
 from npm.tasks.templates import LABEL_WORDS, YAHOO_TOPICS, read_fuzzy_verbalizer_json, read_fuzzy_verbalizer_txt
 
 log = logging.getLogger("npm-repro.evaluate")
@@ -267,6 +268,7 @@ def run_evaluation(task: str, system: str, model: str, datastores: Sequence[str]
     config = {k_: (str(v) if isinstance(v, os.PathLike) else v) for k_, v in locals().items()
               if k_ not in ("Predictor", "write_jsonl", "write_summary", "registry", "device")}
     config["datastores"] = [str(d) for d in datastores]
+    config["sampling_seed"] = SAMPLING_SEED  # the registry's seed-0 example sample (reference 4.2, 5.2)
     spec = resolve_task(task, registry)
     _check_system(system)
     if isinstance(datastores, (str, os.PathLike)):

@@ -115,6 +115,7 @@ def test_each_system_writes_predictions_and_metrics(world, tmp_path, task, syste
     assert ("replug_temperature" in saved) == (system == "replug")
     config = saved["provenance"]["config"]
     assert config["system"] == system and config["blocks"] == world["blocks"] and config["max_new_tokens"] == NEW
+    assert config["sampling_seed"] == 0
 
 
 def test_bm25_lm_prompt_holds_the_retrieved_blocks_top1_last(world, tmp_path):

@@ -119,6 +119,7 @@ def test_closed_set_run_writes_predictions_and_accuracy(world, predictors, tmp_p
     saved = json.loads(metrics_path.read_text())
     assert saved["score"] == pytest.approx(metrics["score"]) and saved["metric"] == "accuracy"
     assert saved["average"] == "micro" and "provenance" in saved and saved["queries_per_s"] > 0
+    assert saved["provenance"]["config"]["sampling_seed"] == 0 and saved["provenance"]["git_commit"]
     assert "groups" not in saved and "subsets" not in saved
 
 
