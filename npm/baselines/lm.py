@@ -221,6 +221,18 @@ def accept_token(token: int, continuation: list[int], tokenizer, eos: set[int], 
     return line_complete(tokenizer.decode(continuation, skip_special_tokens=True), skip_blank_lines)
 
 
+def decoding_setup(model, tokenizer, max_new_tokens: int, batch_size: int) -> tuple[int, set[int], object]:
+    """(pad id, EOS ids, device) of a greedy decoding loop, after checking its arguments (clear errors)."""
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an EOS token")
+    return pad, eos_ids(model, tokenizer), model_device(model)
+
+
 def eos_ids(model, tokenizer) -> set[int]:
     """Token ids that end generation: the generation config's, the model config's and the tokenizer's EOS."""
     ids = set()
@@ -271,15 +283,7 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
     """
     import torch
 
-    if max_new_tokens < 1:
-        raise ValueError("max_new_tokens must be >= 1")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
-        raise ValueError("the tokenizer has neither a pad nor an EOS token")
-    eos = eos_ids(model, tokenizer)
-    device = model_device(model)
+    pad, eos, device = decoding_setup(model, tokenizer, max_new_tokens, batch_size)
     encoded = [encode_prompt(tokenizer, p, max_length - max_new_tokens) for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     out: list[str] = [""] * len(encoded)

@@ -27,12 +27,11 @@ from npm.baselines.lm import (
     MAX_LENGTH,
     MAX_NEW_TOKENS,
     accept_token,
+    decoding_setup,
     encode_prompt,
-    eos_ids,
     first_line,
     forward_last,
     left_pad,
-    model_device,
     prepend_passages,
 )
 
@@ -105,15 +104,7 @@ def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Seq
 
     if not (len(prompts) == len(passages) == len(scores)):
         raise ValueError(f"{len(prompts)} prompts, {len(passages)} passage lists and {len(scores)} score lists")
-    if max_new_tokens < 1:
-        raise ValueError("max_new_tokens must be >= 1")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
-        raise ValueError("the tokenizer has neither a pad nor an EOS token")
-    eos = eos_ids(model, tokenizer)
-    device = model_device(model)
+    pad, eos, device = decoding_setup(model, tokenizer, max_new_tokens, batch_size)
     budget = max_length - max_new_tokens
     encoded, weights = [], []  # per prompt: its rows' ids and their mixture weights
     for i, prompt in enumerate(prompts):
