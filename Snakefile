@@ -22,7 +22,6 @@ include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/corpus.smk"
 include: "workflow/rules/index.smk"
 include: "workflow/rules/evaluate.smk"
-include: "workflow/rules/baselines.smk"
 include: "workflow/rules/report.smk"
 
 

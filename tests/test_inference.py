@@ -8,10 +8,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from npm.inference.closed_set import label_scores, mlm_label_scores
+from npm.inference.closed_set import label_scores
 from npm.inference.phrase import aggregate_spans, score_spans, walk_spans
-from npm.inference.query import closed_set_input, encode_queries, query_ids
+from npm.inference.query import encode_queries, query_ids
 from npm.model import encode
+from npm.tasks.templates import closed_set_input
 
 
 def test_item19_one_mask_becomes_two_adjacent_masks(wordpiece_tokenizer, bpe_tokenizer):
@@ -157,9 +158,3 @@ def test_item26_npm_divides_by_tau_once_by_default_and_twice_as_the_original():
     np.testing.assert_allclose(once, [p1[[0, 2]].sum(), p1[[1, 3]].sum()])
     np.testing.assert_allclose(twice, [p2[[0, 2]].sum(), p2[[1, 3]].sum()])
     assert twice[0] < once[0]  # a flatter distribution
-
-
-def test_mlm_baseline_sums_the_vocabulary_softmax_over_label_tokens():
-    logits = np.array([0.0, 1.0, 2.0, 3.0])
-    p = np.exp(logits) / np.exp(logits).sum()
-    np.testing.assert_allclose(mlm_label_scores(logits, [np.array([3]), np.array([1, 2])]), [p[3], p[1] + p[2]])

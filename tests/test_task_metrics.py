@@ -5,7 +5,6 @@ import json
 import numpy as np
 import pytest
 
-from npm.inference.query import closed_set_input
 from npm.tasks.metrics import (
     aggregate,
     exact_match,
@@ -21,6 +20,7 @@ from npm.tasks.templates import (
     CLOSED_SET_TEMPLATES,
     LABEL_WORDS,
     YAHOO_TOPICS,
+    closed_set_input,
     closed_set_text,
     detokenize,
     is_question,

@@ -33,7 +33,7 @@ def test_dry_run_of_table1_plans_the_whole_pipeline(tmp_path):
     rules = dry_run_jobs(tmp_path, "results/tables/table1.csv")
     for rule in ["prepare_embedded_wikipedia", "prepare_embedded_ccnews", "extract_documents", "shard_documents",
                  "tokenize_blocks", "batch_blocks", "mask_batches", "pretrain", "embed_corpus",
-                 "build_faiss_index", "evaluate", "baseline", "convert_smollm2", "table1"]:
+                 "build_faiss_index", "evaluate", "convert_smollm2", "table1"]:
         assert rule in rules, rule
 
 
@@ -54,7 +54,7 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     config = {"embedded": {"max_articles": 300, "max_news": 100},
               "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2},
               "evaluation": {"max_examples": 3},
-              "baselines": {"max_new_tokens": 4, "passages": 2},
+              "inference": {"max_new_tokens": 4, "passages": 2},
               "ablation": {"percents": [50, 100], "tasks": ["lama_trex"]}}
     run_workflow(tmp_path, targets=["all"], config=config)
     for corpus, shards in [("enwiki", 2), ("enwiki_excerpt", 1), ("cc_news", 1)]:

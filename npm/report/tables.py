@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from npm.evaluation.systems import SYSTEMS
 from npm.io import atomic_path
 
 PAPER_VALUES = Path(__file__).resolve().parent / "paper_values.yaml"
@@ -42,10 +43,7 @@ OPEN_SET_TASKS = (*KNOWLEDGE_TASKS, *TEMPLAMA_TASKS, TRANSLATION_TASK)
 KNOWN_TASKS = (*CLOSED_SET_TASKS, *OPEN_SET_TASKS)
 LAMA_TASKS = ("lama_trex", "lama_google_re")
 
-# Our systems (rows), in display order.
-SYSTEMS = {"npm": "NPM", "npm_single": "NPM-single", "npm_faiss": "NPM w/o BM25 (FAISS)", "mlm": "MLM (same encoder)",
-           "lm": "LM", "lm_pmi": "LM + PMI", "bm25_lm": "BM25 + LM", "replug": "REPLUG"}
-LM_SYSTEMS = ("lm", "lm_pmi", "bm25_lm", "replug")  # rows whose display name carries the LM's name
+# Our systems (rows) and their labels come from the registry, in its (display) order.
 
 REQUIRED_FIELDS = ("task", "system", "metric", "score", "n")
 
@@ -104,7 +102,8 @@ def load_paper_values(path: str | os.PathLike | None = None) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"paper values file {path} does not exist (the packaged one is {PAPER_VALUES})")
     values = yaml.safe_load(path.read_text(encoding="utf-8"))
-    for key in ("params_base", "mapping", "table1", "table2", "table3", "table4", "table8", "table10_npm"):
+    for key in ("params_base", "mapping", "table1", "table2", "table3", "table3_layout", "table4", "table8",
+                "table10_npm"):
         if not isinstance(values, dict) or key not in values:
             raise ValueError(f"paper values file {path} lacks the key {key!r} (compare with {PAPER_VALUES})")
     return values
@@ -187,15 +186,9 @@ def short_model_name(model: str | None) -> str | None:
 
 def display_name(system: str, model: str | None = None) -> str:
     """The row label: the paper-style system name, with the LM's name for the decoder baselines."""
-    label = SYSTEMS.get(system, system)
-    name = short_model_name(model) if system in LM_SYSTEMS else None
-    if not name:
-        return label
-    if system == "lm_pmi":
-        return f"LM ({name}) + PMI"
-    if system == "bm25_lm":
-        return f"BM25 + LM ({name})"
-    return f"{label} ({name})"
+    if system not in SYSTEMS:
+        return system
+    return SYSTEMS[system].display_name(short_model_name(model))
 
 
 def _system_model(records: Sequence[dict], system: str) -> str | None:
@@ -344,10 +337,6 @@ def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", 
 
 # ------------------------------------------------------------------------------------------------ Table 3
 
-TABLE3_ROW_OF = {"bm25_lm": "lm"}  # LM w/o and w/ BM25 share one row, as in the paper's Table 3
-TABLE3_ORDER = ("lm", "replug", "npm", "npm_single")
-
-
 def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
     """Paper Table 3 and Table 10 (reference 7.4): entity translation EM (macro over languages).
 
@@ -357,10 +346,11 @@ def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
     Table 10 per-language numbers for NPM.
     """
     paper = paper or load_paper_values()
+    layout = paper["table3_layout"]  # the paper's row order; LM w/o and w/ BM25 share one row
     records = load_metrics(paths, tasks=(TRANSLATION_TASK,), what="table3", require=("retrieval",))
     slots: dict[tuple[str, str], dict] = {}
     for rec in records:
-        row_key = TABLE3_ROW_OF.get(rec["system"], rec["system"])
+        row_key = layout["same_row"].get(rec["system"], rec["system"])
         col = "w/ BM25" if rec.get("retrieval") == "bm25" else "w/o BM25"
         if (row_key, col) in slots:
             other = slots[(row_key, col)]
@@ -372,7 +362,7 @@ def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
     for lang in langs:
         columns += [lang, f"{lang} (paper)"]
     row_keys = {k for k, _ in slots}
-    order = [k for k in TABLE3_ORDER if k in row_keys] + ordered_systems(row_keys - set(TABLE3_ORDER))
+    order = [k for k in layout["rows"] if k in row_keys] + ordered_systems(row_keys - set(layout["rows"]))
     rows = []
     for key in order:
         wo, w = slots.get((key, "w/o BM25")), slots.get((key, "w/ BM25"))

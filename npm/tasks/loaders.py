@@ -25,8 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from npm.inference.query import MASK_PLACEHOLDER
-from npm.tasks.templates import kamel_input, lama_input, qa_input
+from npm.tasks.templates import MASK_PLACEHOLDER, kamel_input, lama_input, qa_input
 
 PathLike = str | os.PathLike
 

@@ -14,16 +14,28 @@ permutation; smaller sets are kept whole, reordered); ``sampling.per_group`` -> 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from npm.tasks import loaders as loaders_module
 from npm.tasks.metrics import ngram_bucket, sample_by_group, sample_indices
-from npm.tasks.templates import CLOSED_SET_TEMPLATES, LABEL_WORDS, closed_set_text, is_question
+from npm.tasks.templates import (
+    CLOSED_SET_TEMPLATES,
+    LABEL_WORDS,
+    YAHOO_TOPICS,
+    closed_set_text,
+    is_question,
+    read_fuzzy_verbalizer_json,
+    read_fuzzy_verbalizer_txt,
+)
+
+log = logging.getLogger("npm-repro.tasks")
 
 DEFAULT_REGISTRY = Path(__file__).resolve().parents[2] / "config" / "tasks.yaml"
 DEFAULT_TASKS_ROOT = Path("data/tasks")
@@ -224,11 +236,50 @@ def fuzzy_verbalizer_path(task: Task, tasks_root: str | os.PathLike = DEFAULT_TA
     return None if task.fuzzy is None else Path(tasks_root) / "fuzzy_verbalizers" / task.fuzzy
 
 
-def _get_task(name: str, registry: Mapping[str, Task] | str | os.PathLike | None) -> Task:
+def resolve_task(task: Task | str, registry: Mapping[str, Task] | str | os.PathLike | None = None) -> Task:
+    """A ``Task`` as is, or the registry entry of a task name (an unknown name is a KeyError listing the tasks)."""
+    if isinstance(task, Task):
+        return task
     tasks = registry if isinstance(registry, Mapping) else load_registry(registry or DEFAULT_REGISTRY)
-    if name not in tasks:
-        raise KeyError(f"unknown task {name!r}; the registry has {list(tasks)}")
-    return tasks[name]
+    if task not in tasks:
+        raise KeyError(f"unknown task {task!r}; the registry has {list(tasks)}")
+    return tasks[task]
+
+
+def _single_token(word: str, tokenizer, label) -> int:
+    pieces = tokenizer(" " + word.strip(), add_special_tokens=False)["input_ids"]
+    if len(pieces) != 1:
+        raise ValueError(f"label word {word!r} of label {label!r} encodes to {len(pieces)} tokens {pieces} with a "
+                         "leading space; every verbalizer word must be exactly one token (paper-map §4.1 step 6)")
+    return int(pieces[0])
+
+
+def label_verbalizers(task: Task | str, tokenizer, tasks_root: str | os.PathLike = DEFAULT_TASKS_ROOT,
+                      fuzzy: bool = True) -> list[np.ndarray]:
+    """Token ids (int64 arrays, label-id order) of each label's verbalizer (paper-map §4.1 step 6).
+
+    The fuzzy verbalizer ``{tasks_root}/fuzzy_verbalizers/{task.fuzzy}`` when ``fuzzy`` and the registry names one
+    and the file exists (a warning when it is missing); else the single label word of ``templates.LABEL_WORDS``.
+    Every word must be one token after a leading space (a clear ValueError otherwise).
+    """
+    task = resolve_task(task)
+    if not task.closed:
+        raise ValueError(f"task {task.name} is open-set: it has no verbalizer")
+    words = LABEL_WORDS[task.template]
+    path = fuzzy_verbalizer_path(task, tasks_root) if fuzzy else None
+    if path is not None and path.is_file():
+        if path.suffix == ".json":
+            topics = YAHOO_TOPICS if task.template == "yahoo" else None
+            out = read_fuzzy_verbalizer_json(path, tokenizer, topics=topics)
+        else:
+            out = read_fuzzy_verbalizer_txt(path, tokenizer)
+        if len(out) != len(words):
+            raise ValueError(f"fuzzy verbalizer {path} has {len(out)} labels, task {task.name} has {len(words)}")
+        log.info("task %s: fuzzy verbalizer %s (%s words per label)", task.name, path, [len(v) for v in out])
+        return out
+    if path is not None:
+        log.warning("task %s: fuzzy verbalizer %s not found; using the single label words", task.name, path)
+    return [np.array([_single_token(w, tokenizer, label)], dtype=np.int64) for label, w in enumerate(words)]
 
 
 def load_task_records(task: Task, folder: str | os.PathLike) -> list[dict]:
@@ -260,7 +311,7 @@ def task_examples(name: str, folder: str | os.PathLike, tokenizer=None, n_sample
     original ``Task`` does (3000 -> 1000), unless ``per_group`` is given. ``n_samples=0`` keeps everything in file
     order. ``tokenizer`` is required for LAMA (n-gram buckets; the paper's is roberta-large's).
     """
-    task = _get_task(name, registry)
+    task = resolve_task(name, registry)
     examples = [_example(task, r) for r in load_task_records(task, folder)]
     if task.group_by == "bucket":
         if tokenizer is None:

@@ -2,7 +2,7 @@
 5.1; section 9 items 27-28).
 
 Closed set (reference 4.2 table): ``CLOSED_SET_TEMPLATES[task](record)`` gives the text before the mask;
-``closed_set_text`` passes it through ``npm.inference.query.closed_set_input`` which appends "<mask>." with no space
+``closed_set_text`` passes it through ``closed_set_input``, which appends "<mask>." with no space
 when the template has no mask (item 27; RTE has its mask inside). ``LABEL_WORDS[task]`` lists the label words with
 their leading space, in label-id order. Record fields (names chosen here, the loaders must map their sources to
 them): agn ``title``/``description``; yahoo ``question_title``/``question_content``/``best_answer``; rte
@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npm.inference.query import MASK_PLACEHOLDER, closed_set_input
-
+MASK_PLACEHOLDER = "<mask>"  # the mask of every template; a model's own mask token replaces it at encoding time
 _PUNCTUATION = frozenset(string.punctuation)
 _NO_SPACE_BEFORE = frozenset({"!", "?", ".", ",", "'", ";", ":", ")", "]"})
 _NO_SPACE_AFTER = frozenset({"(", "["})
@@ -110,11 +109,28 @@ YAHOO_TOPICS = ("Society & Culture", "Science & Mathematics", "Health", "Educati
                 "Family & Relationships", "Politics & Government")
 
 
+def closed_set_input(text: str) -> str:
+    """Paper-map §9 item 27: a template without a mask gets "<mask>." appended with no space."""
+    return text if MASK_PLACEHOLDER in text else text + MASK_PLACEHOLDER + "."
+
+
 def closed_set_text(task: str, record: Mapping) -> str:
     """The model input of one closed-set example: the task's template, "<mask>." appended when it has none."""
     if task not in CLOSED_SET_TEMPLATES:
         raise ValueError(f"unknown closed-set task {task!r}; known: {sorted(CLOSED_SET_TEMPLATES)}")
     return closed_set_input(CLOSED_SET_TEMPLATES[task](record))
+
+
+class _AnyField(dict):
+    def __missing__(self, key):
+        return "x"
+
+
+def mask_at_end(template: str) -> bool:
+    """Whether a closed-set template ends with its mask (only "." after it): a causal LM can then score the label
+    words left to right. RTE's "{premise}, right?<mask>, {hypothesis}." cannot."""
+    after = closed_set_text(template, _AnyField()).partition(MASK_PLACEHOLDER)[2]
+    return after.strip() in ("", ".")
 
 
 # ------------------------------------------------------------------------------------------------ open set

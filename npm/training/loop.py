@@ -207,7 +207,7 @@ def train(cfg: TrainConfig) -> dict:
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.encoder)
     data = BatchLines(cfg.shards)
     if cfg.model_type == "mlm":
-        from npm.baselines.mlm import load_masked_lm
+        from npm.model import load_masked_lm
 
         def load_model(name: str):
             return load_masked_lm(name, allow_new_head=True)

