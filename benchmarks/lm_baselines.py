@@ -1,5 +1,5 @@
-"""Benchmark: examples/s of the decoder baselines lm, bm25_lm and REPLUG (npm.evaluation.harness; paper 6.2, reference
-npm.md 6, replug.md 2.2) with SmolLM2-135M on the embedded data: an open-set task (NQ by default), the corpus's BM25
+"""Benchmark: examples/s of the decoder baselines lm, bm25_lm and REPLUG (npm.evaluation.harness; paper 6.2, paper-map
+§6, §R2.2) with SmolLM2-135M on the embedded data: an open-set task (NQ by default), the corpus's BM25
 index and blocks, passages 3 and 5, max_new_tokens 10 and 30, batch size 8 (plus batch size 1 for the largest
 passages / shortest generation, to show what batching with left padding buys), torch threads 1 by default.
 

@@ -1,4 +1,4 @@
-"""Benchmark: one NPM training step vs one plain MLM step of the same encoder and batch (reference 2.4-2.5).
+"""Benchmark: one NPM training step vs one plain MLM step of the same encoder and batch (paper-map §2.4-§2.5).
 
 The NPM step runs two encoder passes (masked queries, unmasked targets) plus the pooled contrastive loss;
 the MLM step one pass plus the vocabulary softmax. Reports seconds per step (median of --repeat), the

@@ -1,4 +1,4 @@
-"""Word boundaries and token classes, from a fast tokenizer's character offsets (reference npm.md 2.2, 3.2).
+"""Word boundaries and token classes, from a fast tokenizer's character offsets (paper-map §2.2, §3.2).
 
 The original code decodes every token on its own and looks at the characters of the decoded string
 (RoBERTa's leading "Ġ" space, trailing punctuation). Here the same facts come from where each token sits in the
@@ -7,26 +7,26 @@ BERT WordPiece, ...). Per token, ``flags`` (uint8) holds these bits:
 
 * ``SPACE_BEFORE``: word-initial. The token is the first non-special token of its text unit, or the source
   character just before its (whitespace-stripped) span is whitespace. This is "the decoded string starts with a
-  space" of reference 3.2. Byte-level BPE with ``trim_offsets`` leaves the space out of the span; without it the
+  space" of paper-map §3.2. Byte-level BPE with ``trim_offsets`` leaves the space out of the span; without it the
   span starts with the space. Both cases are handled. A piece right after a whitespace-only token ("Ġ" "il" for
   " illegal" when the vocabulary has no "Ġil") is word-initial too: the word starts there, although the
-  reference's decoded-string rule would call "il" a continuation.
+  original's decoded-string rule would call "il" a continuation.
 * ``PUNCT_START`` / ``PUNCT_END``: the first / last character of the surface text is in ``string.punctuation``.
   Special tokens get both, because their strings ("<s>", "</s>", "[CLS]") start and end with punctuation
-  (reference 3.2: the token after ``<s>`` is a valid start, the token before ``</s>`` a valid end).
+  (paper-map §3.2: the token after ``<s>`` is a valid start, the token before ``</s>`` a valid end).
 * ``SPECIAL``: a special token (``special_tokens_mask`` or an id in ``all_special_ids``: ``<s>``, ``</s>``,
   ``<pad>``, ``<mask>``, ``<unk>``, ``[CLS]``, ``[SEP]``, ``[UNK]``, ...).
-* ``PUNCT_TOKEN``: the surface text is exactly one of ``! , . : ?`` ("punctuation" of reference 2.2).
-* ``PUNCT_PIECE``: the surface text is non-empty and a substring of ``string.punctuation``. Reference 2.2's
+* ``PUNCT_TOKEN``: the surface text is exactly one of ``! , . : ?`` ("punctuation" of paper-map §2.2).
+* ``PUNCT_PIECE``: the surface text is non-empty and a substring of ``string.punctuation``. Paper-map §2.2's
   substring quirk: single punctuation characters are not subwords, but "..." or "--" are, because they are not
   substrings of ``string.punctuation``.
 
 Derived rules, on flat arrays:
 
-* ``is_subword``: ``SPECIAL`` or neither ``SPACE_BEFORE`` nor ``PUNCT_PIECE`` (reference 2.2; special tokens
+* ``is_subword``: ``SPECIAL`` or neither ``SPACE_BEFORE`` nor ``PUNCT_PIECE`` (paper-map §2.2; special tokens
   count as subwords).
-* ``valid_starts`` / ``valid_ends``: the reference 3.2 rule inside each block. Special tokens are never valid
-  (reference 3.2 and section 9 item 20: the one shared function for the embedder and the loader).
+* ``valid_starts`` / ``valid_ends``: the paper-map §3.2 rule inside each block. Special tokens are never valid
+  (paper-map §3.2 and §9 item 20: the one shared function for the embedder and the loader).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SPECIAL = 8
 PUNCT_TOKEN = 16
 PUNCT_PIECE = 32
 
-PUNCTUATION_TOKENS = "!,.:?"  # reference 2.2: decoded string exactly one of these
+PUNCTUATION_TOKENS = "!,.:?"  # paper-map §2.2: decoded string exactly one of these
 
 _MAX_SPACE = 0x3000  # the largest code point for which str.isspace() is true
 _IS_SPACE = np.array([chr(c).isspace() for c in range(_MAX_SPACE + 1)])
@@ -143,7 +143,7 @@ def utf8_offsets(text: str) -> np.ndarray:
 
 
 def is_subword(flags: np.ndarray) -> np.ndarray:
-    """Continuation tokens of reference 2.2: special, or neither word-initial nor a punctuation piece."""
+    """Continuation tokens of paper-map §2.2: special, or neither word-initial nor a punctuation piece."""
     flags = np.asarray(flags)
     return ((flags & SPECIAL) != 0) | ((flags & (SPACE_BEFORE | PUNCT_PIECE)) == 0)
 
@@ -158,7 +158,7 @@ def _block_edges(n: int, block_offsets: np.ndarray | None) -> tuple[np.ndarray, 
 
 
 def valid_starts(flags: np.ndarray, block_offsets: np.ndarray | None = None) -> np.ndarray:
-    """Reference 3.2: position i of a block is a valid start iff it is the block's first position, or token i is
+    """Paper-map §3.2: position i of a block is a valid start iff it is the block's first position, or token i is
     word-initial, or token i-1 ends with punctuation; special tokens never are. Bool [T] over the flat blocks."""
     flags = np.asarray(flags)
     ok = np.zeros(len(flags), dtype=bool)
@@ -168,7 +168,7 @@ def valid_starts(flags: np.ndarray, block_offsets: np.ndarray | None = None) -> 
 
 
 def valid_ends(flags: np.ndarray, block_offsets: np.ndarray | None = None) -> np.ndarray:
-    """Reference 3.2: position i of a block is a valid end iff it is the block's last position, or token i+1 is
+    """Paper-map §3.2: position i of a block is a valid end iff it is the block's last position, or token i+1 is
     word-initial or starts with punctuation; special tokens never are. Bool [T] over the flat blocks."""
     flags = np.asarray(flags)
     ok = np.zeros(len(flags), dtype=bool)

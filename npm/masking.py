@@ -1,7 +1,7 @@
 """Offline masking of batch lines: co-occurrence span masking (NPM) and uniform masking (NPM-single).
 
-Paper section 3.2.1 and appendix A.2; reference npm.md 2.2 (span masking, "exact algorithm") and 2.3
-(NPM-single "uniform" with ``enforce_masking_positives``); reference section 9 items 5-11. A clean-room
+Paper section 3.2.1 and appendix A.2; paper-map §2.2 (span masking, "exact algorithm") and §2.3
+(NPM-single "uniform" with ``enforce_masking_positives``); paper-map §9 items 5-11. A clean-room
 re-implementation from that description: no code of the original (CC-BY-NC) is used.
 
 **The unit of work is one batch line** (B blocks). A span can only be masked if its exact token sequence occurs in
@@ -10,10 +10,10 @@ a *different* sequence of the same line: those other sequences are where the tra
 Token classes come from the per-token ``flags`` of ``npm.boundaries`` instead of RoBERTa ids, so the same code
 serves every tokenizer family:
 
-* the reference's "ids 0 and 2" (``<s>``, ``</s>``) are the tokens with the ``SPECIAL`` flag (``[CLS]``/``[SEP]``
+* the original's "ids 0 and 2" (``<s>``, ``</s>``) are the tokens with the ``SPECIAL`` flag (``[CLS]``/``[SEP]``
   for WordPiece);
 * "subword" is ``is_subword(flags)`` (special tokens count as subwords). The first token of a text unit carries
-  ``SPACE_BEFORE``, which is the reference's "unless it directly follows ``<s>``";
+  ``SPACE_BEFORE``, which is the original's "unless it directly follows ``<s>``";
 * "punctuation" is the ``PUNCT_TOKEN`` flag (a token that is exactly one of ``! , . : ?``).
 
 **Span candidates** (``span_candidates``): (b, j, L) with L = 1 .. ``max_span_length`` such that token j of
@@ -21,7 +21,7 @@ sequence b is neither special nor a subword; a punctuation start is kept with pr
 draw per such position, in line order) and only for L = 1; the window [j, j+L) lies inside the block and has no
 special token; the token right after the window, if any, is not a subword (so spans never end mid-word nor right
 before ``</s>``); and the window's token ids occur in another sequence of the line (anywhere, in a window with no
-special token; ids only). Every condition but the "next token" one is monotone in L, so the reference's per-position
+special token; ids only). Every condition but the "next token" one is monotone in L, so the original's per-position
 loop over L ("stop" / "skip this L") reduces to this conjunction. Detection is vectorised: per L, every window of
 the line gets an exact dense key (``np.unique`` on ``key(L-1) * V + next id``), windows whose key is seen in only
 one sequence are pruned (their extensions cannot co-occur either), and a Python loop runs only over L.
@@ -101,7 +101,7 @@ def _candidates_flat(ids: np.ndarray, flags: np.ndarray, lengths: np.ndarray, rn
     punct = (flags & PUNCT_TOKEN) != 0
 
     start_ok = ~special & ~subword
-    drawn = np.flatnonzero(start_ok & punct)  # reference: each punctuation start is kept with prob 0.1
+    drawn = np.flatnonzero(start_ok & punct)  # as in the original: each punctuation start is kept with prob 0.1
     start_ok[drawn[rng.random(len(drawn)) >= punct_keep_prob]] = False
     # has_next_subword[j]: token j+1 exists in the same sequence and is a subword (the window ending at j may not)
     has_next_subword = np.zeros(n, dtype=bool)
@@ -143,7 +143,7 @@ def _candidates_flat(ids: np.ndarray, flags: np.ndarray, lengths: np.ndarray, rn
 
 def span_candidates(sequences: Sequence[np.ndarray], flags_per_seq: Sequence[np.ndarray], rng: np.random.Generator,
                     max_span_length: int = 10, punct_keep_prob: float = 0.1) -> np.ndarray:
-    """All span candidates of one line (reference 2.2 ``find_mapping``) as int64 [n, 3] = (sequence, start, length),
+    """All span candidates of one line (paper-map §2.2 ``find_mapping``) as int64 [n, 3] = (sequence, start, length),
     sorted by (sequence, start, length). ``rng`` gives the punctuation keep draws."""
     ids, flags, lengths = _flat(sequences, flags_per_seq)
     pos, length, _ = _candidates_flat(ids, flags, lengths, rng, max_span_length, punct_keep_prob)
@@ -163,7 +163,7 @@ def _to_spans(pos: np.ndarray, length: np.ndarray, lengths: np.ndarray, sort: bo
 def take_spans(groups: dict[int, list[tuple[int, int, int]]], draws: Sequence[int], budget: int, n_tokens: int,
                max_span_length: int = 10, max_spans_per_sequence: int = 128,
                max_ngram_repeats: int = 10) -> list[tuple[int, int, int]]:
-    """The deterministic part of reference 2.2 ``mask_spans``: pick spans for the drawn lengths.
+    """The deterministic part of paper-map §2.2 ``mask_spans``: pick spans for the drawn lengths.
 
     ``groups[n]`` is a list of candidates (flat position, sequence, n-gram key) of length n, popped from the end
     (it is consumed). ``draws`` are the sampled lengths in order. Returns the accepted spans as
@@ -178,7 +178,7 @@ def take_spans(groups: dict[int, list[tuple[int, int, int]]], draws: Sequence[in
         return accepted
     for n in draws:
         if n > max_span_length:
-            continue  # reference: draws above the maximum length are skipped
+            continue  # as in the original: draws above the maximum length are skipped
         while True:
             while n > 0 and not groups.get(n):
                 n -= 1  # exhausted length: fall back to shorter spans
@@ -205,7 +205,7 @@ def take_spans(groups: dict[int, list[tuple[int, int, int]]], draws: Sequence[in
 def sample_spans(candidates: np.ndarray, n_tokens: int, rng: np.random.Generator, ngram_keys: np.ndarray | None = None,
                  ratio: float = 0.15, p: float = 0.5, max_span_length: int = 10, max_spans_per_sequence: int = 128,
                  max_ngram_repeats: int = 10) -> np.ndarray:
-    """Reference 2.2 ``mask_spans`` on given candidates [n, 3] (flat position, sequence, length): permute each length
+    """Paper-map §2.2 ``mask_spans`` on given candidates [n, 3] (flat position, sequence, length): permute each length
     group, draw ``int(ratio * n_tokens)`` Geometric(p) lengths and ``take_spans``. ``ngram_keys`` [n] identify
     equal n-grams (default: every candidate distinct). Returns the accepted (flat position, sequence, length)
     in acceptance order, int64 [m, 3]."""
@@ -243,7 +243,7 @@ def mask_line(sequences: Sequence[np.ndarray], flags_per_seq: Sequence[np.ndarra
               ratio: float = 0.15, p: float = 0.5, max_span_length: int = 10, max_spans_per_sequence: int = 128,
               max_ngram_repeats: int = 10, min_masked_ratio: float = 0.05,
               punct_keep_prob: float = 0.1) -> np.ndarray | None:
-    """Span-mask one line (reference 2.2): int64 [n, 3] (sequence, start, length) sorted by (sequence, start), or
+    """Span-mask one line (paper-map §2.2): int64 [n, 3] (sequence, start, length) sorted by (sequence, start), or
     None when the line is dropped (fewer than ``min_masked_ratio`` of its tokens masked, or none)."""
     ids, flags, lengths = _flat(sequences, flags_per_seq)
     return _mask_flat(ids, flags, lengths, rng, ratio, p, max_span_length, max_spans_per_sequence,
@@ -274,7 +274,7 @@ def _uniform_flat(ids: np.ndarray, flags: np.ndarray, lengths: np.ndarray, rng: 
 
 def uniform_mask_line(sequences: Sequence[np.ndarray], flags_per_seq: Sequence[np.ndarray],
                       rng: np.random.Generator, ratio: float = 0.15) -> np.ndarray | None:
-    """NPM-single uniform masking of one line (reference 2.3, ``enforce_masking_positives``): int64 [m, 3] spans of
+    """NPM-single uniform masking of one line (paper-map §2.3, ``enforce_masking_positives``): int64 [m, 3] spans of
     length 1 sorted by (sequence, start), or None when nothing is masked (the line is dropped)."""
     ids, flags, lengths = _flat(sequences, flags_per_seq)
     return _uniform_flat(ids, flags, lengths, rng, ratio)
@@ -310,7 +310,7 @@ def mask_shard(blocks_path: str | Path, batches_path: str | Path, out_path: str 
                punct_keep_prob: float = 0.1) -> dict:
     """Mask every batch line of a shard and write the masked batches file atomically; returns a summary.
 
-    ``mode`` "span" (NPM, reference 2.2) or "uniform" (NPM-single, reference 2.3). Lines that are dropped
+    ``mode`` "span" (NPM, paper-map §2.2) or "uniform" (NPM-single, paper-map §2.3). Lines that are dropped
     (span: fewer than ``min_masked_ratio`` of the tokens masked; uniform: none masked) are left out of ``batches``.
     """
     if mode not in MODES:

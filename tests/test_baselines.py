@@ -1,4 +1,4 @@
-"""Causal-LM baselines (npm.baselines; reference npm.md 6, replug.md 2.2): prompts, greedy decoding, REPLUG, PMI.
+"""Causal-LM baselines (npm.baselines; paper-map §6, §R2.2): prompts, greedy decoding, REPLUG, PMI.
 
 A tiny randomly initialised Llama with the tiny byte-level BPE of conftest (RoBERTa layout: "<s>" prefix, "</s>"
 suffix), saved and loaded like a real checkpoint, stands in for the LM; a scripted fake LM makes stopping and
@@ -254,7 +254,7 @@ def test_convert_smollm2_and_generate(tmp_path):
 def test_first_nonblank_line_switch():
     from npm.baselines.lm import first_line, line_complete
 
-    assert first_line("\n Paris\nmore") == ""  # reference 6: the first line, even when empty
+    assert first_line("\n Paris\nmore") == ""  # paper-map §6: the first line, even when empty
     assert first_line("\n Paris\nmore", skip_blank_lines=True) == "Paris"
     assert line_complete("\n") and not line_complete("\n", skip_blank_lines=True)
     assert line_complete("\n Paris\n", skip_blank_lines=True)

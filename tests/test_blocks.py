@@ -1,4 +1,4 @@
-"""Documents -> 256-token blocks and blocks -> batch lines (reference npm.md 2.1; section 9 items 1-4)."""
+"""Documents -> 256-token blocks and blocks -> batch lines (paper-map §2.1; §9 items 1-4)."""
 
 from collections import Counter
 

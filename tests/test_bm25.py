@@ -1,4 +1,4 @@
-"""BM25-restricted search over corpus blocks with pyserini's Lucene (paper 3.3; reference npm.md 3.1, 3.8).
+"""BM25-restricted search over corpus blocks with pyserini's Lucene (paper 3.3; paper-map §3.1, §3.8).
 
 * The JVM bootstrap (``npm.datastore.java``): in fresh subprocesses, since a JVM starts once per process.
 * Index/search on real text: gensim's Lee corpus paragraphs as blocks with non-contiguous global ids.
@@ -280,7 +280,7 @@ def test_cache_and_batch_search(searcher):
 
 
 def test_default_and_custom_bm25_parameters(lee_index, searcher):
-    assert (searcher.k1, searcher.b) == (0.9, 0.4)  # pyserini's defaults (reference 3.8)
+    assert (searcher.k1, searcher.b) == (0.9, 0.4)  # pyserini's defaults (paper-map §3.8)
     other = Bm25Searcher(lee_index[0], k1=1.2, b=0.75)
     q = "Australian cricket team test match"
     assert not np.allclose(other.search(q, 3)[1], searcher.search(q, 3)[1])

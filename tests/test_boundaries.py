@@ -1,4 +1,4 @@
-"""Word boundaries and token classes (reference npm.md 2.2 "Token classes", 3.2; section 9 items 20-21)."""
+"""Word boundaries and token classes (paper-map §2.2 "Token classes", §3.2; §9 items 20-21)."""
 
 import string
 
@@ -20,7 +20,7 @@ from npm.boundaries import (
 )
 from tests.conftest import lee_corpus_lines
 
-EXAMPLE = " The cat's hat."  # reference item 21; Wikipedia units start with a space
+EXAMPLE = " The cat's hat."  # paper-map §9 item 21; Wikipedia units start with a space
 
 
 def tokens(tok, ids):
@@ -32,7 +32,7 @@ def picked(tok, ids, mask):
 
 
 def reference_valid(strings, special):
-    """Reference 3.2 literally, on each token decoded on its own with its leading space (golden cases).
+    """Paper-map §3.2 literally, on each token decoded on its own with its leading space (golden cases).
 
     One deliberate difference: a token right after a whitespace-only token (byte-level BPE splits " illegal" into
     "Ġ" "il" ... when its vocabulary has no "Ġil") counts as starting with a space, because the word starts there;
@@ -72,12 +72,12 @@ def test_flags_of_the_example_tokens(bpe_tokenizer, wordpiece_tokenizer):
     dot = PUNCT_START | PUNCT_END | PUNCT_TOKEN | PUNCT_PIECE
     assert flags.tolist() == [s, SPACE_BEFORE, SPACE_BEFORE, PUNCT_START, SPACE_BEFORE, dot, s]
     _, flags, _ = encode_units(wordpiece_tokenizer, [EXAMPLE])
-    quote = PUNCT_START | PUNCT_END | PUNCT_PIECE  # a punctuation piece but not reference 2.2 "punctuation"
+    quote = PUNCT_START | PUNCT_END | PUNCT_PIECE  # a punctuation piece but not paper-map §2.2 "punctuation"
     assert flags.tolist() == [s, SPACE_BEFORE, SPACE_BEFORE, quote, 0, SPACE_BEFORE, dot, s]
 
 
 def test_reference_rule_golden_cases_on_real_text_bpe(bpe_tokenizer):
-    """Against reference 3.2 applied to each BPE token decoded on its own, on 300 real news paragraphs."""
+    """Against paper-map §3.2 applied to each BPE token decoded on its own, on 300 real news paragraphs."""
     lines = lee_corpus_lines()
     ids, flags, unit_offsets = encode_units(bpe_tokenizer, lines)
     for u in range(len(lines)):
@@ -89,8 +89,8 @@ def test_reference_rule_golden_cases_on_real_text_bpe(bpe_tokenizer):
 
 
 def test_subwords_match_reference_2_2_on_real_text_bpe(bpe_tokenizer):
-    """Reference 2.2: not starting with a space and not a substring of string.punctuation; specials count.
-    The first token of a unit is word-initial here (the reference lets it start a span through its "follows <s>"
+    """Paper-map §2.2: not starting with a space and not a substring of string.punctuation; specials count.
+    The first token of a unit is word-initial here (the original lets it start a span through its "follows <s>"
     exception instead), and so is a token after a whitespace-only token (see ``reference_valid``)."""
     lines = lee_corpus_lines()
     ids, flags, unit_offsets = encode_units(bpe_tokenizer, lines)
@@ -123,7 +123,7 @@ def test_punctuation_piece_is_a_substring_of_string_punctuation():
     assert ((flags & PUNCT_TOKEN) != 0).tolist() == [False, False, False, False, True, False]
     assert is_subword(flags).tolist() == [False, False, False, False, False, False]  # all word-initial
     glued = token_flags("x--", [(0, 1), (1, 3)], np.zeros(2, bool))
-    assert is_subword(glued).tolist() == [False, True]  # reference 2.2: multi-char punctuation is a subword
+    assert is_subword(glued).tolist() == [False, True]  # paper-map §2.2: multi-char punctuation is a subword
 
 
 def test_untrimmed_offsets_give_the_same_flags():
@@ -135,7 +135,7 @@ def test_untrimmed_offsets_give_the_same_flags():
 
 
 def test_double_space_gives_a_lone_space_token_that_is_word_initial(bpe_tokenizer):
-    ids, flags, _ = encode_units(bpe_tokenizer, ["Title.  Section"])  # reference 2.1 quirk: "{title}. {unit}"
+    ids, flags, _ = encode_units(bpe_tokenizer, ["Title.  Section"])  # paper-map §2.1 quirk: "{title}. {unit}"
     toks = tokens(bpe_tokenizer, ids)
     assert "Ġ" in toks
     lone = toks.index("Ġ")
@@ -170,7 +170,7 @@ def test_flat_version_equals_per_block(family, bpe_tokenizer, wordpiece_tokenize
     for a, b in zip(block_offsets[:-1], block_offsets[1:], strict=True):
         assert (starts[a:b] == valid_starts(flags[a:b])).all()
         assert (ends[a:b] == valid_ends(flags[a:b])).all()
-        # a block's edges are valid unless they hold a special token (item 20: never stored)
+        # a block's edges are valid unless they hold a special token (paper-map §9 item 20: never stored)
         assert starts[a] == (not flags[a] & SPECIAL) and ends[b - 1] == (not flags[b - 1] & SPECIAL)
 
 

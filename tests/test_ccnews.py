@@ -1,4 +1,4 @@
-"""CC-News records -> one document per date (reference npm.md 2.1, original process_cc_news.py)."""
+"""CC-News records -> one document per date (paper-map §2.1, original process_cc_news.py)."""
 
 import gzip
 import json

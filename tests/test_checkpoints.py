@@ -1,4 +1,4 @@
-"""Released checkpoints (config `models`, docs/released-checkpoints.md; reference npm.md 0 and 2.5).
+"""Released checkpoints (config `models`, docs/released-checkpoints.md; paper-map §0 and §2.5).
 
 facebook/npm and facebook/npm-single are roberta-large checkpoints saved as RobertaForMaskedLM. The hub is out of
 reach here, so a small random checkpoint of the same architecture and layout stands in for them: RobertaForMaskedLM

@@ -1,4 +1,4 @@
-"""Collate (reference npm.md 2.3, section 9 item 12)."""
+"""Collate (paper-map §2.3, §9 item 12)."""
 
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ def test_each_span_becomes_two_mask_tokens_and_labels_are_in_sequence_start_orde
     spans = np.array([[0, 1, 2], [0, 4, 1], [1, 2, 2]])
     batch = collate_phrase(seqs, spans, MASK)
     q = batch["query_ids"]
-    # item 12: masked length = L - sum|span| + 2 * #spans
+    # paper-map §9 item 12: masked length = L - sum|span| + 2 * #spans
     assert batch["query_attention"][0].sum() == 6 - 3 + 4
     assert batch["query_attention"][1].sum() == 5 - 2 + 2
     assert q[0, :7].tolist() == [1, MASK, MASK, 12, MASK, MASK, 2]

@@ -1,4 +1,4 @@
-"""Reference-corpus datastore (reference npm.md 3.1-3.4, 3.9; section 9 items 20-21): which positions get a vector,
+"""Reference-corpus datastore (paper-map §3.1-§3.4, §3.9; §9 items 20-21): which positions get a vector,
 the embedder and the loader agree, rows in corpus order, resumable sharded fp16 embedding, clear errors."""
 
 import json
@@ -109,7 +109,7 @@ def test_stored_mask_wordpiece_golden_and_stopwords(wordpiece_tokenizer):
 
 
 def test_stored_mask_bpe_matches_reference_rule_on_real_text(bpe_tokenizer):
-    """Golden cases from reference 3.2 applied to each BPE token decoded on its own, units packed as blocks."""
+    """Golden cases from paper-map §3.2 applied to each BPE token decoded on its own, units packed as blocks."""
     tok = bpe_tokenizer
     ids, flags, _ = encode_units(tok, [EXAMPLE])
     assert tok.convert_ids_to_tokens(ids.tolist()) == ["<s>", "ĠThe", "Ġcat", "'s", "Ġhat", ".", "</s>"]

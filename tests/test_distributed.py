@@ -1,4 +1,4 @@
-"""Multi-process candidate pool and loss (reference npm.md 2.4, section 9 item 18): real gloo process groups on CPU.
+"""Multi-process candidate pool and loss (paper-map §2.4, §9 item 18): real gloo process groups on CPU.
 
 Each spawned rank holds its own batch line, wraps a tiny BERT in DistributedDataParallel and runs the real
 ``step_loss`` + backward. A single-process reference holds the pooled batch (the pool's ranks' sequences in rank
@@ -92,7 +92,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, pool: str) -> N
             result[model_type] = {"loss": loss.detach(), "stats": stats,
                                   "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
             model.zero_grad(set_to_none=True)
-        # "half" of this world, and token ids next to bf16 vectors (item 18)
+        # "half" of this world, and token ids next to bf16 vectors (paper-map §9 item 18)
         n = 3 + rank % 2  # rows of different lengths on the two ranks of a pair
         targets = torch.randn(2, n, 4).bfloat16()
         ids = torch.tensor([BIG_IDS[: n - 1] + [7], BIG_IDS[::-1][:n]])

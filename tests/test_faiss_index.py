@@ -1,4 +1,4 @@
-"""The FAISS kNN index over fp16 shard memmaps (reference npm.md 3.5, 4.1; npm/datastore/faiss_index.py)."""
+"""The FAISS kNN index over fp16 shard memmaps (paper-map §3.5, §4.1; npm/datastore/faiss_index.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Inference on hand-checkable inputs (reference npm.md 3.6-3.7, 4.1; section 9 items 19, 22-23, 25-27)."""
+"""Inference on hand-checkable inputs (paper-map §3.6-§3.7, §4.1; §9 items 19, 22-23, 25-27)."""
 
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""The contrastive loss of NPM and NPM-single (reference npm.md 2.4, section 9 items 13-17; 18: test_distributed)."""
+"""The contrastive loss of NPM and NPM-single (paper-map §2.4, §9 items 13-17; 18: test_distributed)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def loss_by_formula(q, keys, mask, pos):
     return out
 
 
-# item 13 ------------------------------------------------------------------------------------------------
+# paper-map §9 item 13 -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -103,7 +103,7 @@ def test_single_token_span_has_equal_start_and_end_positives():
         assert torch.equal(start[i], end[i]) == (n == 1 or not start[i].any())
 
 
-# item 14 ------------------------------------------------------------------------------------------------
+# paper-map §9 item 14 -----------------------------------------------------------------------------------
 
 
 def test_span_masked_in_every_query_row_still_has_a_positive_in_the_unmasked_targets():
@@ -133,7 +133,7 @@ def test_span_without_positive_is_a_clear_error_naming_the_span():
                     batch["span_seq"], span_tokens=batch["span_tokens"])
 
 
-# item 15 ------------------------------------------------------------------------------------------------
+# paper-map §9 item 15 -----------------------------------------------------------------------------------
 
 
 def phrase_case(seed: int = 0, h: int = 16):
@@ -178,7 +178,7 @@ def test_special_token_targets_are_valid_negatives():
     assert float(loss) == pytest.approx(2 * side, rel=1e-6)
 
 
-# item 16 ------------------------------------------------------------------------------------------------
+# paper-map §9 item 16 -----------------------------------------------------------------------------------
 
 
 def test_two_positives_and_one_negative_of_equal_score_give_log3_minus_log2_per_side():
@@ -249,7 +249,7 @@ def test_gradient_flows_to_queries_and_targets():
     assert not leaves["pool_vectors"].grad[padding].any()
 
 
-# item 17 ------------------------------------------------------------------------------------------------
+# paper-map §9 item 17 -----------------------------------------------------------------------------------
 
 
 def test_single_positives_are_the_same_token_in_other_sequences():

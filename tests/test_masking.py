@@ -1,4 +1,4 @@
-"""Span masking (NPM) and uniform masking (NPM-single) (reference npm.md 2.2, 2.3; section 9 items 5-11, 17)."""
+"""Span masking (NPM) and uniform masking (NPM-single) (paper-map §2.2, §2.3; §9 items 5-11, 17)."""
 
 from collections import Counter
 
@@ -73,7 +73,7 @@ def tok(request):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# A literal, loop-per-token transcription of reference 2.2, with the same random draws as the vectorised code.
+# A literal, loop-per-token transcription of paper-map §2.2, with the same random draws as the vectorised code.
 
 
 def reference_candidates(seqs, flags, gen, max_span_length=10, punct_keep_prob=0.1):
@@ -216,7 +216,7 @@ def test_item6_special_token_flags_never_start_or_join_a_span():
     seqs = [np.array([BOS, 5, EOS, BOS, 6, EOS]), np.array([BOS, 5, EOS, BOS, 6, EOS])]
     flags = [np.array([S, W, S, S, W, S], dtype=np.uint8)] * 2
     cands = span_candidates(seqs, flags, rng())
-    # "5" and "6" are followed by </s> (a subword by the reference's definition); nothing else may start
+    # "5" and "6" are followed by </s> (a subword by the original's definition); nothing else may start
     assert cands.tolist() == []
 
 
@@ -379,7 +379,7 @@ def test_item17_uniform_line_without_eligible_tokens_is_dropped():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Property tests on random small lines, against the literal transcription of reference 2.2.
+# Property tests on random small lines, against the literal transcription of paper-map §2.2.
 
 TOKEN = st.sampled_from([(0, S), (2, S), (3, W), (4, DOT), (5, W), (5, SUB), (6, W), (6, SUB), (7, W), (8, SUB)])
 

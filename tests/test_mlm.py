@@ -1,4 +1,4 @@
-"""The parametric MLM baseline (paper Table 1 "RoBERTa" row; reference npm.md 4.1 step 7, section 6): BERT-style
+"""The parametric MLM baseline (paper Table 1 "RoBERTa" row; paper-map §4.1 step 7, §6): BERT-style
 on-the-fly masking, plain MLM training through the pretraining loop (loss falls, resume is bit-for-bit, a newly
 initialised head is logged, the output loads as a masked LM, DDP runs), vocabulary-softmax label scores, and the
 closed-set evaluation's output contract and errors."""

@@ -1,4 +1,4 @@
-"""Predictor end to end on a small real datastore (reference npm.md 3.5-3.8; section 9 items 22-25): the
+"""Predictor end to end on a small real datastore (paper-map §3.5-§3.8; §9 items 22-25): the
 BM25-restricted and the exact FAISS paths agree when they see the same candidates, surface strings are exact,
 and bad input is a clear error."""
 
@@ -33,7 +33,7 @@ def predictor(world, **kw):
 @pytest.mark.parametrize("form", ["paper", "code"])
 def test_restricted_and_exact_faiss_paths_agree_on_the_same_candidates(world, kind, form):
     """All blocks in restricted mode and all rows through an exact index: the same candidates, the same phrases
-    and scores (the restricted mode scores every stored vector of its blocks exactly, reference 3.7-3.8)."""
+    and scores (the restricted mode scores every stored vector of its blocks exactly, paper-map §3.7-§3.8)."""
     _, ds = world
     p = predictor(world, kind=kind, form=form, k=ds.n_rows)
     p.retrieve_blocks = lambda text, is_question=None: np.arange(ds.n_blocks)  # BM25 returns only matching blocks

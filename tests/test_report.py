@@ -1,4 +1,4 @@
-"""Tables 1/2/3/4/8 and Figures 6/7/8 from small real metrics and prediction files (reference npm.md 7)."""
+"""Tables 1/2/3/4/8 and Figures 6/7/8 from small real metrics and prediction files (paper-map §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Task registry and loaders (docs/task-formats.md; reference npm.md 4.2, 5.1, 5.2): a tiny file of every task in
+"""Task registry and loaders (docs/task-formats.md; paper-map §4.2, §5.1, §5.2): a tiny file of every task in
 its contract format, read through the registry, with the exact inputs, labels and answers."""
 
 from __future__ import annotations

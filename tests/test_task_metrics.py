@@ -1,4 +1,4 @@
-"""Task metrics, sampling and templates (reference npm.md 4.1-4.2, 5.1-5.2, 6; section 9 items 27-30)."""
+"""Task metrics, sampling and templates (paper-map §4.1-§4.2, §5.1-§5.2, §6; §9 items 27-30)."""
 
 import json
 
@@ -32,7 +32,7 @@ from npm.tasks.templates import (
     translation_input,
 )
 
-# ------------------------------------------------------------------------------------------------ item 29
+# ----------------------------------------------------------------------------------- paper-map §9 item 29
 
 
 def test_item29_the_beatles_bang_normalises_to_beatles():
@@ -67,7 +67,7 @@ def test_translation_prediction_is_cut_at_the_first_punctuation_before_normalisi
     assert exact_match(translation_prediction("반포대교. and more"), ["반포대교"])
 
 
-# ------------------------------------------------------------------------------------------------ item 30
+# ----------------------------------------------------------------------------------- paper-map §9 item 30
 
 
 def test_item30_ngram_bucket_is_the_shortest_answer_capped_at_four(wordpiece_tokenizer):
@@ -125,7 +125,7 @@ def test_item30_macro_and_micro_differ_on_unbalanced_groups():
         aggregate(scores, groups, average="weighted")
 
 
-# ------------------------------------------------------------------------------------------------ item 27, 4.2
+# ---------------------------------------------------------------------------------- paper-map §9 item 27, §4.2
 
 
 def test_item27_closed_set_templates_reuse_closed_set_input():
@@ -219,7 +219,7 @@ def test_is_question_only_for_kamel_nq_triviaqa():
     assert not any(is_question(t) for t in ("lama-trex", "lama-google_re", "templama", "entity_translation"))
 
 
-# ------------------------------------------------------------------------------------------------ item 28
+# ----------------------------------------------------------------------------------- paper-map §9 item 28
 
 
 def ids_of(tok, word):

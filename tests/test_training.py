@@ -1,4 +1,4 @@
-"""Pretraining loop (reference npm.md 2.5): runs on CPU, the loss falls, resume is bit-for-bit, bad input is clear."""
+"""Pretraining loop (paper-map §2.5): runs on CPU, the loss falls, resume is bit-for-bit, bad input is clear."""
 
 import csv
 
@@ -46,7 +46,7 @@ def write_shard(tmp_path, n_lines=6, batch=4, length=24, seed=0):
             ids.append(102)
             seqs.append(np.array(ids, dtype=np.int32))
             line_spans += spans[:2]
-        # keep only spans that occur in another sequence of the line (reference 2.2: every span has a positive)
+        # keep only spans that occur in another sequence of the line (paper-map §2.2: every span has a positive)
         line_seqs = [s.tolist() for s in seqs[-batch:]]
 
         spans_per_line.append(np.array([s for s in line_spans if occurs_elsewhere(line_seqs, *s)],

@@ -1,4 +1,4 @@
-"""Wikipedia -> documents (reference npm.md 2.1, original process_wiki.py), on gensim's real MediaWiki excerpt."""
+"""Wikipedia -> documents (paper-map §2.1, original process_wiki.py), on gensim's real MediaWiki excerpt."""
 
 import bz2
 import importlib.util
@@ -90,7 +90,7 @@ def test_unbalanced_italics_inside_a_ref_do_not_leak_the_ref():
     assert wikitext_paragraphs("T", text) == ["T", "Quote.", "Next."]
 
 
-# ------------------------------------------------------------------------------ the reference 2.1 rule
+# ----------------------------------------------------------------------------- the paper-map §2.1 rule
 
 
 @pytest.mark.parametrize("title, paragraphs, reason", [

@@ -70,7 +70,7 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
                 assert 0.05 <= summary["masked_ratio"] < 0.3
                 assert summary["provenance"]["git_commit"]
     docs = json.loads((tmp_path / "data/docs/enwiki.summary.json").read_text())
-    assert 250 < docs["documents"] <= 300  # reference 2.1 drops a few pages (lists, one-paragraph pages)
+    assert 250 < docs["documents"] <= 300  # paper-map §2.1 drops a few pages (lists, one-paragraph pages)
     for model in ("npm", "npm_single"):
         log = (tmp_path / f"results/models/{model}/train_log.csv").read_text().splitlines()
         assert len(log) == 1 + 4

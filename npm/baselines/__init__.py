@@ -1,14 +1,14 @@
-"""Baselines NPM is compared with (paper section 6.2, Tables 1 and 8; reference npm.md section 6; replug.md).
+"""Baselines NPM is compared with (paper section 6.2, Tables 1 and 8; paper-map §6; §R).
 
-* :mod:`npm.baselines.lm`: causal-LM open-set baselines, with or without BM25 passages prepended (reference 6,
+* :mod:`npm.baselines.lm`: causal-LM open-set baselines, with or without BM25 passages prepended (paper-map §6,
   the original ``clm_prompt.py`` behaviour re-implemented): prompts per task family, greedy decoding of at most 30
   new tokens, the answer cut at the first newline, prompts truncated from the left to 1024 - 30 tokens.
-* :mod:`npm.baselines.replug`: REPLUG's ensemble (Shi et al. 2023, section 3.2; replug.md 2.2): one LM pass per
+* :mod:`npm.baselines.replug`: REPLUG's ensemble (Shi et al. 2023, section 3.2; paper-map §R2.2): one LM pass per
   retrieved passage, next-token distributions mixed with softmax(score / temperature) weights, greedy decoding
   over the mixture.
 * :mod:`npm.baselines.pmi`: closed-set scoring of label words with a decoder LM, plain and with Holtzman et al.
   (2021) domain-conditional PMI (the "GPT-2 + PMI" rows of NPM Table 1).
-* :mod:`npm.baselines.dense`: REPLUG's kind of retriever (section 3.1; replug.md 2.1): mean-pooled vectors of NPM's
+* :mod:`npm.baselines.dense`: REPLUG's kind of retriever (section 3.1; paper-map §R2.1): mean-pooled vectors of NPM's
   encoder over the corpus blocks in an exact inner-product FAISS index, cosine (paper) or raw inner product (code).
 * :mod:`npm.baselines.run`: ``run_lm_baseline``, the entry point (``npm-repro baseline``) that evaluates lm /
   lm_pmi / bm25_lm / replug on one task and writes NPM's predictions and metrics files (``npm.evaluation``'s

@@ -1,8 +1,8 @@
-"""A dense block retriever for REPLUG (Shi et al. 2023, section 3.1; reference replug.md 2.1 and 2.5).
+"""A dense block retriever for REPLUG (Shi et al. 2023, section 3.1; paper-map §R2.1 and §R2.5).
 
 REPLUG retrieves with a dual encoder: E(d) = mean pooling of the last hidden states over d's tokens, E(x) the same
 for the input, s(d, x) = cos(E(d), E(x)) (paper); the authors' code uses the raw inner product of the unnormalised
-mean-pooled vectors (replug.md 2.5). Here the encoder is NPM's own (``npm.model.load_encoder``; the blocks are
+mean-pooled vectors (paper-map §R2.5). Here the encoder is NPM's own (``npm.model.load_encoder``; the blocks are
 already tokenized with its tokenizer), not Contriever, and no LSR training is done.
 
 * :func:`block_vectors`: the mean-pooled vector of every block of the blocks files (global block order); a block's

@@ -1,6 +1,6 @@
-"""Causal-LM open-set baselines, with or without BM25 passages (paper 6.2, Table 8; reference npm.md section 6).
+"""Causal-LM open-set baselines, with or without BM25 passages (paper 6.2, Table 8; paper-map §6).
 
-Clean-room re-implementation of what the reference describes for the original ``clm_prompt.py``:
+Clean-room re-implementation of the original ``clm_prompt.py`` as paper-map §6 describes it:
 
 * prompts per task family (:func:`open_set_prompt`): question tasks (NQ, TriviaQA, KAMEL) become
   "Question: {question}\\nAnswer:"; LAMA-style cloze inputs become "{input, <mask> -> '_____'} Fill in the blank.
@@ -12,7 +12,7 @@ Clean-room re-implementation of what the reference describes for the original ``
   cut at its first "\\n" and stripped; prompts longer than 1024 - 30 tokens are cut from the left.
 
 Not reproduced: the original's fp16 + weight-only int8 quantisation of every ``nn.Linear`` except ``lm_head``
-(reference 6); models run here in the dtype they are loaded with (float32 by default on CPU).
+(paper-map §6); models run here in the dtype they are loaded with (float32 by default on CPU).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
 CLOZE_BLANK = "_____"
-MAX_NEW_TOKENS = 30  # reference 6: HF generate with max 30 new tokens
-MAX_LENGTH = 1024  # reference 6: --max_sequence_length 1024; prompts cut from the left to 1024 - 30 tokens
+MAX_NEW_TOKENS = 30  # paper-map §6: HF generate with max 30 new tokens
+MAX_LENGTH = 1024  # paper-map §6: --max_sequence_length 1024; prompts cut from the left to 1024 - 30 tokens
 QUESTION_SPLIT = "The answer is: <mask>"  # NQ / TriviaQA inputs (npm.tasks.templates.qa_input)
 KAMEL_SPLIT = "Answer: <mask>"  # KAMEL inputs (npm.tasks.templates.kamel_input)
 
@@ -55,7 +55,7 @@ def task_family(task: str) -> str:
 
 
 def clean_passage(text: str) -> str:
-    """A retrieved block's text with "<s>" and "</s>" removed (reference 6, ``--ret bm25``)."""
+    """A retrieved block's text with "<s>" and "</s>" removed (paper-map §6, ``--ret bm25``)."""
     return text.replace("<s>", "").replace("</s>", "")
 
 
@@ -63,7 +63,7 @@ def prepend_passages(prompt: str, passages: Sequence[str] | None) -> str:
     """Prepend ``passages`` (best first, as retrieved) to ``prompt``, each followed by "\\n".
 
     The original prepends passage after passage in retrieval order, so the *last* prepended, i.e. the top-1
-    passage, sits right before the question (reference 6): the result is "p_k\\n...p_2\\np_1\\n{prompt}".
+    passage, sits right before the question (paper-map §6): the result is "p_k\\n...p_2\\np_1\\n{prompt}".
     """
     out = prompt
     for passage in passages or ():
@@ -73,7 +73,7 @@ def prepend_passages(prompt: str, passages: Sequence[str] | None) -> str:
 
 def open_set_prompt(task: str, text: str, passages: Sequence[str] | None = None, *,
                     reproduce_kamel_bug: bool = False) -> str:
-    """The causal-LM prompt of one open-set input (reference 6), optionally with passages prepended.
+    """The causal-LM prompt of one open-set input (paper-map §6), optionally with passages prepended.
 
     ``task`` is a family ("question", "cloze", "translation") or a task name (:data:`TASK_FAMILIES`); ``text``
     is the NPM-style input with its "<mask>" (npm.tasks.templates); ``passages`` are retrieved texts, best first.
@@ -104,7 +104,7 @@ def retrieve_passages(searcher, block_text_fn: Callable[[int], str], query: str,
     """The top-``k`` passages of ``query`` (best first) and their retrieval scores.
 
     ``searcher`` has ``search(query, k) -> (block ids, scores)`` (npm.datastore.bm25.Bm25Searcher); the query
-    string should be ``npm.datastore.bm25.bm25_query(text, is_question)`` as for NPM (reference 3.8);
+    string should be ``npm.datastore.bm25.bm25_query(text, is_question)`` as for NPM (paper-map §3.8);
     ``block_text_fn(block id) -> text`` reads a block's surface text (``Predictor.block_text`` or
     ``npm.data.blocks.block_text`` over ``load_blocks(path, text=True)``). Texts get "<s>"/"</s>" removed.
     """
@@ -164,7 +164,7 @@ def special_prefix(tokenizer) -> list[int]:
 
 def encode_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
     """Token ids of ``text`` (special prefix + plain encoding), cut from the LEFT to at most ``max_tokens`` ids
-    (reference 6: inputs longer than 1024 - 30 tokens lose their beginning); the special prefix is kept."""
+    (paper-map §6: inputs longer than 1024 - 30 tokens lose their beginning); the special prefix is kept."""
     prefix = special_prefix(tokenizer)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     room = max_tokens - len(prefix)
@@ -189,7 +189,7 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int):
 
 
 def first_line(text: str, skip_blank_lines: bool = False) -> str:
-    """The answer of a generated continuation: up to its first "\\n", stripped (reference 6).
+    """The answer of a generated continuation: up to its first "\\n", stripped (paper-map §6).
 
     ``skip_blank_lines`` first drops leading whitespace and newlines: the first *non-empty* line. Instruction-tuned
     LMs such as the embedded default's SmolLM2-135M-Instruct often answer "Answer:" with a newline first, which the
@@ -270,7 +270,7 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
     ``batch_size`` and decoded with the KV cache on the model's device; a row stops at
     an EOS token, once its continuation contains a "\\n" (the token that brought it is kept in the raw text) or
     after ``max_new_tokens`` tokens. This is HF ``generate``'s greedy decoding, with the early stop at "\\n" only
-    saving time (the answer is cut there anyway, reference 6); with ``skip_blank_lines`` leading newlines do not
+    saving time (the answer is cut there anyway, paper-map §6); with ``skip_blank_lines`` leading newlines do not
     count (:func:`first_line`).
     """
     import torch
@@ -309,6 +309,6 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
 def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
                     max_length: int = MAX_LENGTH, batch_size: int = 8, skip_blank_lines: bool = False) -> list[str]:
     """Greedy answers of ``prompts``: :func:`greedy_continuations` cut at the first "\\n" and stripped
-    (reference 6)."""
+    (paper-map §6)."""
     return [first_line(t, skip_blank_lines) for t in greedy_continuations(
         model, tokenizer, prompts, max_new_tokens, max_length, batch_size, skip_blank_lines)]

@@ -46,7 +46,7 @@ def _label_id_lists(label_ids) -> list[list[int]]:
 
 def mlm_label_scores(model, tokenizer, texts: Sequence[str], label_ids, batch_size: int = 32, device=None,
                      example_ids: Sequence | None = None) -> np.ndarray:
-    """Label probabilities float64 [n, n_labels] (reference 4.1 step 7).
+    """Label probabilities float64 [n, n_labels] (paper-map §4.1 step 7).
 
     Each text holds exactly one ``<mask>`` (or the tokenizer's own mask token); p = softmax over the whole
     vocabulary of the MLM logits at that position; a label's score is p of its token (``label_ids[j]`` an int, or

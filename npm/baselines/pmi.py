@@ -1,7 +1,7 @@
 """Closed-set scoring with a decoder LM: plain and domain-conditional PMI (Holtzman et al. 2021; NPM Table 1).
 
 NPM's Table 1 compares with "GPT-2" and "GPT-2 + PMI" (numbers copied from Shi et al. 2022 / Holtzman et al. 2021;
-the original NPM repo ships no PMI code, reference npm.md 6). Re-implemented from the definition:
+the original NPM repo ships no PMI code, paper-map §6). Re-implemented from the definition:
 
 * plain score of label y for input x: log P(y | x) = the sum of the log-probabilities of the label word's tokens
   (label words carry their leading space, npm.tasks.templates.LABEL_WORDS) right after the prompt;

@@ -1,20 +1,20 @@
-"""REPLUG ensemble decoding (Shi et al. 2023, section 3.2; reference replug.md 2.2).
+"""REPLUG ensemble decoding (Shi et al. 2023, section 3.2; paper-map §R2.2).
 
 Each retrieved passage d is prepended *separately* to the input x ("d\\n" + x, the same separator as NPM's
-retrieve-and-generate baseline, reference npm.md 6); the unchanged LM runs once per passage and the next-token
+retrieve-and-generate baseline, paper-map §6); the unchanged LM runs once per passage and the next-token
 distributions are mixed:
 
     p(y | x, D') = sum_d p(y | d o x) * lambda(d, x),   lambda = softmax(s(d, x) / temperature)
 
 The paper uses the raw retrieval scores (temperature 1); the temperature is a knob here because BM25 scores are
 not cosines (a few points of BM25 already make the weights nearly one-hot). ``weighting="uniform"`` gives the
-older code's uniform mixture (replug.md 2.5). Decoding is greedy over the mixture, token by token, with a KV
+older code's uniform mixture (paper-map §R2.5). Decoding is greedy over the mixture, token by token, with a KV
 cache per (example, passage) row; it stops at EOS or the first "\\n" and returns the first line, stripped, like
 :func:`npm.baselines.lm.greedy_generate`. :func:`replug_continuations` decodes several examples at once: their k
-passages each are rows of one left-padded batch (cost: k LM rows per example and step, replug.md 2.2).
+passages each are rows of one left-padded batch (cost: k LM rows per example and step, paper-map §R2.2).
 
 Not implemented here: LSR retriever training, the code's answer voting and concatenation modes, LM evaluation in
-bits per byte (replug.md 5.2).
+bits per byte (paper-map §R5.2).
 """
 
 from __future__ import annotations

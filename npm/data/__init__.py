@@ -1,1 +1,1 @@
-"""Data stages: raw sources -> documents -> shards -> blocks -> batches (reference npm.md section 2.1)."""
+"""Data stages: raw sources -> documents -> shards -> blocks -> batches (paper-map §2.1)."""

@@ -1,4 +1,4 @@
-"""Blocks -> batch lines of 16 blocks (paper section 4.1 and footnote 3; reference npm.md 2.1, section 9 item 4).
+"""Blocks -> batch lines of 16 blocks (paper section 4.1 and footnote 3; paper-map §2.1, §9 item 4).
 
 A batch line is the unit of span masking and one GPU's share of a training step; its sequences are the
 candidate pool for each other's positives, so the blocks of one line come from one document where possible.

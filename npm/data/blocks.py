@@ -1,4 +1,4 @@
-"""Documents -> token blocks of at most 256 tokens (paper section 4.1; reference npm.md 2.1, section 9 items 1-3).
+"""Documents -> token blocks of at most 256 tokens (paper section 4.1; paper-map §2.1, §9 items 1-3).
 
 The original ``create_blocks_from_plain_text``: every text unit of a document is encoded with the tokenizer's
 own special tokens (``<s> ... </s>`` for RoBERTa, ``[CLS] ... [SEP]`` for BERT); a unit that contains the mask
@@ -35,7 +35,7 @@ def units_containing(input_ids: np.ndarray, unit_offsets: np.ndarray, token_id: 
 
 def pack_blocks(unit_lengths: np.ndarray, unit_doc: np.ndarray | None = None,
                 max_len: int = MAX_SEQ_LENGTH) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy block packing of reference 2.1 over units laid end to end; returns (block_offsets, block_doc).
+    """Greedy block packing of paper-map §2.1 over units laid end to end; returns (block_offsets, block_doc).
 
     In order, per document (``unit_doc``, default: one document): a unit that fits in the room left in the
     current block is appended; otherwise a unit of at most ``max_len`` tokens opens a new block; a longer unit
@@ -73,7 +73,7 @@ def pack_blocks(unit_lengths: np.ndarray, unit_doc: np.ndarray | None = None,
 def pad_blocks(input_ids: np.ndarray, block_offsets: np.ndarray, block_indices: np.ndarray,
                length: int = MAX_SEQ_LENGTH) -> tuple[np.ndarray, np.ndarray]:
     """Blocks ``block_indices`` as rows of ``length``: ids int64 padded with **0** and attention 0 on the padding
-    (reference 2.1 and section 9 item 3: the pad id is 0, the ``<s>`` id, not RoBERTa's ``<pad>`` = 1)."""
+    (paper-map §2.1 and §9 item 3: the pad id is 0, the ``<s>`` id, not RoBERTa's ``<pad>`` = 1)."""
     block_indices = np.asarray(block_indices, dtype=np.int64)
     starts, ends = block_offsets[block_indices], block_offsets[block_indices + 1]
     if len(block_indices) and (ends - starts).max() > length:
@@ -88,7 +88,7 @@ def pad_blocks(input_ids: np.ndarray, block_offsets: np.ndarray, block_indices: 
 
 def block_texts(joined: str, byte_spans: np.ndarray, special: np.ndarray,
                 block_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The surface text of every block and where each token sits in it (exact surface strings, reference 3.7).
+    """The surface text of every block and where each token sits in it (exact surface strings, paper-map §3.7).
 
     ``byte_spans`` int64 [T, 2] are UTF-8 byte spans of the tokens in ``joined``; a block's text runs from its
     first to its last non-special token (the units of a block stay joined by "\\n"). Returns ``text`` uint8 (the

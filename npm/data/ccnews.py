@@ -1,4 +1,4 @@
-"""CC-News (news-please) records -> one document per date (paper section 4.1; reference npm.md section 2.1).
+"""CC-News (news-please) records -> one document per date (paper section 4.1; paper-map §2.1).
 
 Original ``process_cc_news.py``: files are grouped by the date in their name, ``fn.split("-")[-2][:8]``
 (``CC-NEWS-20190201000000-00000.json.gz`` -> ``20190201``); only ``language == "en"`` records with a

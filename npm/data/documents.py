@@ -1,4 +1,4 @@
-"""Raw dumps -> documents, documents -> document shards (paper section 4.1; reference npm.md section 2.1).
+"""Raw dumps -> documents, documents -> document shards (paper section 4.1; paper-map §2.1).
 
 * ``extract_documents(fmt, source, out)`` reads a MediaWiki XML export or a KILT knowledge-source JSONL
   (``npm.data.wikipedia``: units are sections, ``"{title}. {section}"``) or a folder of CC-News records
@@ -122,7 +122,7 @@ def _text_lines(path: Path) -> Iterator[str]:
 
 def shard_documents(src: str | Path, outs: list[Path], seed: int = 2022, buffer_size: int = 1_000_000,
                     shuffle: bool = True) -> dict:
-    """Split the documents of ``src`` into the shard files ``outs`` (reference 2.1, original ``shard_wiki``).
+    """Split the documents of ``src`` into the shard files ``outs`` (paper-map §2.1, original ``shard_wiki``).
 
     Buffers of ``buffer_size`` documents are shuffled with ``np.random.default_rng(seed)`` (one generator for
     the whole run, so the result depends only on ``seed``), and each buffer is cut into ``len(outs)``

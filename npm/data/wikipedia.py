@@ -1,4 +1,4 @@
-"""Wikipedia pages -> documents whose units are sections (paper section 4.1; reference npm.md section 2.1).
+"""Wikipedia pages -> documents whose units are sections (paper section 4.1; paper-map §2.1).
 
 Two inputs, one rule:
 
@@ -59,7 +59,7 @@ _SPACE = re.compile(r"\s+")
 
 
 def page_drop_reason(title: str, paragraphs: list[str]) -> str | None:
-    """Why the original drops a page (reference 2.1), or None to keep it; ``paragraphs[0]`` is the title."""
+    """Why the original drops a page (paper-map §2.1), or None to keep it; ``paragraphs[0]`` is the title."""
     if "(disambiguation)" in title:
         return "disambiguation"
     if title.startswith("List of"):
@@ -77,7 +77,7 @@ def page_drop_reason(title: str, paragraphs: list[str]) -> str | None:
 def page_units(title: str, paragraphs: list[str], double_space_quirk: bool = True) -> list[str] | None:
     """The units ``"{title}. {section}"`` of a page (KILT paragraphs), or None if the page is dropped.
 
-    Reference 2.1 / original ``shard_wiki`` (``--remove_list`` off): a ``Section::::`` paragraph starts a new
+    Paper-map §2.1 / original ``shard_wiki`` (``--remove_list`` off): a ``Section::::`` paragraph starts a new
     unit (unless the current one is empty) and keeps its header text; a paragraph starting "External links"
     (header or not) ends the page; ``BULLET::::`` is stripped; paragraphs are joined with " ", so each unit
     begins with a space and the original writes "Title.  text" (``double_space_quirk``).
@@ -208,7 +208,7 @@ def iter_pages(path: str | Path) -> Iterator[dict]:
 def read_mediawiki(path: str | Path, stats: Stats | None = None, double_space_quirk: bool = True) -> Iterator[dict]:
     """Documents of the article pages (namespace 0, not redirects) of a MediaWiki export.
 
-    Counts "redirects", "other_namespaces", "dropped" (reference 2.1 rules) in ``stats``; a page without
+    Counts "redirects", "other_namespaces", "dropped" (paper-map §2.1 rules) in ``stats``; a page without
     title or text, or whose wikitext cannot be converted, is logged and counted as "skipped".
     """
     stats = stats if stats is not None else Stats()

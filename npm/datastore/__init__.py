@@ -1,1 +1,1 @@
-"""Reference-corpus datastore: flat token arrays, fp16 vectors, BM25 and FAISS indexes (reference npm.md 3)."""
+"""Reference-corpus datastore: flat token arrays, fp16 vectors, BM25 and FAISS indexes (paper-map §3)."""

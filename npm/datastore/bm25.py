@@ -1,13 +1,13 @@
-"""BM25 over corpus blocks with pyserini's Lucene for NPM's "BM25-restricted" inference (paper 3.3; reference 3.8).
+"""BM25 over corpus blocks with pyserini's Lucene for NPM's "BM25-restricted" inference (paper 3.3; paper-map §3.8).
 
 Open-set NPM never searches the whole datastore: for each query, Lucene BM25 picks the top-3 corpus blocks and
-every stored token of those blocks is a start/end candidate (reference 3.7-3.8; paper 6.4: without it LAMA T-REx
+every stored token of those blocks is a start/end candidate (paper-map §3.7-§3.8; paper 6.4: without it LAMA T-REx
 falls from 34.5 to 16.1). As in the original (``npm/searcher.py``):
 
 * the engine is pyserini's ``LuceneSearcher`` (Anserini/Lucene), never a re-implementation, with pyserini's
   default BM25 parameters k1=0.9, b=0.4;
 * the index is a ``JsonCollection`` (one ``{"id": "<global block id>", "contents": <block text>}`` record per
-  block, reference 3.1) indexed with ``DefaultLuceneDocumentGenerator`` on 1 thread, so a Lucene docid *is* the
+  block, paper-map §3.1) indexed with ``DefaultLuceneDocumentGenerator`` on 1 thread, so a Lucene docid *is* the
   global block id;
 * k=3 blocks per query; the query string is :func:`bm25_query`; results are cached per query string and the
   returned ids are checked to be unique.
@@ -34,9 +34,9 @@ import numpy as np
 from npm.datastore.java import ensure_jvm
 from npm.io import atomic_dir
 
-DEFAULT_K1 = 0.9  # pyserini's LuceneSearcher defaults, not overridden by the original (reference 3.8)
+DEFAULT_K1 = 0.9  # pyserini's LuceneSearcher defaults, not overridden by the original (paper-map §3.8)
 DEFAULT_B = 0.4
-DEFAULT_K = 3  # blocks per query (reference 3.8)
+DEFAULT_K = 3  # blocks per query (paper-map §3.8)
 CLOZE_BLANK = "_____"
 COLLECTION = "JsonCollection"
 GENERATOR = "DefaultLuceneDocumentGenerator"
@@ -44,7 +44,7 @@ _RESULT_MARK = "NPM_BM25_INDEX_STATS "
 
 
 def bm25_query(text: str, is_question: bool, mask_token: str = "<mask>") -> str:
-    """The BM25 query string of one input (reference 3.8).
+    """The BM25 query string of one input (paper-map §3.8).
 
     Question tasks (KAMEL, NQ, TriviaQA): the input up to and including the first "?" (the whole input when it
     has none). Cloze tasks (LAMA, TempLAMA, entity translation): the input with every mask token replaced by
@@ -87,7 +87,7 @@ def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike
     ``python -m pyserini.index.lucene`` (``DefaultLuceneDocumentGenerator``) in a subprocess that calls
     ``ensure_jvm()`` first. The index is built in a temporary sibling folder and renamed onto ``out_dir`` (an
     existing index there is replaced) only when Lucene indexed every document. ``threads`` > 1 spreads the
-    records over that many files (Anserini indexes one file per thread); the reference uses 1 thread, which keeps
+    records over that many files (Anserini indexes one file per thread); the original uses 1 thread, which keeps
     Lucene's internal order (the tie-break of equal scores) equal to the input order. ``store_raw`` /
     ``store_docvectors`` add pyserini's ``--storeRaw`` / ``--storeDocvectors`` (not needed for search);
     ``optimize`` (``--optimize``) merges the index into one segment (faster search, exact term statistics).
@@ -135,7 +135,7 @@ def _write_collection(docs: Iterable[tuple[int, str]], folder: Path, threads: in
     unique, counts = np.unique(np.frombuffer(ids, dtype=np.int64), return_counts=True)
     if len(unique) != len(ids):
         raise ValueError(f"duplicate block ids, e.g. {unique[counts > 1][:5].tolist()}: a Lucene docid must be "
-                         "a unique global block id (reference 3.1, 3.8)")
+                         "a unique global block id (paper-map §3.1, §3.8)")
     return len(ids)
 
 
@@ -174,7 +174,7 @@ def _index_main(argv: Sequence[str]) -> int:
 
 
 class Bm25Searcher:
-    """Lucene BM25 over a :func:`build_bm25_index` index; docids are global block ids (reference 3.8).
+    """Lucene BM25 over a :func:`build_bm25_index` index; docids are global block ids (paper-map §3.8).
 
     ``search`` / ``batch_search`` return ``(block_ids int64[<=k], scores float32[<=k])``, best first (fewer than
     k when fewer blocks share a term with the query). Results are cached per ``(query, k)``; the cached arrays
@@ -237,7 +237,7 @@ class Bm25Searcher:
         except ValueError as e:
             raise ValueError(f"the index has a non-integer docid ({e}); build it with build_bm25_index") from None
         scores = np.array([h.score for h in hits], dtype=np.float32)
-        if len(np.unique(ids)) != len(ids):  # the original asserts this too (reference 3.8)
+        if len(np.unique(ids)) != len(ids):  # the original asserts this too (paper-map §3.8)
             raise RuntimeError(f"BM25 returned duplicate block ids {ids.tolist()} for query {query!r}")
         ids.flags.writeable = False
         scores.flags.writeable = False

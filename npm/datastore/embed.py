@@ -1,10 +1,10 @@
-"""Embed a reference corpus into a datastore: streaming fp16 vectors, sharded and resumable (reference npm.md 3.3).
+"""Embed a reference corpus into a datastore: streaming fp16 vectors, sharded and resumable (paper-map §3.3).
 
 ``embed_corpus`` reads blocks files (docs/data-contracts.md), decides the stored positions with
 ``npm.datastore.store.stored_mask`` (the rule the loader re-applies), and runs the encoder over batches of blocks
 padded with id 0 / attention 0 (``npm.data.blocks.pad_blocks``). The vector of a position is the encoder's final
-hidden layer (reference 3.3: ``hidden_states[-1]``, not the LM head), cast to fp16 and written straight into the
-shard's raw memmap at its row: nothing is accumulated in RAM (reference 3.3's "RAM trap").
+hidden layer (paper-map §3.3: ``hidden_states[-1]``, not the LM head), cast to fp16 and written straight into the
+shard's raw memmap at its row: nothing is accumulated in RAM (paper-map §3.3's "RAM trap").
 
 Shards cover ``shard_blocks`` consecutive blocks. A finished shard is marked by an atomically written
 ``embeddings/shard{k}.done.json``; a re-run keeps every shard whose marker matches the plan (same model, tokens,
@@ -184,9 +184,9 @@ def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: s
                  progress: bool = True) -> dict:
     """Embed the blocks files ``blocks_paths`` (in order) with encoder ``model_name`` into the datastore ``out_dir``.
 
-    ``drop_stopwords``: leave stop-word ids out of the rows (open-set corpora, reference 3.3-3.4).
+    ``drop_stopwords``: leave stop-word ids out of the rows (open-set corpora, paper-map §3.3-§3.4).
     ``batch_blocks`` blocks per encoder pass; ``shard_blocks`` blocks per vector shard (the unit of resumption).
-    ``max_length``: pad every batch to this length (the reference pads to 256); default: the batch's longest block.
+    ``max_length``: pad every batch to this length (the original pads to 256); default: the batch's longest block.
     ``device``: default ``cuda`` when available. ``precision``: ``fp16`` / ``bf16`` autocast on CUDA, or ``fp32``;
     CPU always runs fp32. ``tokenizer_name`` (default ``model_name``) gives the stop list. ``on_shard_done(k,
     info)`` is called after shard k is marked done. Returns counts, seconds and tokens/s.

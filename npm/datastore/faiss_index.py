@@ -1,7 +1,7 @@
-"""kNN index over the datastore's fp16 token vectors, built with FAISS (paper 3.3 and 5.3; reference npm.md 3.5, 4.1).
+"""kNN index over the datastore's fp16 token vectors, built with FAISS (paper 3.3 and 5.3; paper-map §3.5, §4.1).
 
 FAISS only *picks candidates*. The similarity of a neighbour is always recomputed exactly from the stored fp16
-vector, upcast to fp32, as ``q . e / sqrt(h)`` (reference 3.5; the sqrt(h) scaling belongs to the similarity: /32
+vector, upcast to fp32, as ``q . e / sqrt(h)`` (paper-map §3.5; the sqrt(h) scaling belongs to the similarity: /32
 for roberta-large). FAISS distances are never used.
 
 Input: the corpus vectors as raw fp16 memmaps (no .npy header), one file per embedding shard, each ``[rows_k, h]``
@@ -9,7 +9,7 @@ in datastore row order. A shard list is ``[(path, rows), ...]``; the global row 
 rows of the shards before it plus its row within its shard. Vectors are added to FAISS in that order, so a FAISS id
 *is* the global row id (no ID map).
 
-Index type and metric are configuration (shared/STYLE.md): ``factory`` is a FAISS factory string and ``metric``
+Index type and metric are configuration: ``factory`` is a FAISS factory string and ``metric``
 is stated explicitly.
 
 * This re-implementation: ``metric="ip"`` (inner product, the quantity NPM ranks by). Default ``factory="HNSW32"``,
@@ -28,7 +28,7 @@ Choices this module makes and documents:
 * IVF nlist too large for the sample: FAISS wants at least 39 training points per list. When
   ``39 * nlist > n_train``, nlist is **reduced automatically** to ``max(1, n_train // 39)``. A warning is logged
   and both values are recorded in the sidecar (``nlist_requested``, ``nlist``, ``factory_effective``). This keeps
-  the reference's "IVF4096,PQ64" working on the small embedded datastore.
+  the original's "IVF4096,PQ64" working on the small embedded datastore.
 * PQ: ``M`` must divide the dimension the PQ sees (h, or the output of an OPQ/PCA transform). Otherwise a ValueError
   says so and lists the valid M. PQ with b-bit codes needs at least 2**b training vectors; with fewer, a ValueError
   suggests "Flat". A datastore that small needs no approximate index.
@@ -43,7 +43,7 @@ Choices this module makes and documents:
   at ``out_path``.
 * GPU: when FAISS sees a GPU (``faiss.get_num_gpus() > 0``) and ``use_gpu`` is not False, IVF indexes are trained
   and filled on GPU through ``index_cpu_to_gpu`` with ``GpuClonerOptions.useFloat16 = True``, then copied back to
-  CPU (reference 3.5). HNSW has no GPU version and is always built on CPU. ``use_gpu=True`` without a GPU is an
+  CPU (paper-map §3.5). HNSW has no GPU version and is always built on CPU. ``use_gpu=True`` without a GPU is an
   error. ``use_gpu=None`` silently uses the CPU.
 * Searches run on CPU, as in the original (nprobe 8).
 * ``k`` larger than the index is clamped to ``ntotal``. FAISS pads a result list with id -1 when it finds fewer than
@@ -420,7 +420,7 @@ def build_faiss_index(
         if on_gpu:
             try:
                 co = faiss.GpuClonerOptions()
-                co.useFloat16 = True  # fp16 lookup tables / storage on GPU, as the original (reference 3.5)
+                co.useFloat16 = True  # fp16 lookup tables / storage on GPU, as the original (paper-map §3.5)
                 res = faiss.StandardGpuResources()
                 gpu_index = faiss.index_cpu_to_gpu(res, 0, index, co)
             except (RuntimeError, AttributeError) as e:

@@ -1,4 +1,4 @@
-"""Start the one JVM that pyserini (Lucene BM25, reference npm.md 3.8) runs in, with a Java 21+ and safe options.
+"""Start the one JVM that pyserini (Lucene BM25, paper-map §3.8) runs in, with a Java 21+ and safe options.
 
 Every BM25 entry point calls :func:`ensure_jvm` before it imports pyserini. Why it is needed:
 

@@ -1,13 +1,13 @@
-"""The reference-corpus datastore: which tokens get a vector, the folder layout, and the loader (reference npm.md
-3.1-3.4, 3.9; section 9 items 20-21).
+"""The reference-corpus datastore: which tokens get a vector, the folder layout, and the loader (paper-map
+§3.1-§3.4, §3.9; §9 items 20-21).
 
 One rule decides which corpus positions get a vector: ``stored_mask`` (valid start or valid end under the shared
 ``npm.boundaries`` rule, never a special token, and, for open-set corpora, never a stop-word id). The embedder
 (``npm.datastore.embed``) and the loader below both call it, so the number of rows and the row -> token mapping
-cannot drift apart (reference 3.2, section 9 item 20). Rows are the stored positions in corpus order: block
+cannot drift apart (paper-map §3.2, §9 item 20). Rows are the stored positions in corpus order: block
 order (blocks files in the order given, then block order inside each file), then position order.
 
-Everything is a flat numpy array; nothing is a Python object per token or per block (reference 3.9: the original
+Everything is a flat numpy array; nothing is a Python object per token or per block (paper-map §3.9: the original
 keeps per-token int64 indexes and per-block Python lists, ~70 GB of RAM for enwiki). Besides the vectors, a
 datastore holds 3 bytes per token (uint16 id + uint8 flags) plus 24 bytes per block.
 
@@ -67,7 +67,7 @@ VECTOR_DTYPE = np.float16
 VERIFY_CHUNK_TOKENS = 1 << 24  # tokens per chunk when the loader re-applies stored_mask
 
 # A classic English stop-word list (function words: articles, pronouns, auxiliaries, prepositions, conjunctions,
-# common adverbs). Reference 3.4: the original's 211 RoBERTa ids are English function words and punctuation,
+# common adverbs). Paper-map §3.4: the original's 211 RoBERTa ids are English function words and punctuation,
 # mostly in their space-prefixed form; the list is not published as words, so this one is derived per tokenizer.
 STOPWORDS_EN = tuple("""
 a about above after again against all am an and any are as at be because been before being below between both but
@@ -84,9 +84,9 @@ whom why will with would you your yours yourself yourselves
 
 def stored_mask(input_ids: np.ndarray, flags: np.ndarray, block_offsets: np.ndarray | None = None,
                 stopword_ids: np.ndarray | None = None) -> np.ndarray:
-    """Bool [T]: whether each position of the flat blocks gets a vector (reference 3.3, section 9 item 20).
+    """Bool [T]: whether each position of the flat blocks gets a vector (paper-map §3.3, §9 item 20).
 
-    Position i is stored iff it is a valid start or a valid end of its block (``npm.boundaries``, reference 3.2),
+    Position i is stored iff it is a valid start or a valid end of its block (``npm.boundaries``, paper-map §3.2),
     it is not a special token, and (open-set corpora) its id is not in ``stopword_ids``. The one function used by
     the embedder and by the loader.
     """
@@ -99,7 +99,7 @@ def stored_mask(input_ids: np.ndarray, flags: np.ndarray, block_offsets: np.ndar
 
 
 def derive_stopword_ids(tokenizer) -> np.ndarray:
-    """Sorted int64 ids of the stop list for ``tokenizer`` (reference 3.4).
+    """Sorted int64 ids of the stop list for ``tokenizer`` (paper-map §3.4).
 
     Every word of ``STOPWORDS_EN`` and every ``string.punctuation`` character is encoded with a leading space and
     without one; each form that is a single non-special token contributes its id. That gives "Ġthe" and "the"
@@ -259,7 +259,7 @@ class Datastore:
 
     def block_rows(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows int64, positions int64): all stored vectors of ``block`` and their positions in the block, in
-        order (the BM25-restricted mode of reference 3.7-3.8 scores every stored vector of its top blocks)."""
+        order (the BM25-restricted mode of paper-map §3.7-§3.8 scores every stored vector of its top blocks)."""
         block = self._check_block(block)
         start, end = self.block_offsets[block], self.block_offsets[block + 1]
         positions = np.flatnonzero(self.flags[start:end] & STORED).astype(np.int64)
@@ -357,7 +357,7 @@ def load_datastore(path: str | Path, expected_model: str | None = None, verify: 
 
     ``expected_model``: a model name; its fingerprint must equal the one the vectors were made with (queries and
     corpus vectors must come from the same encoder). ``verify`` re-applies ``stored_mask`` to the token arrays and
-    checks that it gives the stored rows (reference section 9 item 20); about a second per 100M tokens.
+    checks that it gives the stored rows (paper-map §9 item 20); about a second per 100M tokens.
     """
     root = Path(path)
     meta = read_meta(root)

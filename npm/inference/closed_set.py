@@ -1,4 +1,4 @@
-"""Closed-set label scores from the k nearest corpus tokens (paper 3.3, A.3-A.4; reference npm.md 4.1, items 25-26).
+"""Closed-set label scores from the k nearest corpus tokens (paper 3.3, A.3-A.4; paper-map §4.1, §9 items 25-26).
 
 Every retrieved neighbour votes for the token id stored at its position with its probability
 p = softmax(s / tau) over the neighbour list, s = q . e / sqrt(h) recomputed exactly from the stored vectors;
@@ -7,7 +7,7 @@ a label's score is the summed probability of the tokens of its (fuzzy) verbalize
 * NPM-single: the k neighbours of the one mask vector.
 * NPM: the start-query and the end-query neighbours are concatenated (per datastore) under one softmax.
   ``tau_twice=True`` reproduces the original code, which divides the NPM logits by tau twice (s / tau^2);
-  the paper (default) divides once (CODE != PAPER, reference 4.1 step 3).
+  the paper (default) divides once (CODE != PAPER, paper-map §4.1 step 3).
 """
 
 from __future__ import annotations

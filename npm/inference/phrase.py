@@ -1,4 +1,4 @@
-"""NPM phrase prediction over the reference corpus (paper 3.1 and 3.3; reference npm.md 3.7, items 22-23).
+"""NPM phrase prediction over the reference corpus (paper 3.1 and 3.3; paper-map §3.7, §9 items 22-23).
 
 Pure functions on flat arrays of the candidate blocks laid end to end (``block`` gives each token's block, so
 spans never cross blocks):
@@ -23,7 +23,7 @@ import numpy as np
 
 def walk_spans(start_cand: np.ndarray, end_cand: np.ndarray, block: np.ndarray, valid_start: np.ndarray,
                valid_end: np.ndarray, blocked: np.ndarray, l_max: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """Unique spans (start, end), inclusive token positions, sorted; reference 3.7 step 2 and item 22."""
+    """Unique spans (start, end), inclusive token positions, sorted; paper-map §3.7 step 2 and §9 item 22."""
     n = len(block)
     cum = np.concatenate([[0], np.cumsum(blocked, dtype=np.int64)])
     steps = np.arange(l_max)
@@ -78,7 +78,7 @@ def score_spans(span_start: np.ndarray, span_end: np.ndarray, start_pos: np.ndar
 
 def aggregate_spans(ids: np.ndarray, span_start: np.ndarray, span_end: np.ndarray, weights: np.ndarray,
                     alpha: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Group occurrences by their token sequence (reference 3.7 step 5, item 23).
+    """Group occurrences by their token sequence (paper-map §3.7 step 5, §9 item 23).
 
     Returns ``(order, group, scores)``: ``group`` [n] maps each occurrence to its phrase, ``scores`` [n_phrases]
     is the summed weight x length^alpha, and ``order`` lists the phrases best first.

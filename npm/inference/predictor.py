@@ -1,14 +1,14 @@
-"""``Predictor``: NPM / NPM-single predictions over a reference-corpus datastore (paper 3.1, 3.3; reference 3.6-3.8).
+"""``Predictor``: NPM / NPM-single predictions over a reference-corpus datastore (paper 3.1, 3.3; paper-map §3.6-§3.8).
 
 * NPM (``kind="npm"``): [MASK][MASK] query vectors; candidate positions from BM25 (``mode="restricted"``: every
-  stored vector of the top-3 blocks, reference 3.8) or from FAISS (``mode="faiss"``: the k nearest start and end
+  stored vector of the top-3 blocks, paper-map §3.8) or from FAISS (``mode="faiss"``: the k nearest start and end
   vectors); spans walked over word boundaries (``npm.inference.phrase``); exact scores from the stored vectors.
 * NPM-single (``kind="npm_single"``): one query vector; every candidate votes for its own token with
-  softmax(s / tau) (reference A.3); tokens are aggregated like one-token spans.
+  softmax(s / tau) (paper A.3); tokens are aggregated like one-token spans.
 
 Every answer is the exact surface string of its best occurrence in the corpus text (so characters the tokenizer
 maps to an unknown token come out right), with the blocks that support it as evidence.
-``label_scores`` gives the closed-set scores of reference 4.1 (kNN token votes summed over verbalizers).
+``label_scores`` gives the closed-set scores of paper-map §4.1 (kNN token votes summed over verbalizers).
 
 Inference defaults (tau, span score, k, restricted blocks, closed-set tau) are those of
 ``npm.settings.Settings``; ``Predictor.from_config`` opens a model's datastore and indexes where the
@@ -173,7 +173,7 @@ class Predictor:
                               batch_size=batch_size or max(1, len(texts)))
 
     def retrieve_blocks(self, text: str, is_question: bool | None = None) -> np.ndarray:
-        """Global block ids of the BM25 top blocks for a query (reference 3.8 query strings)."""
+        """Global block ids of the BM25 top blocks for a query (paper-map §3.8 query strings)."""
         from npm.datastore.bm25 import bm25_query
 
         if is_question is None:
@@ -194,7 +194,7 @@ class Predictor:
         ids = ds.input_ids[glob].astype(np.int64)
         stop = np.isin(ids, ds.stopword_ids)
         # Open-set mode ignores stop-word vectors: the same candidates as a datastore built without them
-        # (reference 3.3), so one datastore per (model, corpus) serves closed- and open-set tasks.
+        # (paper-map §3.3), so one datastore per (model, corpus) serves closed- and open-set tasks.
         stored = ((flags & STORED) != 0) & ~(stop if self.open_set else False)
         rows = np.full(len(glob), -1, dtype=np.int64)
         for i, b in enumerate(blocks):
@@ -338,7 +338,7 @@ class Predictor:
         return out
 
     def knn(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """Closed-set neighbours (reference 4.1): token ids and exact scores q . e / sqrt(h) of the k nearest
+        """Closed-set neighbours (paper-map §4.1): token ids and exact scores q . e / sqrt(h) of the k nearest
         stored vectors, of the start and the end query concatenated for NPM."""
         from npm.datastore.faiss_index import exact_scores, search
 

@@ -1,4 +1,4 @@
-"""Query encoding (paper 3.1 and 3.3; reference npm.md 3.6, 4.1; section 9 items 19 and 27).
+"""Query encoding (paper 3.1 and 3.3; paper-map §3.6, §4.1; §9 items 19 and 27).
 
 NPM: the query is tokenized with the tokenizer's begin/end tokens, a second mask token is inserted right after
 the (single) mask, and one encoder pass gives ``q_start`` (final hidden layer at the first mask) and ``q_end``
@@ -49,7 +49,7 @@ def query_ids(tokenizer, text: str, n_masks: int = 2, max_length: int = 256) -> 
 @torch.inference_mode()
 def encode_queries(model, tokenizer, texts: list[str], n_masks: int = 2, max_length: int = 256,
                    batch_size: int = 32, device=None) -> np.ndarray:
-    """Final-layer vectors at the mask(s): float32 [n, n_masks, h] (reference 3.6: not the LM head)."""
+    """Final-layer vectors at the mask(s): float32 [n, n_masks, h] (paper-map §3.6: not the LM head)."""
     from npm.model import encode
 
     device = device or next(model.parameters()).device

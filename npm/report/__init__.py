@@ -1,5 +1,5 @@
 """The paper's tables (1, 2, 3, 4, 8) and figures (6, 7, 8) from our metrics and prediction files, each with the
-paper's numbers beside ours (paper 5-6; reference npm.md 7). Entry point: ``npm-repro report WHAT``
+paper's numbers beside ours (paper 5-6; paper-map §7). Entry point: ``npm-repro report WHAT``
 (:mod:`npm.report.cli`)."""
 
 from npm.report.figures import em_by_splits, figure6, figure7, figure8

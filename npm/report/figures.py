@@ -1,4 +1,4 @@
-"""The paper's figures from our metrics and prediction files (paper 6.1-6.4, Figures 6-8; reference npm.md 7.6).
+"""The paper's figures from our metrics and prediction files (paper 6.1-6.4, Figures 6-8; paper-map §7.6).
 
 * ``figure6``: average accuracy / EM against the number of parameters (log x), one panel for the Table 1 tasks
   (closed set) and one for the Table 8 tasks (open set, the "All" column of each); our systems filled and labelled,

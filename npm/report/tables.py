@@ -1,11 +1,11 @@
-"""The paper's tables from our metrics files, with the paper's number beside each of ours (paper 5-6; reference
-npm.md 7.1-7.5).
+"""The paper's tables from our metrics files, with the paper's number beside each of ours (paper 5-6; paper-map
+§7.1-§7.5).
 
-* ``table1``: zero-shot closed-set accuracy (paper Table 1, reference 7.1).
-* ``table2``: TempLAMA, outdated (2019) -> updated (2022) corpus (paper Table 2, reference 7.3).
-* ``table3``: entity translation, w/o and w/ BM25, per language (paper Tables 3 and 10, reference 7.4).
-* ``table4``: inference speed (paper Table 4, reference 7.5).
-* ``table8``: knowledge tasks, LAMA with its UHN / Hard subsets (paper Table 8, reference 7.2).
+* ``table1``: zero-shot closed-set accuracy (paper Table 1, paper-map §7.1).
+* ``table2``: TempLAMA, outdated (2019) -> updated (2022) corpus (paper Table 2, paper-map §7.3).
+* ``table3``: entity translation, w/o and w/ BM25, per language (paper Tables 3 and 10, paper-map §7.4).
+* ``table4``: inference speed (paper Table 4, paper-map §7.5).
+* ``table8``: knowledge tasks, LAMA with its UHN / Hard subsets (paper Table 8, paper-map §7.2).
 
 Each builder reads metrics JSON files (the contract of ``npm-repro evaluate``: task, system, metric, score, n, ...;
 the path is never parsed) and returns a :class:`Table`; :func:`write_table` writes it as CSV (2 decimals) and
@@ -31,7 +31,7 @@ from npm.io import atomic_path
 
 PAPER_VALUES = Path(__file__).resolve().parent / "paper_values.yaml"
 
-# Table 1 column order (reference 7.1) and the paper's column labels.
+# Table 1 column order (paper-map §7.1) and the paper's column labels.
 CLOSED_SET_TASKS = {"agn": "AGN", "yahoo": "Yahoo", "subj": "Subj", "sst2": "SST-2", "mr": "MR", "rt": "RT",
                     "cr": "CR", "amazon": "Amz", "rte": "RTE"}
 # Table 8's tasks; the paper's key (paper_values.yaml) of each task's "All" column.
@@ -97,7 +97,7 @@ class Table:
 # ------------------------------------------------------------------------------------------------ reading
 
 def load_paper_values(path: str | os.PathLike | None = None) -> dict:
-    """The paper's numbers and the system -> paper row mapping (``paper_values.yaml``; reference 7)."""
+    """The paper's numbers and the system -> paper row mapping (``paper_values.yaml``; paper-map §7)."""
     path = Path(path) if path is not None else PAPER_VALUES
     if not path.exists():
         raise FileNotFoundError(f"paper values file {path} does not exist (the packaged one is {PAPER_VALUES})")
@@ -242,7 +242,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
 # ------------------------------------------------------------------------------------------------ Table 1
 
 def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
-    """Paper Table 1 (reference 7.1): zero-shot closed-set accuracy, rows = systems, columns = the Table 1 tasks
+    """Paper Table 1 (paper-map §7.1): zero-shot closed-set accuracy, rows = systems, columns = the Table 1 tasks
     present in the files (paper order) and Avg over them; each cell followed by the mapped paper row's value.
 
     Avg is empty unless the system has every column. Avg (paper) is the paper's own Avg when all nine tasks are
@@ -288,7 +288,7 @@ def _pair(value) -> Arrow | float | None:
 
 
 def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", paper: Mapping | None = None) -> Table:
-    """Paper Table 2 (reference 7.3): TempLAMA EM. A system with a reference corpus shows "a→b": ``a`` from its file
+    """Paper Table 2 (paper-map §7.3): TempLAMA EM. A system with a reference corpus shows "a→b": ``a`` from its file
     whose ``corpus`` is ``outdated_corpus`` (the 2019 Wikipedia), ``b`` from its other file (the task's default,
     updated 2022 corpus). A system without retrieval has one number (in the ``*_updated`` column). AVG = the mean of
     the unchanged and changed scores on the updated corpus (the paper's NPM 18.5 = (19.5 + 17.5) / 2).
@@ -338,7 +338,7 @@ def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", 
 # ------------------------------------------------------------------------------------------------ Table 3
 
 def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
-    """Paper Table 3 and Table 10 (reference 7.4): entity translation EM (macro over languages).
+    """Paper Table 3 and Table 10 (paper-map §7.4): entity translation EM (macro over languages).
 
     A file goes to "w/ BM25" when its ``retrieval`` is ``bm25``, else to "w/o BM25"; ``lm`` and ``bm25_lm`` share
     the LM row. The per-language columns come from ``groups``: of the row's w/ BM25 file when it has one (the
@@ -390,7 +390,7 @@ def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
 # ------------------------------------------------------------------------------------------------ Table 4
 
 def table4(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
-    """Paper Table 4 (reference 7.5): inference speed, one row per (system, task) file. FAISS / Sparse come from
+    """Paper Table 4 (paper-map §7.5): inference speed, one row per (system, task) file. FAISS / Sparse come from
     ``retrieval`` (faiss / bm25); Acc is ``score``; #Q/sec is ``queries_per_s``; the paper row is the mapping's
     ``system/task`` entry (e.g. ``npm/subj`` -> "NPM (Subj)")."""
     paper = paper or load_paper_values()
@@ -428,7 +428,7 @@ def table4(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
 # ------------------------------------------------------------------------------------------------ Table 8
 
 def table8(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
-    """Paper Table 8 (reference 7.2): open-set EM on the knowledge tasks. T-REx and Google-RE "All" are the task's
+    """Paper Table 8 (paper-map §7.2): open-set EM on the knowledge tasks. T-REx and Google-RE "All" are the task's
     score (macro over n-gram buckets), UHN / Hard its ``subsets`` (same macro average); KML, TQA and NQ the score.
     Each cell is followed by the mapped paper row's value."""
     paper = paper or load_paper_values()

@@ -1,7 +1,7 @@
 """The embedded default's evaluation data: a small set of every task, in each task's own file format.
 
 ``prepare_embedded_tasks(out_dir)`` writes ``out_dir/{task}/...`` exactly as docs/task-formats.md says, so the
-paper-scale loaders read them unchanged (DESIGN.md section 4; reference npm.md 4.2, 5.1, 5.2). Every example is
+paper-scale loaders read them unchanged (README.md; paper-map §4.2, §5.1, §5.2). Every example is
 made by a deterministic rule (``np.random.default_rng(seed)``, inputs sorted) from real data that installs from
 PyPI; what no package has is generated and labelled so in the ``SOURCE.md`` beside each task's files.
 
@@ -197,7 +197,7 @@ def sentences(text: str) -> list[str]:
 
 
 def normalize_answer(s: str) -> str:
-    """The reference's normalisation (npm.md 5.2): lower, drop ASCII punctuation, drop articles, squeeze spaces."""
+    """The original's normalisation (paper-map §5.2): lower, drop ASCII punctuation, drop articles, squeeze spaces."""
     s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
     s = re.sub(r"\b(a|an|the)\b", " ", s)
     return " ".join(s.split())
@@ -429,7 +429,7 @@ def _lama_line(f: dict) -> dict:
 
 
 def _is_uhn(f: dict) -> bool:
-    """LAMA-UHN's string-match filter (reference 5.1); the person-name filter needs bert-base-cased (not applied)."""
+    """LAMA-UHN's string-match filter (paper-map §5.1); the person-name filter needs bert-base-cased (not applied)."""
     return f["object"].lower() not in f["subject"].lower()
 
 
@@ -731,7 +731,7 @@ def _write_lama(task_dir: Path, sub: str, facts: list[dict], templates: dict[str
 
 def _write_translation(task_dir: Path, leads: dict, corpus_titles: list[str], max_per_task: int,
                        r: np.random.Generator) -> tuple[int, int]:
-    """Entity translation (reference 5.1): CLDR territory names of corpus countries, plus GENERATED passages."""
+    """Entity translation (paper-map §5.1): CLDR territory names of corpus countries, plus GENERATED passages."""
     from babel import Locale
 
     en = Locale("en")

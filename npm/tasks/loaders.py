@@ -1,4 +1,4 @@
-"""Readers of the evaluation files, one per format of docs/task-formats.md (reference npm.md 4.2, 5.1).
+"""Readers of the evaluation files, one per format of docs/task-formats.md (paper-map §4.2, §5.1).
 
 Every loader has the signature ``load_x(folder, files, where="") -> list[dict]``: ``folder`` is the task folder,
 ``files`` the task's file names from config/tasks.yaml in the order its loader documents (a name may be a glob,

@@ -1,10 +1,10 @@
-"""Open-set metrics and subsampling (paper 4.2, 6.3, Tables 5, 7, 8, 10; reference npm.md 5.1-5.2, 6; items 29-30).
+"""Open-set metrics and subsampling (paper 4.2, 6.3, Tables 5, 7, 8, 10; paper-map §5.1-§5.2, §6; §9 items 29-30).
 
 * ``normalize_answer``: lowercase, drop every ASCII ``string.punctuation`` character, replace the articles
   ``\\b(a|an|the)\\b`` by a space, collapse whitespace. Non-ASCII punctuation (e.g. "。", "«") is kept.
 * ``exact_match``: the normalised prediction equals one normalised gold answer (list membership, never substring).
 * ``translation_prediction``: entity translation cuts the prediction at its first punctuation character before
-  normalising (reference 6, last bullet).
+  normalising (paper-map §6, last bullet).
 * ``ngram_bucket``: LAMA's answer-length bucket, min(4, min over answers of len(tokens(" " + answer.strip()))).
 * ``sample_indices`` / ``sample_by_group``: the seed-0 subsamples (3000 random examples; <=1000 per LAMA bucket or
   per translation language), with numpy's legacy ``RandomState`` so that the draws equal ``np.random.seed(0)``.
@@ -29,7 +29,7 @@ PER_GROUP = 1000  # LAMA: n_samples // 3; entity translation: per language
 
 
 def normalize_answer(s: str) -> str:
-    """Reference 5.2: lower -> strip ASCII punctuation -> articles to a space -> collapse whitespace."""
+    """Paper-map §5.2: lower -> strip ASCII punctuation -> articles to a space -> collapse whitespace."""
     s = s.lower()
     s = "".join(ch for ch in s if ch not in _PUNCTUATION)
     s = _ARTICLES.sub(" ", s)
@@ -56,7 +56,7 @@ def translation_prediction(text: str) -> str:
 
 
 def ngram_bucket(answers: Sequence[str], tokenizer) -> int:
-    """LAMA bucket (reference 5.1): min(4, min over answers of the token count of " " + answer.strip()).
+    """LAMA bucket (paper-map §5.1): min(4, min over answers of the token count of " " + answer.strip()).
 
     Tokens are counted without the tokenizer's special tokens. The paper uses RoBERTa's BPE.
     """

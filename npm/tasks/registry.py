@@ -1,4 +1,4 @@
-"""The task registry (config/tasks.yaml) and the examples of a task (reference npm.md 4.2, 5.1, 5.2).
+"""The task registry (config/tasks.yaml) and the examples of a task (paper-map §4.2, §5.1, §5.2).
 
 * ``load_registry(path)`` -> ``{name: Task}``, every key checked (an error names the task and the key).
 * ``task_examples(name, folder, tokenizer=None, n_samples=None)`` -> the evaluated examples of one task: read with
@@ -7,7 +7,7 @@
   (``metrics.ngram_bucket``, needs the tokenizer), ``relation``, ``is_uhn``, ``is_hard``; entity translation adds
   ``lang``. ``group`` holds the macro-average group (bucket or lang) where the task has one.
 
-Sampling (reference 5.2): ``sampling.n_samples`` -> ``metrics.sample_indices`` (the first n of a seed-0
+Sampling (paper-map §5.2): ``sampling.n_samples`` -> ``metrics.sample_indices`` (the first n of a seed-0
 permutation; smaller sets are kept whole, reordered); ``sampling.per_group`` -> ``metrics.sample_by_group`` over
 ``group_by`` (LAMA bucket, translation language). ``n_samples=0`` keeps every example in file order.
 """
@@ -315,7 +315,7 @@ def task_examples(name: str, folder: str | os.PathLike, tokenizer=None, n_sample
     examples = [_example(task, r) for r in load_task_records(task, folder)]
     if task.group_by == "bucket":
         if tokenizer is None:
-            raise ValueError(f"task {name}: LAMA n-gram buckets need the tokenizer (reference 5.1)")
+            raise ValueError(f"task {name}: LAMA n-gram buckets need the tokenizer (paper-map §5.1)")
         for ex in examples:
             ex["bucket"] = ngram_bucket(ex["answers"], tokenizer)
     if task.group_by is not None:

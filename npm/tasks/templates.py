@@ -1,16 +1,16 @@
-"""Task templates, label words and fuzzy verbalizers (paper 4.1-4.2, Tables 5 and 7, A.2; reference npm.md 4.1-4.2,
-5.1; section 9 items 27-28).
+"""Task templates, label words and fuzzy verbalizers (paper 4.1-4.2, Tables 5 and 7, A.2; paper-map §4.1-§4.2,
+§5.1; §9 items 27-28).
 
-Closed set (reference 4.2 table): ``CLOSED_SET_TEMPLATES[task](record)`` gives the text before the mask;
+Closed set (paper-map §4.2 table): ``CLOSED_SET_TEMPLATES[task](record)`` gives the text before the mask;
 ``closed_set_text`` passes it through ``closed_set_input``, which appends "<mask>." with no space
-when the template has no mask (item 27; RTE has its mask inside). ``LABEL_WORDS[task]`` lists the label words with
+when the template has no mask (§9 item 27; RTE has its mask inside). ``LABEL_WORDS[task]`` lists the label words with
 their leading space, in label-id order. Record fields (names chosen here, the loaders must map their sources to
 them): agn ``title``/``description``; yahoo ``question_title``/``question_content``/``best_answer``; rte
 ``sentence1``/``sentence2`` (GLUE); subj, sst2, mr, rt, cr ``text``; amazon ``title``/``content``.
 
-Open set (reference 5.1): LAMA, KAMEL, NQ/TriviaQA and entity-translation inputs, and ``is_question``.
+Open set (paper-map §5.1): LAMA, KAMEL, NQ/TriviaQA and entity-translation inputs, and ``is_question``.
 
-Fuzzy verbalizers (reference 4.2 notes, item 28): the .txt format (one line per label, words joined by ", ",
+Fuzzy verbalizers (paper-map §4.2 notes, §9 item 28): the .txt format (one line per label, words joined by ", ",
 every list truncated to the shortest) and yahoo's .json (topic -> words, not truncated). Every word gets a leading
 space and must encode to exactly one token.
 """
@@ -31,7 +31,7 @@ _NO_SPACE_AFTER = frozenset({"(", "["})
 
 
 def detokenize(text: str) -> str:
-    """Undo PTB-style tokenisation (reference 4.2 notes; sst2/mr/rt/cr/subj).
+    """Undo PTB-style tokenisation (paper-map §4.2 notes; sst2/mr/rt/cr/subj).
 
     "n 't" -> "n't"; then, token by token (whitespace split), no space before a token that is one of
     ! ? . , ' ; : ) ], starts with "'", or is "n't"; none after "www." (the text so far ends with it); none before
@@ -136,7 +136,7 @@ def mask_at_end(template: str) -> bool:
 # ------------------------------------------------------------------------------------------------ open set
 
 QUESTION_TASKS = frozenset({"kamel", "nq", "triviaqa"})
-# Entity translation (reference 5.1, Table 7): the 15 codes of the data and the language names of the template.
+# Entity translation (paper-map §5.1, Table 7): the 15 codes of the data and the language names of the template.
 TRANSLATION_LANGUAGES = {
     "zh": "Chinese", "ar": "Arabic", "el": "Greek", "iw": "Hebrew", "ru": "Russian", "jp": "Japanese",
     "hi": "Hindi", "ko": "Korean", "pl": "Polish", "tr": "Turkish", "cs": "Czech", "ta": "Tamil", "th": "Thai",

@@ -1,8 +1,8 @@
-"""Collate one masked batch line into model tensors (paper 3.2; reference npm.md 2.3, test 12).
+"""Collate one masked batch line into model tensors (paper 3.2; paper-map §2.3, §9 item 12).
 
 NPM (span masking): every masked span becomes exactly two adjacent mask tokens, [MASK_s][MASK_e]
 (the paper needs no distinct ids), so a query row has length L - sum(|span|) + 2 * #spans. The unmasked
-target rows keep the original tokens. Rows are padded with id 0 and attention 0 (reference 2.1) to the
+target rows keep the original tokens. Rows are padded with id 0 and attention 0 (paper-map §2.1) to the
 longest row of the batch, or to a fixed length (the original pads to exactly 256 + 64 = 320); padding
 never changes the loss because it is neither a query, a positive nor a negative.
 
@@ -11,7 +11,7 @@ token in place, so query and target rows stay aligned and have the original leng
 
 Spans and labels are flattened in (sequence, start) order.
 
-Parametric MLM baseline (``collate_mlm``; the "RoBERTa" row of paper Table 1, reference npm.md section 6, trained
+Parametric MLM baseline (``collate_mlm``; the "RoBERTa" row of paper Table 1, paper-map §6, trained
 here because the embedded default's encoder has no MLM head): the *unmasked* view of the same batch line, masked on
 the fly BERT-style (Devlin et al. 2019): each non-special token is selected with probability 15%; a selected token
 becomes the mask token (80%), a uniformly random vocabulary id (10%) or stays (10%); labels are -100 elsewhere. The

@@ -1,6 +1,6 @@
 """Training data: the masked batch lines of every training shard, in a seeded order, resumable.
 
-One item is one batch line (B sequences of one document group; reference 2.1/2.3: one line per GPU per step).
+One item is one batch line (B sequences of one document group; paper-map §2.1/§2.3: one line per GPU per step).
 The order is a permutation per epoch seeded with (seed, epoch); rank r of a world of W takes items r, r+W, ...
 The position (epoch, cursor) is part of the training state, so a resumed run continues with the next line.
 """

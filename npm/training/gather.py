@@ -1,4 +1,4 @@
-"""The cross-rank candidate pool of the contrastive loss (paper 3.2-3.3; reference npm.md 2.4, section 9 item 18).
+"""The cross-rank candidate pool of the contrastive loss (paper 3.2-3.3; paper-map §2.4, §9 item 18).
 
 Every rank encodes its own batch line; the unmasked target vectors of several ranks form one candidate pool
 that every query of those ranks is scored against. The original gathers all ranks and, with
@@ -9,7 +9,7 @@ that every query of those ranks is scored against. The original gathers all rank
   gradient is then d(sum of the pool's per-rank losses)/d(its targets); DDP's averaging of parameter
   gradients over the world turns this into exactly the gradient of the mean of the per-rank losses.
 * Token ids and valid flags travel as separate int64 / uint8 tensors, never inside the (possibly bf16/fp16)
-  vector tensor: half precision cannot hold ids such as 50264 exactly (reference 2.4 caution, item 18).
+  vector tensor: half precision cannot hold ids such as 50264 exactly (paper-map §2.4 caution, §9 item 18).
 * Ranks may hold different row lengths (each batch is padded to its own longest row) and even different
   numbers of sequences: before gathering, every rank pads to the maximum over the pool (vectors 0, id 0,
   valid False), so padding never becomes a positive or a negative.
@@ -29,7 +29,7 @@ def pool_ranks(rank: int, world: int, pool: str) -> list[int]:
     """Global ranks whose targets form rank ``rank``'s candidate pool (in rank order).
 
     "all": every rank. "half": the ranks of this rank's half of the world, [0, W/2) or [W/2, W), as the
-    original with ``contrastive_negative_selection=half`` (reference 2.4). With a world of 1, "half" == "all".
+    original with ``contrastive_negative_selection=half`` (paper-map §2.4). With a world of 1, "half" == "all".
     """
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")

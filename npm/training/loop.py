@@ -1,5 +1,5 @@
-"""Contrastive pretraining of NPM and NPM-single (paper 3.2-3.3 and 4.1; reference npm.md 2.3-2.5), and the plain
-MLM training of the parametric baseline (paper Table 1 "RoBERTa" row; reference npm.md section 6).
+"""Contrastive pretraining of NPM and NPM-single (paper 3.2-3.3 and 4.1; paper-map §2.3-§2.5), and the plain
+MLM training of the parametric baseline (paper Table 1 "RoBERTa" row; paper-map §6).
 
 One step: each rank takes one batch line, encodes the masked view (queries) and the unmasked view
 (targets) with the same encoder, both with gradient; the targets of every rank form the candidate pool
@@ -67,7 +67,7 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 2.0
     precision: str = "bf16"  # on GPU: bf16 | fp16 | fp32; CPU always runs fp32
-    pool: str = "half"  # "all" ranks or this rank's "half" of the world (reference 2.4)
+    pool: str = "half"  # "all" ranks or this rank's "half" of the world (paper-map §2.4)
     pad_to: int | None = None  # None: longest row of the batch; the original pads to 320
     mlm_ratio: float = 0.15  # model_type "mlm": share of non-special tokens selected (BERT's 15%)
     checkpoint_every: int = 10_000
@@ -84,7 +84,7 @@ def _init_distributed() -> tuple[int, int, torch.device]:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = False  # as the original (reference 2.4)
+        torch.backends.cuda.matmul.allow_tf32 = False  # as the original (paper-map §2.4)
     else:
         device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
@@ -137,7 +137,7 @@ def _wandb(cfg: TrainConfig, rank: int):
 def _encode_both(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Query (masked view) and target (unmasked view) vectors from ONE encoder call.
 
-    Reference 2.4 runs the shared encoder twice per step (masked queries, unmasked targets; both in train
+    Paper-map §2.4 runs the shared encoder twice per step (masked queries, unmasked targets; both in train
     mode with dropout, both with gradient). Two forward calls of a DistributedDataParallel module before one
     backward break DDP (a parameter may be marked ready only once), so the two views are stacked along the
     batch dimension (padded to a common length with id 0 / attention 0) and encoded together, then split.
@@ -171,7 +171,7 @@ def mlm_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
 
 
 def step_loss(model, batch: dict, model_type: str, pool: str, device) -> tuple[torch.Tensor, dict]:
-    """Loss of one batch line: two views through the same encoder, then the pooled contrastive loss (reference 2.4).
+    """Loss of one batch line: two views through the same encoder, then the pooled contrastive loss (paper-map §2.4).
 
     The masked (query) and unmasked (target) views go through the encoder in one call (``_encode_both``: DDP
     allows one forward per backward); the targets of the pool's ranks form the candidates (``candidate_pool``).

@@ -1,4 +1,4 @@
-"""The multi-positive contrastive loss of NPM and NPM-single (paper 3.2-3.3; reference npm.md 2.4, items 13-17).
+"""The multi-positive contrastive loss of NPM and NPM-single (paper 3.2-3.3; paper-map §2.4, §9 items 13-17).
 
 Queries are the final-layer vectors at the two mask tokens [MASK_s][MASK_e] of each masked span (NPM) or at
 each masked token (NPM-single). Candidates are all valid positions of the unmasked target view of every
@@ -40,7 +40,7 @@ def phrase_positives(
     pool_ids: torch.Tensor,
     pool_valid: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Start and end positives of every span (reference 2.4 "phrase labels", item 13).
+    """Start and end positives of every span (paper-map §2.4 "phrase labels", §9 item 13).
 
     span_tokens [n, m] (padded with -1), span_lengths [n], seq [n] (pool row of each span's own sequence),
     pool_ids / pool_valid [S, Lp]. Returns start_pos, end_pos [n, S*Lp] bool: start positives are the positions
@@ -73,7 +73,7 @@ def phrase_positives(
 def single_positives(
     query_tokens: torch.Tensor, seq: torch.Tensor, pool_ids: torch.Tensor, pool_valid: torch.Tensor
 ) -> torch.Tensor:
-    """NPM-single positives [m, S*Lp]: valid positions of other sequences holding the masked token's id (item 17)."""
+    """NPM-single positives [m, S*Lp]: valid positions of other sequences holding the masked token's id (§9 item 17)."""
     m = query_tokens.shape[0]
     S, Lp = pool_ids.shape
     pos = (pool_ids.long().reshape(1, S * Lp) == query_tokens.long().view(m, 1)) & pool_valid.bool().reshape(1, -1)
@@ -121,7 +121,7 @@ def phrase_loss(
     seq: torch.Tensor,
     span_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """NPM's phrase loss (paper 3.2 eq. for L_start + L_end; reference 2.4).
+    """NPM's phrase loss (paper 3.2 eq. for L_start + L_end; paper-map §2.4).
 
     q_start / q_end [n, h] (vectors at [MASK_s] / [MASK_e]), pool_vectors [S, Lp, h], pool_valid [S, Lp],
     start_pos / end_pos [n, S*Lp] from ``phrase_positives``, seq [n] (pool row of each span's own sequence).
@@ -162,7 +162,7 @@ def single_loss(
     positives: torch.Tensor,
     seq: torch.Tensor,
 ) -> tuple[torch.Tensor, dict]:
-    """NPM-single's token loss (paper 3.3; reference 2.4 "NPM-single").
+    """NPM-single's token loss (paper 3.3; paper-map §2.4 "NPM-single").
 
     q [m, h] (vectors at the masked tokens), positives [m, S*Lp] from ``single_positives``, seq [m]. The mean
     runs over the masked tokens with at least one positive; the others are dropped, as the original.

@@ -1,5 +1,5 @@
 # Reference-corpus datastore per (model, corpus): flat token arrays, word boundaries and streaming fp16 token
-# vectors (paper 3.1 and 4.2; reference 3.1-3.4). One datastore serves closed-set tasks (every stored vector)
+# vectors (paper 3.1 and 4.2; paper-map §3.1-§3.4). One datastore serves closed-set tasks (every stored vector)
 # and open-set tasks (stop-word vectors ignored at query time, the candidates of the original's
 # embeddings_wo_stopwords); `datastore.drop_stopwords` drops them on disk instead.
 

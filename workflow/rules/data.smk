@@ -1,4 +1,4 @@
-# Data stages (paper section 4.1, appendix A.2; reference npm.md 2.1-2.3):
+# Data stages (paper section 4.1, appendix A.2; paper-map §2.1-§2.3):
 # raw dumps -> documents -> document shards -> 256-token blocks -> document-grouped batches -> masked batches.
 
 
@@ -103,7 +103,7 @@ rule prepare_embedded_translation_passages:
 
 
 rule extract_documents:
-    """Raw dump (MediaWiki XML, KILT JSONL or CC-News JSON) -> one document per line, text units per reference 2.1."""
+    """Raw dump (MediaWiki XML, KILT JSONL or CC-News JSON) -> one document per line, text units per paper-map §2.1."""
     input:
         source_path,
     output:
@@ -123,7 +123,7 @@ rule extract_documents:
 
 
 rule shard_documents:
-    """Seeded shuffle in buffers, then contiguous shards (reference 2.1)."""
+    """Seeded shuffle in buffers, then contiguous shards (paper-map §2.1)."""
     input:
         "data/docs/{corpus}.jsonl.gz",
     output:
@@ -143,7 +143,7 @@ rule shard_documents:
 
 
 rule tokenize_blocks:
-    """Documents -> blocks of at most 256 tokens, each unit wrapped in the tokenizer's begin/end tokens (reference 2.1)."""
+    """Documents -> blocks of at most 256 tokens, each unit wrapped in the tokenizer's begin/end tokens (paper-map §2.1)."""
     input:
         "data/docs/{corpus}.shards",
     output:
@@ -187,7 +187,7 @@ rule subsample_corpus:
 
 
 rule batch_blocks:
-    """Document-grouped batches of B consecutive blocks (reference 2.1, footnote 3)."""
+    """Document-grouped batches of B consecutive blocks (paper-map §2.1, footnote 3)."""
     input:
         "data/blocks/{corpus}/shard{shard}.npz",
     output:
@@ -206,7 +206,7 @@ rule batch_blocks:
 
 
 rule mask_batches:
-    """Co-occurrence span masking (NPM, paper 3.2.1/A.2) or uniform token masking (NPM-single, reference 2.3)."""
+    """Co-occurrence span masking (NPM, paper 3.2.1/A.2) or uniform token masking (NPM-single, paper-map §2.3)."""
     input:
         blocks="data/blocks/{corpus}/shard{shard}.npz",
         batches="data/batches/{corpus}/shard{shard}.npz",

@@ -1,4 +1,4 @@
-# kNN index (FAISS) per datastore and BM25 index (pyserini/Lucene) per corpus (reference 3.5, 3.8).
+# kNN index (FAISS) per datastore and BM25 index (pyserini/Lucene) per corpus (paper-map §3.5, §3.8).
 
 
 rule build_faiss_index:

@@ -1,5 +1,5 @@
 # Contrastive pretraining of NPM (span masking) and NPM-single (uniform masking) (paper 3.2-3.3, 4.1;
-# reference 2.3-2.5). Checkpoints live in results/checkpoints/{model} (not a rule output, so Snakemake
+# paper-map §2.3-§2.5). Checkpoints live in results/checkpoints/{model} (not a rule output, so Snakemake
 # never deletes them): a killed job re-run by Snakemake resumes from the last one.
 # A model for which config `models` names a released checkpoint (facebook/npm, facebook/npm-single or a local
 # folder) is not trained: the rules downstream read that checkpoint (common.smk: model_name, model_input).

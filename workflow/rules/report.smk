@@ -1,4 +1,4 @@
-# Tables and figures named after the paper's (reference 7), regenerated from results/metrics (never by hand), each
+# Tables and figures named after the paper's (paper-map §7), regenerated from results/metrics (never by hand), each
 # with a caption for `snakemake --report results/report.html` (workflow/report/*.rst). Regenerate one alone with
 # e.g. `snakemake results/figures/figure7.pdf`: only the ablation's rules run.
 
