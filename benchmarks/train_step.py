@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForMaskedLM, RobertaConfig
 
-from npm.io import atomic_path, provenance
-from npm.model import load_tokenizer, resolve_model
+from npm.io import atomic_path, provenance, resolve_package_path
+from npm.model import load_tokenizer
 from npm.training.collate import collate_phrase
 from npm.training.loop import step_loss
 
@@ -39,7 +39,7 @@ def build_mlm(name: str):
         config = RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
                                **ROBERTA[name])
         return AutoModelForMaskedLM.from_config(config), 50264, 50265
-    path = resolve_model(name)
+    path = resolve_package_path(name)
     tok = load_tokenizer(name)
     return AutoModelForMaskedLM.from_pretrained(path), tok.mask_token_id, tok.vocab_size
 

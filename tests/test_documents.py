@@ -2,11 +2,12 @@
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from npm.data.documents import extract_documents, resolve_package_path, shard_documents
-from npm.io import read_jsonl, write_jsonl
+from npm.data.documents import extract_documents, shard_documents
+from npm.io import read_jsonl, resolve_package_path, write_jsonl
 
 
 def kilt_file(path, titles):
@@ -25,7 +26,7 @@ def docs_file(path, n):
 
 
 def test_pypi_path_resolves_inside_the_installed_package():
-    path = resolve_package_path("pypi:gensim/test/test_data/lee_background.cor")
+    path = Path(resolve_package_path("pypi:gensim/test/test_data/lee_background.cor"))
     assert path.is_file() and path.parts[-4:] == ("gensim", "test", "test_data", "lee_background.cor")
     assert str(resolve_package_path("data/raw/x.xml.bz2")) == "data/raw/x.xml.bz2"
 

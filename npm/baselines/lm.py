@@ -118,17 +118,17 @@ def retrieve_passages(searcher, block_text_fn: Callable[[int], str], query: str,
 def resolve_causal_lm(name: str) -> tuple[str, str | None]:
     """``(folder, gguf file or None)`` for a model name.
 
-    Names: a local ``save_pretrained`` folder; ``pypi:PACKAGE/SUBDIR`` (npm.model.resolve_model); or
+    Names: a local ``save_pretrained`` folder; ``pypi:PACKAGE/SUBDIR`` (npm.io.resolve_package_path); or
     ``pypi:PACKAGE/FILE.gguf`` / a path to a ``.gguf`` file, loaded through transformers' GGUF support.
     """
-    from npm.model import resolve_model
+    from npm.io import resolve_package_path
 
     if name.endswith(".gguf"):
-        path = Path(resolve_model(name))
+        path = Path(resolve_package_path(name))
         if not path.is_file():
             raise FileNotFoundError(f"model {name!r}: no GGUF file at {path}")
         return str(path.parent), path.name
-    return resolve_model(name), None
+    return resolve_package_path(name), None
 
 
 def load_causal_lm(name: str, dtype=None):

