@@ -182,3 +182,36 @@ def test_package_dependencies_point_one_way():
 
     cycles = [p for p in graph if p in reach(p)]
     assert not cycles, {p: sorted(graph[p]) for p in cycles}
+
+
+# ------------------------------------------------------------------------------------------------ the workflow
+
+def _dry_run(tmp_path, overlay: dict, *targets):
+    import yaml
+
+    from tests.test_checkpoints import SNAKEMAKE
+
+    path = tmp_path / "overlay.yaml"
+    path.write_text(yaml.safe_dump(overlay))
+    return subprocess.run([SNAKEMAKE, *targets, "-n", "-p", "--cores", "1", "--directory", str(tmp_path / "work"),
+                           "-s", str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config" / "config.yaml"),
+                           str(path)], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_workflow_rejects_an_unknown_system_or_setting_at_start_up(tmp_path):
+    out = _dry_run(tmp_path, {"evaluation": {"open_set_systems": ["npm", "lm_pmi"]}})
+    message = out.stdout + out.stderr
+    assert out.returncode != 0 and "open_set_systems: 'lm_pmi' is not a system for open-set tasks" in message
+    out = _dry_run(tmp_path, {"inference": {"open_set_tau": 0}})
+    assert out.returncode != 0 and "setting open_set_tau must be > 0" in out.stdout + out.stderr
+
+
+def test_workflow_passes_the_original_code_switches_to_the_evaluation(tmp_path):
+    """inference.tau_twice / span_score reach `npm-repro evaluate` (the original's s/tau^2 without editing a rule)."""
+    out = _dry_run(tmp_path, {"inference": {"tau_twice": True, "span_score": "code"}},
+                   "results/metrics/agn/npm.json", "results/metrics/nq/bm25_lm.json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    commands = [line for line in out.stdout.splitlines() if "npm-repro evaluate" in line]
+    assert len(commands) == 2 and all("--tau-twice" in c and "--span-score code" in c for c in commands)
+    nq = next(c for c in commands if "--task nq" in c)
+    assert "--bm25 data/bm25/enwiki --blocks data/blocks/enwiki/shard0.npz" in nq and "--datastore" not in nq

@@ -230,7 +230,7 @@ for _key, _closed in (("closed_set_systems", True), ("open_set_systems", False),
         if _system not in SYSTEMS or (SYSTEMS[_system].closed if _closed else SYSTEMS[_system].open) is None:
             _family = "closed" if _closed else "open"
             _allowed = [s.name for s in SYSTEMS.values() if (s.closed if _closed else s.open) is not None]
-            _config_error(f"{_key}: {_system!r} is not a {_family}-set system; allowed: {_allowed}")
+            _config_error(f"{_key}: {_system!r} is not a system for {_family}-set tasks; allowed: {_allowed}")
 
 
 def evaluated_systems():
