@@ -30,8 +30,9 @@ class Settings:
                                    minimum=0, exclusive=True)
     tau_twice: bool = _setting(False, "NPM closed set: divide the scores by tau twice (s/tau^2), as the original "
                                       "code does; the paper divides once")
-    span_score: str = _setting("paper", "open-set span score: the paper's exp(s_start/tau + s_end/tau) or the "
-                                        "original code's form", choices=("paper", "code"))
+    span_score: str = _setting("paper", "open-set span score: the paper's exp(s_start/tau) + exp(s_end/tau) over all "
+                                        "occurrences (3.1), or the original code's P_start + P_end (two softmaxes)",
+                               choices=("paper", "code"))
     k: int = _setting(4096, "nearest neighbours per query vector and datastore (paper 3.3)", minimum=1)
     fuzzy_verbalizers: bool = _setting(True, "closed set with a datastore: the fuzzy verbalizers of Shi et al. "
                                              "(2022) where the task has one, else the single label word")

@@ -63,12 +63,18 @@ def test_workflow_arguments_round_trip_through_the_cli():
 
 
 def test_schema_documents_every_setting_and_no_default_of_its_own():
+    """The schema names each key with its type and Settings' help; defaults and allowed values live in Settings."""
     import yaml
 
+    from npm.settings import FIELDS
+
     inference = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["properties"]["inference"]
-    assert "properties" not in inference  # keys, values and defaults live in Settings only
-    for name in NAMES:
-        assert name in inference["description"], name
+    assert list(inference["properties"]) == list(NAMES) and inference["additionalProperties"] is False
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    for name, spec in inference["properties"].items():
+        assert set(spec) == {"type", "description"}, name  # no default, enum or range of its own
+        assert spec["type"] == kinds[type(FIELDS[name].default)]
+        assert " ".join(spec["description"].split()) == FIELDS[name].metadata["help"]
 
 
 def test_configs_name_only_settings_keys():
