@@ -111,6 +111,13 @@ def max_input_length(model, tokenizer) -> int:
     return int(min(limit, positions))
 
 
+def torch_device(name: str | None = None):
+    """``torch.device(name)``, or CUDA when available and no device is named, else the CPU."""
+    import torch
+
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def encode(model, ids, attention):
     """Final-layer token vectors [B, L, h] (paper 3.1: the last hidden layer, not the LM head)."""
     return model(input_ids=ids, attention_mask=attention).last_hidden_state

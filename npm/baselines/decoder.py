@@ -81,12 +81,11 @@ class DecoderScorer:
     over the corpus's blocks (``system.options``: ``retrieval``, ``ensemble``, ``pmi``)."""
 
     def __init__(self, system, inputs, settings):
-        import torch
-
         from npm.baselines.lm import load_causal_lm
+        from npm.model import torch_device
 
         self.settings, self.options = settings, dict(system.options)
-        self.device = torch.device(inputs.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch_device(inputs.device)
         self.model, self.tokenizer = load_causal_lm(inputs.model)
         self.model.to(self.device)
         self.texts = self.searcher = None

@@ -119,11 +119,9 @@ class MlmScorer:
     """System ``mlm``: closed-set label scores of a masked LM, no corpus (``npm.evaluation.systems``)."""
 
     def __init__(self, system, inputs, settings):
-        import torch
+        from npm.model import load_masked_lm, load_tokenizer, torch_device
 
-        from npm.model import load_masked_lm, load_tokenizer
-
-        self.device = torch.device(inputs.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch_device(inputs.device)
         self.tokenizer = load_tokenizer(inputs.model)
         self.model = load_masked_lm(inputs.model).to(self.device)
         self.info = {"model": str(inputs.model), "corpus": None, "corpus_tokens": None, "retrieval": None,
