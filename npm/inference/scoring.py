@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class NpmScorer:
         self.tokenizer, self.tasks_root = first.tokenizer, inputs.tasks_root
         self.info = {
             "model": str(inputs.model), "datastores": list(inputs.datastore), "k": settings.k,
-            "corpus": inputs.corpus or "+".join(str(d).rstrip("/").split("/")[-1] for d in inputs.datastore),
+            "corpus": inputs.corpus or "+".join(Path(d).name for d in inputs.datastore),
             "corpus_tokens": sum(p.ds.n_tokens for p in self.predictors),
             "parameters": sum(p.numel() for p in first.model.parameters()),
             "device": str(next(first.model.parameters()).device),
