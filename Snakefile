@@ -8,7 +8,11 @@ min_version("9.0")
 
 # The embedded default, unless --configfile names another (the slurm profile names config/paper.yaml).
 # Loading both would deep-merge them, mixing embedded sources into the paper config.
+# read_yaml first: a YAML syntax error then names the file, line and column (Snakemake's own message names neither).
 if not workflow.config_settings.configfiles:
+    from npm.io import read_yaml
+
+    read_yaml(f"{workflow.basedir}/config/config.yaml")
 
     configfile: f"{workflow.basedir}/config/config.yaml"
 

@@ -11,6 +11,8 @@ stored unpadded (docs/data-contracts.md); ``pad_blocks`` pads with id 0 and atte
 
 from __future__ import annotations
 
+import logging
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -20,6 +22,8 @@ from tqdm import tqdm
 
 from npm.boundaries import SPECIAL, encode_units_with_offsets, utf8_offsets
 from npm.io import load_npz, read_jsonl, save_npz
+
+logger = logging.getLogger(__name__)
 
 MAX_SEQ_LENGTH = 256
 CHUNK_UNITS = 8192  # text units per tokenizer call
@@ -145,15 +149,18 @@ def _check(doc: dict, k: int) -> list[str]:
 
 
 def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MAX_SEQ_LENGTH,
-                       stats: Counter | None = None) -> dict[str, np.ndarray]:
+                       stats: Counter | None = None, where=None) -> dict[str, np.ndarray]:
     """The blocks arrays of ``docs`` (docs/data-contracts.md): ``input_ids`` int32, ``flags`` uint8,
     ``block_offsets`` int64 [n_blocks+1], ``block_doc`` int32 (index into ``doc_ids``), ``doc_ids`` str, and the
     surface text: ``text`` uint8, ``text_offsets`` int64 [n_blocks+1], ``token_spans`` uint16 [T, 2]
     (``block_texts``).
 
-    Documents are encoded in chunks of whole documents; only flat arrays are kept per chunk. ``stats``, if
-    given, is increased by the counts of ``documents``, ``units`` and ``units_dropped_mask``.
+    Documents are encoded in chunks of whole documents; only flat arrays are kept per chunk. A document left with
+    no token but the begin/end tokens (no units, empty units, only units with the mask token) gets no block: it is
+    logged as ``where(k)`` (default "document k") and counted as ``documents_empty``. ``stats``, if given, is
+    increased by the counts of ``documents``, ``units``, ``units_dropped_mask`` and ``documents_empty``.
     """
+    where = where or (lambda k: f"document {k}")
     stats = Counter() if stats is None else stats
     mask_id = tokenizer.mask_token_id
     ids_parts, flag_parts, offset_parts, doc_parts, doc_ids = [], [], [], [], []
@@ -168,9 +175,19 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
             texts.extend(units)
             unit_doc.extend([k] * len(units))
         ids, flags, unit_offsets, offsets, joined = encode_units_with_offsets(tokenizer, texts)
-        drop = units_containing(ids, unit_offsets, mask_id)
+        masked = units_containing(ids, unit_offsets, mask_id)
+        unit_doc = np.asarray(unit_doc, dtype=np.int64)
+        unit_of_token = np.repeat(np.arange(len(texts)), np.diff(unit_offsets))
+        words = np.bincount(unit_of_token[(flags & SPECIAL) == 0], minlength=len(texts))  # non-special tokens
+        words[masked] = 0
+        doc_words = np.bincount(unit_doc - first_doc, weights=words, minlength=len(chunk))
+        for k in np.flatnonzero(doc_words == 0).tolist():
+            logger.warning("%s: skipped document %r: no token besides the begin/end tokens (%d units, %d with the "
+                           "mask token); it makes no block", where(first_doc + k), doc_ids[first_doc + k],
+                           int((unit_doc == first_doc + k).sum()), int(masked[unit_doc == first_doc + k].sum()))
+        drop = masked | (doc_words[unit_doc - first_doc] == 0)
         keep_tokens = np.repeat(~drop, np.diff(unit_offsets))
-        block_offsets, block_doc = pack_blocks(np.diff(unit_offsets)[~drop], np.asarray(unit_doc)[~drop],
+        block_offsets, block_doc = pack_blocks(np.diff(unit_offsets)[~drop], unit_doc[~drop],
                                                max_seq_length)
         ids_parts.append(ids[keep_tokens])
         flag_parts.append(flags[keep_tokens])
@@ -184,7 +201,8 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
         span_parts.append(token_spans)
         n_tokens += int(block_offsets[-1])
         n_bytes += int(text_offsets[-1])
-        stats.update(documents=len(chunk), units=len(texts), units_dropped_mask=int(drop.sum()))
+        stats.update(documents=len(chunk), units=len(texts), units_dropped_mask=int(masked.sum()),
+                     documents_empty=int((doc_words == 0).sum()))
     return {
         "input_ids": np.concatenate(ids_parts or [np.zeros(0)]).astype(np.int32),
         "flags": np.concatenate(flag_parts or [np.zeros(0)]).astype(np.uint8),
@@ -203,21 +221,30 @@ def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: st
     from npm.model import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_name)
-    stats = Counter()
-    docs = tqdm(read_jsonl(docs_path), desc=f"blocks {Path(docs_path).name}", unit=" docs", mininterval=10)
+    stats = Counter(documents_empty=0)
+    lines = array("q")  # the line of each document, for warnings
+
+    def docs():
+        for lineno, doc in read_jsonl(docs_path, numbered=True):
+            lines.append(lineno)
+            yield doc
+
+    bar = tqdm(docs(), desc=f"blocks {Path(docs_path).name}", unit=" docs", mininterval=10)
     try:
-        arrays = tokenize_documents(docs, tokenizer, max_seq_length, stats)
-    except ValueError as e:
-        raise ValueError(f"{docs_path}: {e}") from None
+        arrays = tokenize_documents(bar, tokenizer, max_seq_length, stats, where=lambda k: f"{docs_path}:{lines[k]}")
+    except ValueError as e:  # read_jsonl's errors already name the file
+        raise ValueError(str(e) if str(e).startswith(str(docs_path)) else f"{docs_path}: {e}") from None
     if stats["documents"] == 0:
         raise ValueError(f"{docs_path} holds no documents; check the rule that made it (empty shard?)")
     n_blocks = len(arrays["block_doc"])
     if n_blocks == 0:
         raise ValueError(f"{docs_path}: {stats['documents']} documents with {stats['units']} text units gave no "
-                         f"block ({stats['units_dropped_mask']} units dropped for containing the mask token)")
+                         f"block ({stats['units_dropped_mask']} units dropped for containing the mask token, "
+                         f"{stats['documents_empty']} documents without a token)")
     save_npz(out_path, **arrays)
     return {"documents": stats["documents"], "units": stats["units"],
-            "units_dropped_mask": stats["units_dropped_mask"], "blocks": n_blocks,
+            "units_dropped_mask": stats["units_dropped_mask"], "documents_empty": stats["documents_empty"],
+            "blocks": n_blocks,
             "tokens": int(len(arrays["input_ids"])), "tokenizer": tokenizer_name}
 
 

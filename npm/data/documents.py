@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from npm.io import atomic_path, resolve_package_path, write_jsonl
+from npm.io import atomic_path, read_jsonl, resolve_package_path, write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +91,8 @@ def extract_documents(fmt: str, source: str | Path, out: str | Path, limit: int 
 
 
 def _text_lines(path: Path) -> Iterator[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield line if line.endswith("\n") else line + "\n"
+    for _, line in read_jsonl(path, parse=False):  # bytes that are not UTF-8: a ValueError naming the line
+        yield line if line.endswith("\n") else line + "\n"
 
 
 def shard_documents(src: str | Path, outs: list[Path], seed: int = 2022, buffer_size: int = 1_000_000,

@@ -20,7 +20,6 @@ Both go through ``page_units``, the original ``process_wiki.py::shard_wiki`` rul
 from __future__ import annotations
 
 import bz2
-import gzip
 import json
 import logging
 import re
@@ -40,6 +39,7 @@ from mwparserfromhell.nodes import (
 )
 
 from npm.data.documents import Stats
+from npm.io import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -245,26 +245,22 @@ def read_kilt(path: str | Path, stats: Stats | None = None, double_space_quirk: 
     A line that is not JSON or lacks a string ``wikipedia_title`` / a ``text`` list is logged and skipped.
     """
     stats = stats if stats is not None else Stats()
-    opener = gzip.open if Path(path).suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                stats.skip(f"line {lineno}", where, f"not JSON ({e.msg})")
-                continue
-            rec_id = record.get("_id", f"line {lineno}") if isinstance(record, dict) else f"line {lineno}"
-            if not isinstance(record, dict) or not isinstance(record.get("wikipedia_title"), str) \
-                    or not isinstance(record.get("text"), list) \
-                    or not all(isinstance(p, str) for p in record["text"]):
-                stats.skip(rec_id, where, "needs a string 'wikipedia_title' and a 'text' list of strings")
-                continue
-            title = record["wikipedia_title"]
-            units = page_units(title, record["text"], double_space_quirk)
-            if units is None:
-                stats.counts["dropped"] += 1
-                continue
-            yield {"id": str(rec_id), "title": title, "units": units, "date": None, "source": SOURCE}
+    for lineno, line in read_jsonl(path, parse=False):  # bytes that are not UTF-8: a ValueError naming the line
+        where = f"{path}:{lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            stats.skip(f"line {lineno}", where, f"not JSON ({e.msg})")
+            continue
+        rec_id = record.get("_id", f"line {lineno}") if isinstance(record, dict) else f"line {lineno}"
+        if not isinstance(record, dict) or not isinstance(record.get("wikipedia_title"), str) \
+                or not isinstance(record.get("text"), list) \
+                or not all(isinstance(p, str) for p in record["text"]):
+            stats.skip(rec_id, where, "needs a string 'wikipedia_title' and a 'text' list of strings")
+            continue
+        title = record["wikipedia_title"]
+        units = page_units(title, record["text"], double_space_quirk)
+        if units is None:
+            stats.counts["dropped"] += 1
+            continue
+        yield {"id": str(rec_id), "title": title, "units": units, "date": None, "source": SOURCE}

@@ -24,10 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from npm.evaluation.systems import SYSTEMS
-from npm.io import atomic_path
+from npm.io import atomic_path, read_yaml
 
 PAPER_VALUES = Path(__file__).resolve().parent / "paper_values.yaml"
 
@@ -101,7 +99,7 @@ def load_paper_values(path: str | os.PathLike | None = None) -> dict:
     path = Path(path) if path is not None else PAPER_VALUES
     if not path.exists():
         raise FileNotFoundError(f"paper values file {path} does not exist (the packaged one is {PAPER_VALUES})")
-    values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    values = read_yaml(path)
     for key in ("params_base", "mapping", "table1", "table2", "table3", "table3_layout", "table4", "table8",
                 "table10_npm"):
         if not isinstance(values, dict) or key not in values:

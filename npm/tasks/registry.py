@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 
+from npm.io import read_yaml
 from npm.tasks import loaders as loaders_module
 from npm.tasks.metrics import ngram_bucket, sample_by_group, sample_indices
 from npm.tasks.templates import (
@@ -215,7 +215,7 @@ def read_registry_file(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task registry {path} does not exist")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw = read_yaml(path)
     if not isinstance(raw, Mapping) or not isinstance(raw.get("tasks"), Mapping) or not raw["tasks"]:
         raise RegistryError(f"{path}: expected a mapping with a non-empty `tasks` mapping")
     return dict(raw)

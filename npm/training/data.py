@@ -14,6 +14,28 @@ import numpy as np
 from npm.io import load_npz
 
 
+def check_spans(masked: dict[str, np.ndarray], block_offsets: np.ndarray, path) -> None:
+    """Every span (sequence, start, length) of a masked batches file (docs/data-contracts.md) lies inside its
+    sequence: 0 <= sequence < B, start >= 0, length >= 1, start + length <= the block's length. Vectorised."""
+    batches, offsets, spans = masked["batches"], masked["span_offsets"].astype(np.int64), masked["spans"]
+    n = len(batches)
+    if spans.ndim != 2 or spans.shape[1] != 3 or len(offsets) != n + 1 or offsets[0] != 0 \
+            or offsets[-1] != len(spans) or (np.diff(offsets) < 0).any():
+        raise ValueError(f"{path}: span_offsets {len(offsets)} and spans {spans.shape} do not fit {n} batch lines "
+                         "(span_offsets [n+1] from 0 to len(spans), spans [n_spans, 3]); re-run mask_batches")
+    line = np.repeat(np.arange(n), np.diff(offsets))
+    seq, start, length = (spans[:, i].astype(np.int64) for i in range(3))
+    in_line = (seq >= 0) & (seq < batches.shape[1])
+    tokens = np.diff(block_offsets)[batches[line, np.where(in_line, seq, 0)]]
+    bad = ~in_line | (start < 0) | (length < 1) | (start + length > tokens)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        has = f"it has {int(tokens[k])} tokens" if in_line[k] else f"the line has {batches.shape[1]} sequences"
+        raise ValueError(f"{path}: batch line {int(line[k])}, span {k} (sequence {seq[k]}, start {start[k]}, length "
+                         f"{length[k]}) lies outside its sequence ({has}); re-run mask_batches with the blocks and "
+                         "batches files of this shard")
+
+
 class BatchLines:
     """All masked batch lines of a list of (blocks, masked) shard files, as flat arrays."""
 
@@ -32,8 +54,10 @@ class BatchLines:
             if n and (spans_per_line == 0).any():
                 bad = int(np.flatnonzero(spans_per_line == 0)[0])
                 raise ValueError(f"{masked_path}: batch line {bad} has no masked span")
-            if masked["batches"].size and masked["batches"].max() >= len(blocks["block_offsets"]) - 1:
+            if masked["batches"].size and (masked["batches"].max() >= len(blocks["block_offsets"]) - 1
+                                           or masked["batches"].min() < 0):
                 raise ValueError(f"{masked_path}: refers to blocks missing from {blocks_path}")
+            check_spans(masked, blocks["block_offsets"], masked_path)
             self.shards.append((blocks["input_ids"], blocks["block_offsets"], masked, str(masked_path)))
             items.append(np.stack([np.full(n, k), np.arange(n)], axis=1))
         self.items = np.concatenate(items)
