@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
@@ -100,14 +101,18 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _parse(name: str):
+def arg_type(name: str):
+    """The argparse ``type=`` of setting ``name``: parses the text and applies ``check``, so every option that sets
+    it (``evaluate --open-set-tau``, ``predict --tau``) has the one range defined here; a bad value is argparse's
+    usage error (exit status 2) naming the option."""
     kind = type(FIELDS[name].default)
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+            raise argparse.ArgumentTypeError(f"setting {name} must be {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
         try:
             check(name, value)
         except ValueError as e:
@@ -115,6 +120,51 @@ def _parse(name: str):
         return value
 
     return parse
+
+
+# ---- argparse types of the options that are not settings (npm.cli, npm.evaluation.cli)
+
+def bounded(kind: type, minimum=None, maximum=None, exclusive_minimum=None, exclusive_maximum=None):
+    """An argparse ``type=`` that parses an ``int`` or a finite ``float`` and checks its range, named like the
+    keywords of config/schema.yaml (tests/test_faults_cli.py checks that every `npm-repro` option a config key feeds
+    has the key's range). A bad value is argparse's usage error naming the option: exit status 2 before any work."""
+    what = "an integer" if kind is int else "a finite number"
+    limits = [f">= {minimum}" if minimum is not None else "", f"> {exclusive_minimum}"
+              if exclusive_minimum is not None else "", f"<= {maximum}" if maximum is not None else "",
+              f"< {exclusive_maximum}" if exclusive_maximum is not None else ""]
+    rule = f"must be {what} " + " and ".join(x for x in limits if x)
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{rule}, got {text!r}") from None
+        if ((kind is float and not math.isfinite(value)) or (minimum is not None and value < minimum)
+                or (exclusive_minimum is not None and value <= exclusive_minimum)
+                or (maximum is not None and value > maximum)
+                or (exclusive_maximum is not None and value >= exclusive_maximum)):
+            raise argparse.ArgumentTypeError(f"{rule}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+positive_int = bounded(int, minimum=1)
+nonneg_int = bounded(int, minimum=0)  # where 0 means "none" / "all" (the config's null)
+positive_float = bounded(float, exclusive_minimum=0)
+nonneg_float = bounded(float, minimum=0)
+unit_interval = bounded(float, minimum=0, maximum=1)  # a probability or share, 0 and 1 included
+positive_share = bounded(float, exclusive_minimum=0, maximum=1)  # a share in (0, 1]
+SHA256 = re.compile(r"^[0-9a-f]{64}$")  # = config/schema.yaml sources.*.sha256
+
+
+def sha256_hex(text: str) -> str:
+    """argparse ``type=`` of ``--sha256``: 64 lowercase hex digits, or '' (not checked)."""
+    if text and not SHA256.match(text):
+        raise argparse.ArgumentTypeError(f"must be a SHA-256 digest of 64 lowercase hex digits (or '' to skip the "
+                                         f"check), got {text!r} ({len(text)} characters); e.g. `sha256sum FILE`")
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=f.default,
                                help=help_text)
         else:
-            group.add_argument(_flag(f.name), type=_parse(f.name), default=f.default, help=help_text,
+            group.add_argument(_flag(f.name), type=arg_type(f.name), default=f.default, help=help_text,
                                choices=f.metadata["choices"], metavar=None if f.metadata["choices"] else f.name.upper())
 
 
@@ -147,4 +197,5 @@ def to_args(values: Mapping | None) -> str:
     return " ".join(out)
 
 
-__all__ = ["NAMES", "Settings", "add_arguments", "check", "from_args", "to_args"]
+__all__ = ["NAMES", "Settings", "add_arguments", "arg_type", "bounded", "check", "from_args", "nonneg_float",
+           "nonneg_int", "positive_float", "positive_int", "positive_share", "sha256_hex", "to_args", "unit_interval"]

@@ -4,7 +4,6 @@ one metrics file. The options of ``npm.settings.Settings`` are added from its fi
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from npm import settings as settings_module
@@ -14,13 +13,14 @@ from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from npm.evaluation.harness import evaluate
+    from npm.io import dumps_json
 
     inputs = Inputs(model=args.model, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25, blocks=args.blocks,
                     encoder=args.encoder, corpus=args.corpus, device=args.device, tasks_root=str(args.tasks_root))
     metrics = evaluate(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
                        tokenizer=args.tokenizer, predictions_path=args.predictions, metrics_path=args.metrics)
     if args.metrics is None:
-        print(json.dumps(metrics, indent=2, default=str))
+        print(dumps_json(metrics, "metrics (stdout)", indent=2, default=str))
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -51,7 +51,8 @@ def add_cli(subparsers) -> None:
                    help="tokenizer counting LAMA answers' n-gram buckets (default: the system's own)")
     p.add_argument("--corpus", help="reference corpus name recorded in the metrics (default: from the paths)")
     p.add_argument("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders")
-    p.add_argument("--n-samples", type=int, help="examples per task (default: the registry's; 0 = all)")
+    p.add_argument("--n-samples", type=settings_module.nonneg_int,
+                   help="examples per task (default: the registry's; 0 = all)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--predictions", type=Path, help="predictions JSONL to write")
     p.add_argument("--metrics", type=Path, help="metrics JSON to write (printed when absent)")

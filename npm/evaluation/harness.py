@@ -174,7 +174,7 @@ def evaluate(task: str | Task, system: str, inputs: Inputs, settings: Settings |
     given; returns the metrics."""
     from tqdm import tqdm
 
-    from npm.io import write_jsonl, write_summary
+    from npm.io import check_finite, write_jsonl, write_summary
     from npm.tasks.registry import task_examples
 
     settings = settings or Settings()
@@ -211,6 +211,8 @@ def evaluate(task: str | Task, system: str, inputs: Inputs, settings: Settings |
     metrics.update(scorer.info)
     metrics.update(output.metrics)
     metrics["torch_threads"] = _torch_threads()
+    if metrics_path is not None:  # a NaN / inf score is an error naming the key, before either file is written
+        check_finite(metrics, str(metrics_path))
     if predictions_path is not None:
         write_jsonl(predictions_path, records)
     if metrics_path is not None:
