@@ -228,6 +228,18 @@ def test_index_counts(lee_index, blocks, searcher):
     assert stats["total_terms"] > stats["unique_terms"] > 1000
 
 
+def test_index_record_of_plain_documents_has_no_fingerprint(lee_index):
+    """An index built from (id, text) pairs that do not come from ``block_documents`` records its document count
+    but no corpus fingerprint: a reader that checks one refuses it, a reader that does not still searches it."""
+    index_dir, stats = lee_index
+    record = json.loads((index_dir / "npm-repro-index.json").read_text(encoding="utf-8"))
+    assert record["documents"] == stats["documents"] == 300
+    assert record["corpus_fingerprint"] is None and stats["corpus_fingerprint"] is None and record["sources"] == []
+    with pytest.raises(ValueError, match="records no corpus fingerprint.*rebuild it with `npm-repro build-bm25-index"):
+        Bm25Searcher(index_dir, corpus_fingerprint="0" * 64)
+    assert len(Bm25Searcher(index_dir).search("bushfires near Sydney", 3)[0]) == 3
+
+
 def test_docids_are_the_global_block_ids(searcher, blocks):
     """A block's most distinctive sentence finds that block first, under its own global id."""
     texts = [t for _, t in blocks]

@@ -122,7 +122,8 @@ def test_safetensors_error_is_one_line(tmp_path, monkeypatch, capsys):
 
 def test_lucene_error_is_one_line(tmp_path, monkeypatch, capsys):
     """A folder that looks like a Lucene index (a ``segments_1`` file) but holds junk: Lucene's own exception
-    crosses the Java bridge as ``jnius.JavaException``."""
+    crosses the Java bridge as ``jnius.JavaException``. Read with pyserini directly, it is the generic edge line;
+    through ``Bm25Searcher`` (what every command uses) a ValueError naming the folder and saying to rebuild it."""
     from npm.datastore import java
 
     try:
@@ -131,6 +132,8 @@ def test_lucene_error_is_one_line(tmp_path, monkeypatch, capsys):
         if str(e).startswith(java.NO_JAVA_MESSAGE):  # no Java 21+ on this machine: the one reason to skip
             pytest.skip(str(e))
         raise
+    from pyserini.search.lucene import LuceneSearcher
+
     from npm.datastore.bm25 import Bm25Searcher
 
     index = tmp_path / "bm25"
@@ -138,7 +141,7 @@ def test_lucene_error_is_one_line(tmp_path, monkeypatch, capsys):
     (index / "segments_1").write_bytes(b"not a Lucene commit point " * 8)
 
     def func(args):
-        Bm25Searcher(index)
+        LuceneSearcher(str(index))
 
     code, err = _run_main(monkeypatch, capsys, func)
     assert code == 1
@@ -147,3 +150,13 @@ def test_lucene_error_is_one_line(tmp_path, monkeypatch, capsys):
     assert line.startswith("npm-repro load-it: error: Java (pyserini/Lucene): org.apache.lucene."), line
     assert "Exception: " in line and "\n" not in line
     assert "SegmentInfos.java" not in line  # no Java stack frames
+
+    def func(args):
+        Bm25Searcher(index)
+
+    code, err = _run_main(monkeypatch, capsys, func)
+    line = _last_line(err)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert line.startswith(f"npm-repro load-it: error: {index} is not a readable Lucene index (Java: "
+                           "org.apache.lucene."), line
+    assert "delete it and rebuild it with `npm-repro build-bm25-index" in line and "SegmentInfos.java" not in line

@@ -36,10 +36,13 @@ PROMPT_CHARS = 2000  # characters of the prompt kept in a predictions record
 
 
 class BlockTexts:
-    """Global block id -> exact block text over blocks files given in global order (``npm.data.blocks``)."""
+    """Global block id -> exact block text over blocks files given in global order (``npm.data.blocks``).
+    ``corpus_fingerprint``: the blocks' content fingerprint (``npm.fingerprint``), what a BM25 index over them
+    records."""
 
     def __init__(self, paths: Sequence[str | os.PathLike]):
         from npm.data.blocks import load_blocks
+        from npm.fingerprint import CorpusHasher
 
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -47,15 +50,18 @@ class BlockTexts:
         if not self.paths:
             raise ValueError("no blocks files given: the retrieved passages are read from the corpus blocks")
         self._files, firsts, self.tokens = [], [0], 0
+        hasher = CorpusHasher()
         for p in self.paths:
             if not Path(p).is_file():
                 raise FileNotFoundError(f"blocks file {p} does not exist; run the tokenize_blocks rule first")
             arrays = load_blocks(p, text=True)
+            hasher.update(arrays["input_ids"], arrays["block_offsets"])
             self._files.append({k: arrays[k] for k in ("text", "text_offsets")})
             firsts.append(firsts[-1] + len(arrays["block_doc"]))
             self.tokens += int(len(arrays["input_ids"]))
         self._firsts = np.asarray(firsts, dtype=np.int64)
         self.n_blocks = int(self._firsts[-1])
+        self.corpus_fingerprint = hasher.hexdigest()
 
     def __len__(self) -> int:
         return self.n_blocks
@@ -96,10 +102,10 @@ class DecoderScorer:
                 from npm.datastore.bm25 import Bm25Searcher
 
                 (bm25,) = inputs.bm25
-                self.searcher = Bm25Searcher(bm25)
-                if len(self.searcher) > len(self.texts):
-                    raise ValueError(f"BM25 index {bm25} has {len(self.searcher)} documents but the blocks files "
-                                     f"hold {len(self.texts)} blocks: give every blocks file of the corpus, in order")
+                # The index's block ids are read as blocks of these files: it must index exactly them, in order.
+                self.searcher = Bm25Searcher(bm25, corpus_fingerprint=self.texts.corpus_fingerprint,
+                                             corpus="the blocks files given (--blocks, every file of the corpus "
+                                                    "in order)", blocks=self.texts.paths)
             else:
                 from npm.baselines.dense import DenseBlockSearcher
 

@@ -15,11 +15,20 @@ falls from 34.5 to 16.1). As in the original (``npm/searcher.py``):
 Java: pyserini 1.6 needs Java 21+ and a JVM started without ``jdk.incubator.vector``; every entry point here calls
 :func:`npm.datastore.java.ensure_jvm` first (the indexer subprocess too). One JVM per process, started on the
 first ``Bm25Searcher``; see that module.
+
+Identity (issue 12): the index folder holds, besides Lucene's files, the record ``npm-repro-index.json`` (written
+before the atomic rename, so every finished index has it): the ``corpus_fingerprint`` of the blocks it indexes
+(``npm.fingerprint.CorpusHasher``: token ids and block lengths, in order; the datastore of the same blocks has the
+same one), ``n_blocks``, ``n_tokens``, ``documents`` and the blocks files (``sources``). A reader that passes
+``corpus_fingerprint`` to :class:`Bm25Searcher` (the Predictor, the decoder baselines) gets a ValueError when the
+record is missing or differs, before any search. A corrupt Lucene index (truncated or overwritten segment files) is a
+ValueError naming the folder and the Java exception's class and gist, not a Java traceback.
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import subprocess
@@ -32,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from npm.datastore.java import ensure_jvm
-from npm.io import atomic_dir
+from npm.fingerprint import CorpusHasher
+from npm.io import atomic_dir, write_json
 
 DEFAULT_K1 = 0.9  # pyserini's LuceneSearcher defaults, not overridden by the original (paper-map §3.8)
 DEFAULT_B = 0.4
@@ -41,6 +51,8 @@ CLOZE_BLANK = "_____"
 COLLECTION = "JsonCollection"
 GENERATOR = "DefaultLuceneDocumentGenerator"
 _RESULT_MARK = "NPM_BM25_INDEX_STATS "
+INDEX_RECORD = "npm-repro-index.json"  # the index's identity, inside the index folder
+RECORD_FORMAT = "npm-repro BM25 index"
 
 
 def bm25_query(text: str, is_question: bool, mask_token: str = "<mask>") -> str:
@@ -59,28 +71,54 @@ def bm25_query(text: str, is_question: bool, mask_token: str = "<mask>") -> str:
 # ------------------------------------------------------------------------------------------------ indexing
 
 
-def block_documents(blocks_paths: Sequence[str | os.PathLike], skipped: list[int] | None = None
-                    ) -> Iterator[tuple[int, str]]:
+class BlockDocuments(Iterator):
+    """The iterator :func:`block_documents` returns. Once exhausted, ``corpus`` holds what the documents are made
+    from: ``corpus_fingerprint`` (``npm.fingerprint.CorpusHasher`` over the blocks files' token arrays, hashed on
+    the same pass that reads their text), ``n_blocks``, ``n_tokens`` and ``sources`` (the blocks files);
+    :func:`build_bm25_index` writes it into the index's record."""
+
+    def __init__(self, blocks_paths: Sequence[str | os.PathLike], skipped: list[int] | None = None):
+        self.sources = [str(p) for p in blocks_paths]
+        self.skipped = skipped
+        self.corpus: dict | None = None
+        self._docs = self._generate()
+
+    def __iter__(self) -> BlockDocuments:
+        return self
+
+    def __next__(self) -> tuple[int, str]:
+        return next(self._docs)
+
+    def _generate(self) -> Iterator[tuple[int, str]]:
+        from npm.data.blocks import block_text, load_blocks
+
+        hasher, first = CorpusHasher(), 0
+        for path in self.sources:
+            blocks = load_blocks(path, text=True)
+            hasher.update(blocks["input_ids"], blocks["block_offsets"])
+            n = len(blocks["block_doc"])
+            for b in range(n):
+                text = block_text(blocks, b).replace("\n", " ")
+                if text.strip():
+                    yield first + b, text
+                elif self.skipped is not None:
+                    self.skipped.append(first + b)
+            first += n
+        self.corpus = {"corpus_fingerprint": hasher.hexdigest(), "n_blocks": first, "n_tokens": hasher.n_tokens,
+                       "sources": self.sources}
+
+
+def block_documents(blocks_paths: Sequence[str | os.PathLike], skipped: list[int] | None = None) -> BlockDocuments:
     """``(global block id, text)`` of every block of the blocks files, in the order given (the datastore's global
     block order), the units of a block joined by a space. A block without text (only the end token of a split
-    unit) cannot be a Lucene document: it is left out and its id appended to ``skipped``."""
-    from npm.data.blocks import block_text, load_blocks
-
-    first = 0
-    for path in blocks_paths:
-        blocks = load_blocks(path, text=True)
-        n = len(blocks["block_doc"])
-        for b in range(n):
-            text = block_text(blocks, b).replace("\n", " ")
-            if text.strip():
-                yield first + b, text
-            elif skipped is not None:
-                skipped.append(first + b)
-        first += n
+    unit) cannot be a Lucene document: it is left out and its id appended to ``skipped``. The iterator also
+    fingerprints the blocks (``BlockDocuments.corpus``), so an index built from it records what it indexes."""
+    return BlockDocuments(blocks_paths, skipped)
 
 
 def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike, threads: int = 1, *,
-                     store_raw: bool = False, store_docvectors: bool = False, optimize: bool = True) -> dict:
+                     store_raw: bool = False, store_docvectors: bool = False, optimize: bool = True,
+                     corpus: dict | None = None) -> dict:
     """Index ``(global block id, text)`` pairs into a Lucene BM25 index at ``out_dir``, atomically.
 
     The pairs are written as a pyserini ``JsonCollection`` in a temporary folder beside ``out_dir`` and indexed by
@@ -92,8 +130,14 @@ def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike
     ``store_docvectors`` add pyserini's ``--storeRaw`` / ``--storeDocvectors`` (not needed for search);
     ``optimize`` (``--optimize``) merges the index into one segment (faster search, exact term statistics).
 
-    Returns ``{"documents", "unique_terms", "total_terms", "threads", "seconds"}``. Raises ValueError for no
-    documents, a duplicate or negative id, or an empty text, and RuntimeError when the indexer fails.
+    ``corpus``: what the documents are made from (``corpus_fingerprint``, ``n_blocks``, ``n_tokens``,
+    ``sources``), written into the index's record ``npm-repro-index.json``; default ``docs.corpus`` when ``docs``
+    is :func:`block_documents` (documents from anywhere else get a record without a fingerprint, which a checking
+    reader refuses).
+
+    Returns ``{"documents", "unique_terms", "total_terms", "threads", "seconds", "corpus_fingerprint"}``. Raises
+    ValueError for no documents, a duplicate or negative id, or an empty text, and RuntimeError when the indexer
+    fails.
     """
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
@@ -108,10 +152,52 @@ def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike
         stats = _run_indexer(collection, index, threads, flags)
         if stats.get("documents") != n:
             raise RuntimeError(f"Lucene indexed {stats.get('documents')} documents out of {n}; index left unused")
+        record = _index_record(docs, corpus, n)
+        write_json(index / INDEX_RECORD, record)
     unique_terms = stats.get("unique_terms")  # Lucene reports -1 when the index has several segments
     return {"documents": n, "unique_terms": unique_terms if unique_terms is None or unique_terms >= 0 else None,
             "total_terms": stats.get("total_terms"),
-            "threads": threads, "seconds": round(time.perf_counter() - start, 3)}
+            "threads": threads, "seconds": round(time.perf_counter() - start, 3),
+            "corpus_fingerprint": record["corpus_fingerprint"]}
+
+
+def _index_record(docs, corpus: dict | None, documents: int) -> dict:
+    """The index's record: the fingerprint of the blocks the (exhausted) ``docs`` came from, and their count."""
+    found = getattr(docs, "corpus", None) if isinstance(docs, BlockDocuments) else None
+    if corpus is not None and found is not None and corpus.get("corpus_fingerprint") != found["corpus_fingerprint"]:
+        raise ValueError(f"corpus= says fingerprint {str(corpus.get('corpus_fingerprint'))[:12]}, the blocks files "
+                         f"the documents were read from have {found['corpus_fingerprint'][:12]}; index left unused")
+    info = dict(corpus if corpus is not None else found or {})
+    if documents > int(info.get("n_blocks") or documents):
+        raise ValueError(f"{documents} documents but corpus= says {info['n_blocks']} blocks; index left unused")
+    return {"format": RECORD_FORMAT, "corpus_fingerprint": info.get("corpus_fingerprint"),
+            "n_blocks": info.get("n_blocks"), "n_tokens": info.get("n_tokens"), "documents": documents,
+            "sources": [str(p) for p in info.get("sources") or []], "collection": COLLECTION, "generator": GENERATOR}
+
+
+def read_index_record(index_dir: str | os.PathLike) -> dict | None:
+    """The record ``npm-repro-index.json`` of a BM25 index, or None when it has none (built before indexes carried
+    one); a corrupt record is a ValueError."""
+    path = Path(index_dir) / INDEX_RECORD
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is corrupt ({e}); {_rebuild_hint(index_dir, None)}") from None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        raise ValueError(f"{path} is not the record of an npm-repro BM25 index; {_rebuild_hint(index_dir, None)}")
+    return record
+
+
+def _rebuild_hint(index_dir, blocks: Sequence[str] | None) -> str:
+    """How to rebuild the BM25 index at ``index_dir`` over ``blocks`` (the blocks files, in order)."""
+    if blocks:
+        shown = [str(b) for b in blocks[:3]] + ([f"... ({len(blocks)} files in this order)"] if len(blocks) > 3 else [])
+        files = " ".join(shown)
+    else:
+        files = "<the datastore's blocks files>"
+    return f"rebuild it with `npm-repro build-bm25-index --blocks {files} --out {index_dir}` (rule build_bm25_index)"
 
 
 def _write_collection(docs: Iterable[tuple[int, str]], folder: Path, threads: int) -> int:
@@ -179,21 +265,47 @@ class Bm25Searcher:
     ``search`` / ``batch_search`` return ``(block_ids int64[<=k], scores float32[<=k])``, best first (fewer than
     k when fewer blocks share a term with the query). Results are cached per ``(query, k)``; the cached arrays
     are read-only, so a caller cannot change them. Starts the process's JVM on first use (``ensure_jvm``).
+
+    ``corpus_fingerprint``: the fingerprint of the blocks the caller reads the block ids against (a datastore's
+    ``corpus_fingerprint``, or ``npm.fingerprint.corpus_fingerprint`` of the blocks files); the index's record must
+    hold the same one, else ValueError naming the index, both fingerprints and the command that rebuilds it over
+    ``blocks`` (the caller's blocks files, for that message; ``corpus`` names them, e.g. "datastore X"). None (the
+    default) skips the check. A corrupt Lucene index is a ValueError naming the folder.
     """
 
-    def __init__(self, index_dir: str | os.PathLike, k1: float = DEFAULT_K1, b: float = DEFAULT_B):
+    def __init__(self, index_dir: str | os.PathLike, k1: float = DEFAULT_K1, b: float = DEFAULT_B, *,
+                 corpus_fingerprint: str | None = None, corpus: str | None = None,
+                 blocks: Sequence[str | os.PathLike] | None = None):
         index_dir = Path(index_dir)
         if not (index_dir.is_dir() and any(index_dir.glob("segments_*"))):
             raise FileNotFoundError(f"{index_dir} is not a Lucene index; build it with build_bm25_index")
+        self.index_dir = index_dir
+        self.record = read_index_record(index_dir)
+        blocks = [str(p) for p in blocks] if blocks else None
+        if corpus_fingerprint is not None:
+            _check_record(index_dir, self.record, corpus_fingerprint, corpus or "the blocks given", blocks)
+        self._blocks_hint = blocks or (self.record or {}).get("sources")
         ensure_jvm()
         from pyserini.search.lucene import LuceneSearcher
 
-        self.index_dir = index_dir
         self.k1, self.b = float(k1), float(b)
-        self._searcher = LuceneSearcher(str(index_dir))
-        self._searcher.set_bm25(self.k1, self.b)
-        self.num_docs = int(self._searcher.num_docs)
+        with self._lucene():
+            self._searcher = LuceneSearcher(str(index_dir))
+            self._searcher.set_bm25(self.k1, self.b)
+            self.num_docs = int(self._searcher.num_docs)
         self._cache: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    @contextlib.contextmanager
+    def _lucene(self) -> Iterator[None]:
+        """Turn a Java exception from Lucene (a corrupt or unreadable index) into a ValueError naming the index."""
+        try:
+            yield
+        except Exception as e:
+            gist = _java_error(e)
+            if gist is None:
+                raise
+            raise ValueError(f"{self.index_dir} is not a readable Lucene index (Java: {gist}); delete it and "
+                             f"{_rebuild_hint(self.index_dir, self._blocks_hint)}") from None
 
     def __len__(self) -> int:
         return self.num_docs
@@ -203,7 +315,9 @@ class Bm25Searcher:
         key = (query, _check_k(k))
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._to_arrays(query, self._searcher.search(query, key[1]))
+            with self._lucene():
+                hits = self._searcher.search(query, key[1])
+            hit = self._cache[key] = self._to_arrays(query, hits)
         return hit
 
     def batch_search(self, queries: Sequence[str], k: int = DEFAULT_K,
@@ -213,7 +327,8 @@ class Bm25Searcher:
         todo = list(dict.fromkeys(q for q in queries if (q, k) not in self._cache))
         if todo:
             qids = [str(i) for i in range(len(todo))]
-            results = self._searcher.batch_search(todo, qids, k, int(threads))
+            with self._lucene():
+                results = self._searcher.batch_search(todo, qids, k, int(threads))
             for qid, query in zip(qids, todo, strict=True):
                 self._cache[(query, k)] = self._to_arrays(query, results.get(qid, []))
         return [self._cache[(q, k)] for q in queries]
@@ -242,6 +357,34 @@ class Bm25Searcher:
         ids.flags.writeable = False
         scores.flags.writeable = False
         return ids, scores
+
+
+def _check_record(index_dir: Path, record: dict | None, want: str, corpus: str, blocks: list[str] | None) -> None:
+    """The index's record must hold corpus fingerprint ``want`` (that of ``corpus``, the caller's blocks)."""
+    hint = _rebuild_hint(index_dir, blocks)
+    if record is None:
+        raise ValueError(f"BM25 index {index_dir} has no {INDEX_RECORD} (built before indexes recorded the "
+                         f"fingerprint of their blocks), so it cannot be checked against {corpus}; {hint}")
+    have = record.get("corpus_fingerprint")
+    if not have:
+        raise ValueError(f"BM25 index {index_dir} records no corpus fingerprint in {INDEX_RECORD} (built from "
+                         f"documents, not from blocks files), so it cannot be checked against {corpus}; {hint}")
+    if have != want:
+        raise ValueError(f"BM25 index {index_dir} was built from other blocks than {corpus}: corpus fingerprint "
+                         f"{have[:12]} (its {INDEX_RECORD}, {record.get('n_blocks')} blocks), expected {want[:12]}; "
+                         f"{hint}")
+
+
+def _java_error(exc: BaseException) -> str | None:
+    """``CLASS: gist`` of a Java exception crossing pyjnius (``jnius.JavaException``, recognised by name, as
+    ``npm.cli.edge_error`` does), or None for any other exception."""
+    if not any(c.__name__ == "JavaException" and c.__module__ == "jnius" for c in type(exc).__mro__):
+        return None
+    classname, message = getattr(exc, "classname", None), getattr(exc, "innermessage", None)
+    text = str(message if classname and message else exc).removeprefix("JVM exception occurred: ")
+    gist = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    gist = gist if len(gist) <= 300 else gist[:297] + "..."
+    return f"{classname}: {gist}" if classname and gist else classname or gist or type(exc).__name__
 
 
 def _check_k(k: int) -> int:

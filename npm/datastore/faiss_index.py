@@ -56,6 +56,13 @@ Choices this module makes and documents:
   at NPM's k=4096.
 * Recall: ``benchmarks/faiss_recall.py`` measures recall@k against "Flat". For datastores of a few hundred thousand
   vectors, "Flat" (exact) is fast enough and is the only setting whose k=4096 candidate list is exact.
+* Identity (issue 12): the sidecar's ``datastore`` record (``plan``, ``model_fingerprint``, ``corpus_fingerprint``,
+  ``n_rows``, ``hidden_size``, the datastore folder) says which datastore the vectors came from. The ``plan`` of
+  ``meta.json`` hashes the datastore's token arrays, the model fingerprint and the embedding settings, so two models
+  with the same hidden size over the same corpus (same rows) still differ. :func:`load_faiss_index` with
+  ``datastore=`` (the Predictor always passes it) checks dimension, row count and plan and refuses a mismatch, a
+  missing sidecar or a sidecar without the record. A file FAISS cannot read (not an index, truncated) is a
+  ValueError naming it.
 * Determinism: IVF/PQ training on the seeded sample is deterministic, so two builds give identical indexes. HNSW
   construction with more than one thread is not bit-reproducible (FAISS inserts in parallel). Pass ``threads=1`` when
   that matters.
@@ -75,7 +82,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npm.io import atomic_path
+from npm.io import atomic_path, dumps_json
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +113,94 @@ def sidecar_path(out_path: str | os.PathLike) -> Path:
     """The JSON sidecar beside an index: ``<out_path>.json``."""
     out_path = Path(out_path)
     return out_path.with_name(out_path.name + ".json")
+
+
+# --------------------------------------------------------------------------------------------- identity
+
+REBUILD = "rebuild the index (rule build_faiss_index)"
+_FAISS_ERROR = re.compile(r"Error in .*? at \S+?:\d+: (?:Error: '.*?' failed: )?", re.S)
+
+
+def datastore_record(datastore, corpus: bool = True) -> dict:
+    """What identifies the datastore an index is built from: ``plan``, ``model_fingerprint``,
+    ``corpus_fingerprint``, ``n_rows``, ``hidden_size``, ``model`` and ``root`` (the folder, informative only).
+
+    ``datastore``: a ``npm.datastore.store.Datastore`` or its ``meta`` dict (then ``corpus_fingerprint`` only when
+    the meta records it and ``root`` only when the dict has one). ``corpus=False``: take ``corpus_fingerprint``
+    only from the meta, never hash the token arrays."""
+    if isinstance(datastore, dict):
+        meta, root, fingerprint = datastore, datastore.get("root"), datastore.get("corpus_fingerprint")
+    else:
+        meta, root = datastore.meta, str(datastore.root)
+        fingerprint = datastore.corpus_fingerprint if corpus else meta.get("corpus_fingerprint")
+    missing = [k for k in ("n_rows", "hidden_size") if k not in meta]
+    if missing:
+        raise ValueError(f"datastore record {root or '(no folder)'} lacks {missing}: pass a Datastore or its meta")
+    return {"root": None if root is None else str(root), "model": meta.get("model"), "plan": meta.get("plan"),
+            "model_fingerprint": meta.get("model_fingerprint"), "corpus_fingerprint": fingerprint,
+            "n_rows": int(meta["n_rows"]), "hidden_size": int(meta["hidden_size"])}
+
+
+def _short(x) -> str:
+    return str(x)[:12] if x else "none"
+
+
+def _check_datastore(path: Path, index, sidecar: dict | None, want: dict) -> None:
+    """``index`` (read from ``path``, with its ``sidecar``) must have been built from the datastore ``want``."""
+    name = f"the datastore {want['root']}" if want.get("root") else "the datastore"
+    if int(index.d) != want["hidden_size"]:
+        raise ValueError(f"FAISS index {path} has dimension {index.d}, {name} hidden size {want['hidden_size']}: "
+                         f"the index holds other vectors; {REBUILD}")
+    if int(index.ntotal) != want["n_rows"]:
+        raise ValueError(f"FAISS index {path} holds {index.ntotal} vectors, {name} has {want['n_rows']} rows: the "
+                         f"index holds other vectors; {REBUILD}")
+    hint = f"{REBUILD}" + (f": `npm-repro build-faiss-index --datastore {want['root']} --out {path}`"
+                           if want.get("root") else "")
+    if sidecar is None:
+        raise ValueError(f"FAISS index {path} has no sidecar {sidecar_path(path).name}, so it cannot be checked "
+                         f"against {name}; {hint}")
+    have = sidecar.get("datastore")
+    if not isinstance(have, dict):
+        raise ValueError(f"FAISS index {path}: its sidecar {sidecar_path(path).name} records no datastore (built "
+                         f"before indexes recorded the datastore they index), so it cannot be checked against "
+                         f"{name}; {hint}")
+    keys = ("plan",) if have.get("plan") and want.get("plan") else ("model_fingerprint", "corpus_fingerprint")
+    compared = [k for k in keys if want.get(k)]
+    if not compared:
+        raise ValueError(f"{name} records neither a plan nor fingerprints, so FAISS index {path} cannot be checked "
+                         "against it; re-run the embed step")
+    if any(have.get(k) != want[k] for k in compared):
+        built = f" ({have['root']})" if have.get("root") else ""
+        raise ValueError(f"FAISS index {path} was built from another datastore{built} than {name}: its sidecar "
+                         f"records plan {_short(have.get('plan'))} (model fingerprint "
+                         f"{_short(have.get('model_fingerprint'))}), the datastore's meta.json has plan "
+                         f"{_short(want.get('plan'))} (model fingerprint {_short(want.get('model_fingerprint'))}); "
+                         f"{hint}")
+
+
+def _read_index(path: Path):
+    """``faiss.read_index``, with a file FAISS cannot read (not an index, truncated, empty) a ValueError naming it."""
+    faiss = _faiss()
+    try:
+        return faiss.read_index(str(path))
+    except RuntimeError as e:
+        text = str(e)
+        m = _FAISS_ERROR.match(text)
+        gist = next((ln.strip() for ln in text[m.end() if m else 0:].splitlines() if ln.strip()), type(e).__name__)
+        raise ValueError(f"{path} is not a readable FAISS index (FAISS: {gist}); rebuild it") from None
+
+
+def _read_sidecar(path: Path) -> dict | None:
+    side = sidecar_path(path)
+    if not side.exists():
+        return None
+    try:
+        record = json.loads(side.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{side}, the sidecar of FAISS index {path}, is corrupt ({e}); {REBUILD}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{side}, the sidecar of FAISS index {path}, is not a JSON object; {REBUILD}")
+    return record
 
 
 # --------------------------------------------------------------------------------------------- shards (memmaps)
@@ -386,12 +481,15 @@ def build_faiss_index(
     ef_construction: int = 200,
     use_gpu: bool | None = None,
     threads: int | None = None,
+    datastore=None,
 ) -> dict:
     """Build a FAISS index over the fp16 shard memmaps and write it (with its JSON sidecar) atomically.
 
     ``shards`` is ``[(path, rows), ...]`` in datastore order. ``dim`` is the hidden size h. ``threads`` sets FAISS's
-    OpenMP threads for the build only. Returns the sidecar record (factory, metric, ntotal, dim, training sample size,
-    seed, search params, build seconds, ...).
+    OpenMP threads for the build only. ``datastore``: the ``Datastore`` (or its meta dict) the shards belong to; its
+    :func:`datastore_record` goes into the sidecar, which a reader checks (``load_faiss_index(datastore=...)``);
+    its row count and hidden size must be those of the shards. Returns the sidecar record (factory, metric, ntotal,
+    dim, training sample size, seed, search params, build seconds, datastore, ...).
     """
     faiss = _faiss()
     t0 = time.perf_counter()
@@ -403,6 +501,10 @@ def build_faiss_index(
     ntotal = sum(r for _, r in shards)
     if ntotal == 0:
         raise ValueError("the embedding shards hold no vectors; nothing to index")
+    owner = datastore_record(datastore) if datastore is not None else None
+    if owner is not None and (owner["n_rows"], owner["hidden_size"]) != (ntotal, dim):
+        raise ValueError(f"datastore {owner['root']} has {owner['n_rows']} rows of dimension {owner['hidden_size']}, "
+                         f"the shards given {ntotal} rows of dimension {dim}: they are not that datastore's vectors")
     n_train = min(train_sample, ntotal)
     effective, info = _check_factory(factory, dim, n_train)
     index = _make_index(effective, dim, metric)
@@ -454,13 +556,14 @@ def build_faiss_index(
         "threads": n_threads,
         "faiss_version": getattr(faiss, "__version__", "unknown"),
         "shards": [[str(p), r] for p, r in shards],
+        "datastore": owner,
         "build_seconds": None,
     }
     with atomic_path(out_path) as tmp_index:
         faiss.write_index(index, str(tmp_index))
         record["build_seconds"] = round(time.perf_counter() - t0, 3)
         with atomic_path(sidecar_path(out_path)) as tmp_json:
-            tmp_json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            tmp_json.write_text(dumps_json(record, str(sidecar_path(out_path)), indent=2) + "\n", encoding="utf-8")
     log.info("FAISS %s (%s) over %d vectors -> %s in %.1fs", effective, metric, ntotal, out_path,
              record["build_seconds"])
     return record
@@ -469,20 +572,35 @@ def build_faiss_index(
 # --------------------------------------------------------------------------------------------- load and search
 
 
-def load_faiss_index(path: str | os.PathLike, nprobe: int | None = None, ef_search: int | None = None):
+def load_faiss_index(path: str | os.PathLike, nprobe: int | None = None, ef_search: int | None = None,
+                     datastore=None):
     """Read an index written by :func:`build_faiss_index` and apply its sidecar's search params.
 
     ``nprobe`` / ``ef_search`` override the recorded values. Without a sidecar the index's stored params are kept.
+    ``datastore`` (a ``Datastore`` or its meta dict; the pipeline's readers always pass it): the index must have
+    been built from it: dimension = its hidden size, vectors = its rows, and the sidecar's recorded ``plan`` = its
+    plan; otherwise (or without a sidecar recording a datastore) a ValueError naming both and saying to rebuild. A
+    file FAISS cannot read, or one that does not match its sidecar, is a ValueError naming it.
     """
-    faiss = _faiss()
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: FAISS index does not exist; run the build_faiss_index rule first")
-    index = faiss.read_index(str(path))
+    index = _read_index(path)
+    sidecar = _read_sidecar(path)
+    if sidecar is not None:
+        recorded = {"dim": int(index.d), "ntotal": int(index.ntotal)}
+        differs = {k: (sidecar[k], v) for k, v in recorded.items() if k in sidecar and sidecar[k] != v}
+        if differs:
+            said = ", ".join(f"{k} {a} in the sidecar, {b} in the index" for k, (a, b) in differs.items())
+            raise ValueError(f"FAISS index {path} does not match its sidecar {sidecar_path(path).name} ({said}): one "
+                             f"of them was replaced; {REBUILD}")
+    if datastore is not None:
+        meta = datastore if isinstance(datastore, dict) else datastore.meta
+        _check_datastore(path, index, sidecar, datastore_record(datastore, corpus=not meta.get("plan")))
     params = {}
     side = sidecar_path(path)
-    if side.exists():
-        params = json.loads(side.read_text(encoding="utf-8")).get("params", {})
+    if sidecar is not None:
+        params = sidecar.get("params", {})
     else:
         log.warning("%s has no sidecar %s; using the search parameters stored in the index", path, side.name)
     _apply_search_params(

@@ -129,7 +129,8 @@ class Predictor:
             model_path = need(f"results/models/{model}", f"model {model!r} (config models.{model}: null) checkpoint")
         else:
             model_path = _released_checkpoint(str(checkpoint), root, f"{config_path}: models.{model}")
-        datastore = need(f"data/datastore/{model}/{corpus}", f"datastore of model {model!r} on corpus {corpus!r}:")
+        datastore = str(Path(need(f"data/datastore/{model}/{corpus}/meta.json",
+                                  f"datastore of model {model!r} on corpus {corpus!r}:")).parent)
         optional = {"faiss": f"data/index/{model}/{corpus}.faiss", "bm25": f"data/bm25/{corpus}"}
         paths = {name: str(root / rel) if (root / rel).exists() else None for name, rel in optional.items()}
         kwargs = {"kind": model, **paths, "root": root, "settings": settings, **overrides}
@@ -147,10 +148,9 @@ class Predictor:
                                  + (f": {self._missing['bm25']}" if "bm25" in self._missing else ""))
             from npm.datastore.bm25 import Bm25Searcher
 
-            self._bm25 = Bm25Searcher(self._bm25_path)
-            if len(self._bm25) > self.ds.n_blocks:  # blocks without text are not indexed
-                raise ValueError(f"BM25 index {self._bm25_path} has {len(self._bm25)} blocks, the datastore "
-                                 f"{self.ds.n_blocks}: they were built from different corpora")
+            # The index must be of this datastore's blocks: its block ids are read as the datastore's blocks.
+            self._bm25 = Bm25Searcher(self._bm25_path, corpus_fingerprint=self.ds.corpus_fingerprint,
+                                      corpus=f"datastore {self.ds.root}", blocks=self.ds.sources)
         return self._bm25
 
     def _faiss_index(self):
@@ -160,10 +160,8 @@ class Predictor:
                                  + (f": {self._missing['faiss']}" if "faiss" in self._missing else ""))
             from npm.datastore.faiss_index import load_faiss_index
 
-            self._faiss = load_faiss_index(self._faiss_path)
-            if self._faiss.ntotal != self.ds.n_rows:
-                raise ValueError(f"FAISS index {self._faiss_path} has {self._faiss.ntotal} vectors, the datastore "
-                                 f"{self.ds.n_rows}: rebuild the index")
+            # Built from this datastore (plan: tokens + model + settings), not only of the same size.
+            self._faiss = load_faiss_index(self._faiss_path, datastore=self.ds)
         return self._faiss
 
     def encode(self, texts: list[str], batch_size: int | None = None) -> np.ndarray:
