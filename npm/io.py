@@ -8,9 +8,11 @@ place, so an interrupted job never leaves a half-written file under the final na
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import importlib.util
 import json
+import math
 import os
 import platform
 import shutil
@@ -95,24 +97,78 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict], gz: bool | Non
         opener = gzip.open(tmp, "wt", encoding="utf-8") if gz else open(tmp, "w", encoding="utf-8")
         with opener as f:
             for rec in records:
-                f.write(json.dumps(rec, ensure_ascii=False))
+                f.write(dumps_json(rec, f"{path}, record {n + 1} (line {n + 1})", ensure_ascii=False))
                 f.write("\n")
                 n += 1
     return n
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    """Stream JSON records from a (possibly gzipped) JSONL file; a bad line raises with file and line."""
+def _nonfinite(obj, where: str = "") -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or infinite number inside ``obj`` (dicts, lists, tuples, numpy scalars
+    and arrays), e.g. ``("scores[3].score", nan)``; None when every number is finite."""
+    if isinstance(obj, (float, np.floating)):
+        return None if math.isfinite(obj) else (where or "the value", float(obj))
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    if isinstance(obj, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    return next((found for key, v in items if (found := _nonfinite(v, key)) is not None), None)
+
+
+def check_finite(obj, where: str) -> None:
+    """A ValueError naming ``where`` (the output file) and the key path unless every number in ``obj`` is finite:
+    NaN and Infinity are not JSON, and a non-finite score is a fault upstream, never a result to keep."""
+    found = _nonfinite(obj)
+    if found is not None:
+        key, value = found
+        raise ValueError(f"{where}: {key} is {value!r}; NaN and infinity are not valid JSON, so nothing was written. "
+                         "A non-finite score comes from an invalid setting (e.g. a temperature tau <= 0) or a "
+                         "diverged model: fix it and re-run")
+
+
+def dumps_json(obj, where: str, **kwargs) -> str:
+    """``json.dumps(obj, allow_nan=False, **kwargs)`` whose refusal of NaN / Infinity is a ValueError naming
+    ``where`` (the file it is for) and the key path of the first non-finite number (``check_finite``). Every JSON
+    file of the pipeline is written through it, so none holds NaN."""
+    if "default" in kwargs:  # the fallback could turn a numpy NaN into the string "nan": check first
+        check_finite(obj, where)
+    try:
+        return json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError:
+        check_finite(obj, where)
+        raise
+
+
+def read_jsonl(path: str | os.PathLike, numbered: bool = False, parse: bool = True) -> Iterator:
+    """Stream JSON records from a (possibly gzipped) JSONL file; a bad line raises with file and line.
+
+    ``numbered``: yield (line number, record). ``parse=False``: yield (line number, text of the line) without
+    parsing JSON (readers that skip bad records). Blank lines are left out. Bytes that are not UTF-8 raise a
+    ValueError with the file, line and byte offset (in the decompressed stream for .gz)."""
     path = Path(path)
-    opener = gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
-    with opener as f:
-        for lineno, line in enumerate(f, 1):
+    offset = 0
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 (byte offset {offset + e.start}: {e.reason}); "
+                                 "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+            offset += len(raw)
             if not line.strip():
                 continue
+            if not parse:
+                yield lineno, line
+                continue
             try:
-                yield json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not a JSON record ({e.msg})") from None
+            yield (lineno, record) if numbered else record
 
 
 def save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
@@ -122,13 +178,45 @@ def save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
             np.savez(f, **arrays)
 
 
-def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Load every array of an .npz into memory (a missing file is a clear error)."""
+def load_npz(path: str | os.PathLike, rule: str | None = None) -> dict[str, np.ndarray]:
+    """Load every array of an .npz into memory. A missing file, or a truncated or foreign one, is a clear error
+    naming the file and ``rule``, the workflow rule that makes it (default: guessed from the folder,
+    docs/data-contracts.md)."""
+    import zipfile
+
     path = Path(path)
+    if rule is None:
+        rules = {"blocks": "tokenize_blocks or subsample_corpus", "batches": "batch_blocks",
+                 "masked": "mask_batches", "datastore": "embed_corpus"}
+        rule = next((rules[p] for p in reversed(path.parts[:-1]) if p in rules), "see docs/data-contracts.md")
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; run the rule that makes it first")
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+        raise FileNotFoundError(f"{path} does not exist; run the rule that makes it first ({rule})")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, EOFError, ValueError, TypeError) as e:  # TypeError: an .npy file
+        raise ValueError(f"{path} is truncated or not an .npz file ({type(e).__name__}: {e}); delete it and re-run "
+                         f"the rule that makes it ({rule})") from None
+
+
+def read_yaml(path: str | os.PathLike):
+    """The parsed YAML of ``path``; a syntax error is a ValueError "FILE:LINE:COL: not valid YAML (problem); fix ..."
+    (line and column 1-based, where the parser gave up)."""
+    import yaml
+
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark, start = e.problem_mark, e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = e.problem or "syntax error"
+        if e.context:
+            problem += f"; {e.context}" + (f" that starts at line {start.line + 1}, column {start.column + 1}"
+                                           if start else "")
+        raise ValueError(f"{where}: not valid YAML ({problem}); fix the syntax there (indentation, quotes, "
+                         "brackets) and run again") from None
 
 
 def git_commit() -> str:
@@ -165,9 +253,100 @@ def provenance(config: dict | None = None) -> dict:
     }
 
 
+def write_json(path: str | os.PathLike, record, **kwargs) -> None:
+    """Write ``record`` as indented JSON, atomically, refusing NaN / Infinity (``dumps_json``)."""
+    text = dumps_json(record, str(path), indent=2, ensure_ascii=False, **kwargs)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text + "\n", encoding="utf-8")
+
+
 def write_summary(path: str | os.PathLike, summary: dict, config: dict | None = None) -> None:
     """Write a JSON summary of a stage's output with its provenance next to it, atomically."""
     record = dict(summary)
     record["provenance"] = provenance(config)
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    write_json(path, record, default=str)
+
+
+class FolderBusy(RuntimeError):
+    """Another process holds the lock of a folder that one writer at a time may change."""
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (``folder/.lock``, flock) for the block; FolderBusy at once if another
+    process holds it. The kernel drops the lock when its process dies (kill -9 included), so a crashed job never
+    leaves a stale lock. The file keeps the holder's pid and host for the message."""
+    import fcntl
+    import socket
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            raise FolderBusy(f"another {what} ({holder}) is writing to {folder}; wait for it to finish, or stop it, "
+                             "or give this one another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _fd_name(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"file descriptor {fd}"
+
+
+def preallocate(path_or_fd: str | os.PathLike | int, nbytes: int, path: str | os.PathLike | None = None) -> None:
+    """Reserve ``nbytes`` of disk for a file (os.posix_fallocate: the file grows to at least ``nbytes``, its blocks
+    allocated, never shrinks), so that writing it later through a memmap cannot die of SIGBUS on a full disk.
+
+    ``path_or_fd``: a path (created if missing) or an open file descriptor (``path`` then names it in errors; by
+    default /proc/self/fd). Less free space than needed is an OSError(ENOSPC) naming the file, the bytes asked for
+    and the bytes free, raised before anything is allocated; a failure of posix_fallocate itself (ENOSPC when another
+    writer took the space first, EFBIG past the largest file of the file system) gives the file back its former size,
+    so no partial reservation stays behind, and removes a file that this call created. Open the memmap afterwards
+    with mode "r+" (mode "w+" truncates the file again)."""
+    if nbytes < 0:
+        raise ValueError(f"preallocate: nbytes must be >= 0, got {nbytes}")
+    own, created = not isinstance(path_or_fd, int), False
+    if not own:
+        fd, name = path_or_fd, os.fspath(path) if path is not None else _fd_name(path_or_fd)
+    else:
+        name = os.fspath(path_or_fd)
+        created = not os.path.exists(name)
+        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        before = os.fstat(fd)
+        need = nbytes - before.st_blocks * 512  # bytes not yet allocated to the file
+        if nbytes == 0 or need <= 0 and before.st_size >= nbytes:
+            return
+        vfs = os.fstatvfs(fd)
+        free = vfs.f_bavail * vfs.f_frsize
+        if need > free:
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: reserving {nbytes} bytes for {name} needs "
+                                        f"{need} more, {free} are free on its file system", name)
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, nbytes)
+            elif before.st_size < nbytes:  # no fallocate (macOS): the size at least, after the free-space check
+                os.ftruncate(fd, nbytes)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, before.st_size)  # frees what a failed fallocate had allocated
+            raise OSError(e.errno, f"{os.strerror(e.errno)}: cannot reserve {nbytes} bytes for {name}",
+                          name) from None
+    except OSError:
+        if created:
+            os.unlink(name)
+        raise
+    finally:
+        if own:
+            os.close(fd)

@@ -5,11 +5,15 @@
   ``<mask>`` last; ``<s> ... </s>`` around each text; offsets trimmed), trained in a fraction of a second on
   gensim's Lee corpus (real English news text) plus the worked example of paper-map §9 item 21, saved with
   ``save_pretrained`` and loaded back through ``npm.model.load_tokenizer`` exactly like a real checkpoint.
+* ``server``: a local HTTP server on loopback with single-range requests (resumed downloads).
 """
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
+import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -81,7 +85,7 @@ def build_tiny_corpus(folder: str | Path, model: str, lines: list[str]) -> dict[
     build_blocks(d / "docs.jsonl", d / "blocks.npz", WORDPIECE, max_seq_length=64)
     embed_corpus(model, [d / "blocks.npz"], d / "ds", batch_blocks=8, progress=False)
     ds = load_datastore(d / "ds")
-    build_faiss_index(ds.vector_shards(), ds.hidden_size, d / "flat.faiss", factory="Flat")
+    build_faiss_index(ds.vector_shards(), ds.hidden_size, d / "flat.faiss", factory="Flat", datastore=ds)
     build_bm25_index(block_documents([d / "blocks.npz"]), d / "bm25")
     return {name: str(d / rel) for name, rel in
             (("blocks", "blocks.npz"), ("ds", "ds"), ("faiss", "flat.faiss"), ("bm25", "bm25"))}
@@ -101,3 +105,41 @@ def bpe_tokenizer(tmp_path_factory):
     texts = lee_corpus_lines() + REFERENCE_EXAMPLES * 20
     path = train_tiny_bpe(tmp_path_factory.mktemp("tiny_bpe"), texts, vocab_size=2000)
     return load_tokenizer(str(path))
+
+
+# --------------------------------------------------------------------------- a local HTTP server (downloads)
+
+
+@pytest.fixture
+def server(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = partial(RangeHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """SimpleHTTPRequestHandler plus the single-range requests a resumed download sends."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        rng = self.headers.get("Range")
+        if not rng:
+            return super().do_GET()
+        path = self.translate_path(self.path)
+        data = open(path, "rb").read()
+        start = int(rng.split("=")[1].split("-")[0])
+        if start >= len(data):
+            self.send_response(416)
+            self.end_headers()
+            return
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        self.wfile.write(data[start:])

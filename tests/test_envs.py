@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "workflow" / "envs"
 GPU_PINS = ENVS / "gpu-pins.txt"
 # Rules that run models or FAISS on a GPU (their resources ask for `gpu`); the test also finds them by that.
-GPU_RULES = {"pretrain", "embed_corpus", "build_faiss_index", "evaluate"}
+GPU_RULES = {"pretrain", "embed_shard", "build_faiss_index", "evaluate"}
 PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)==([0-9][0-9A-Za-z.]*(?:\+[0-9A-Za-z.]+)?)")
 CONDA_PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)==([0-9][0-9A-Za-z.]*)")  # == is exact; = is a prefix match
 CUDA_LABEL = re.compile(r"\+cu(\d+)")

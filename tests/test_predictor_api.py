@@ -47,7 +47,7 @@ def _corpus(corpus, lines, models, faiss=True):
             os.makedirs(f"data/index/{model}", exist_ok=True)
             store = load_datastore(ds)
             build_faiss_index(store.vector_shards(), store.hidden_size, f"data/index/{model}/{corpus}.faiss",
-                              factory="Flat")
+                              factory="Flat", datastore=store)
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +160,11 @@ def test_predict_batch_scores_precomputed_vectors_and_checks_its_arguments(confi
 
 
 def test_a_missing_datastore_names_the_snakemake_target(workdir, monkeypatch):
-    with pytest.raises(FileNotFoundError, match=r"data/datastore/npm/cc_news does not exist.*"
-                                                r"snakemake data/datastore/npm/cc_news"):
+    with pytest.raises(FileNotFoundError, match=r"data/datastore/npm/cc_news/meta.json does not exist.*"
+                                                r"snakemake data/datastore/npm/cc_news/meta.json"):
         Predictor.from_config("npm", "cc_news", root=workdir)
     monkeypatch.chdir(workdir)  # from the working directory: the bare command, no `cd`
-    with pytest.raises(FileNotFoundError, match=r"`snakemake data/datastore/npm_single/cc_news`"):
+    with pytest.raises(FileNotFoundError, match=r"`snakemake data/datastore/npm_single/cc_news/meta.json`"):
         Predictor.from_config("npm_single", "cc_news")
 
 

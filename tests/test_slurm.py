@@ -29,7 +29,7 @@ from tests.workflow_api import ROOT
 BIN = Path(sys.executable).parent
 SNAKEMAKE = str(BIN / "snakemake")
 TEST_PROFILE = ROOT / "tests" / "slurm" / "profile"
-GPU_RULES = {"pretrain", "embed_corpus", "build_faiss_index", "evaluate"}
+GPU_RULES = {"pretrain", "embed_shard", "build_faiss_index", "evaluate"}
 SITE = {
     "NPM_SLURM_PARTITION": "cpu_part",
     "NPM_SLURM_GPU_PARTITION": "gpu_part",

@@ -75,7 +75,8 @@ def weights(path):
 def test_loss_falls_and_log_is_written(tmp_path, tiny_encoder):
     shards = write_shard(tmp_path)
     summary = train(config(tmp_path, tiny_encoder, shards, "run", steps=30, checkpoint_every=10))
-    rows = list(csv.DictReader(open(tmp_path / "run-ckpt" / "train_log.csv")))
+    (log_path,) = (tmp_path / "run-ckpt").glob("run-*/train_log.csv")  # the run folder of these settings
+    rows = list(csv.DictReader(open(log_path)))
     assert [int(r["step"]) for r in rows] == list(range(1, 31))
     losses = [float(r["loss"]) for r in rows]
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
@@ -95,12 +96,15 @@ def test_resume_continues_bit_for_bit(tmp_path, tiny_encoder, model_type):
         assert torch.equal(a[key], b[key]), key
 
 
-def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny_encoder):
+def test_corrupt_only_checkpoint_is_set_aside_and_the_run_restarts(tmp_path, tiny_encoder, caplog):
     shards = write_shard(tmp_path)
-    train(config(tmp_path, tiny_encoder, shards, "run", steps=4))
-    (tmp_path / "run-ckpt" / "step-4" / "training_state.pt").write_bytes(b"truncated")
-    with pytest.raises(ValueError, match="corrupt checkpoint .*step-4"):
-        train(config(tmp_path, tiny_encoder, shards, "run", steps=8))
+    train(config(tmp_path, tiny_encoder, shards, "run", steps=4, schedule_steps=8))
+    (state,) = (tmp_path / "run-ckpt").glob("run-*/step-4/training_state.pt")
+    state.write_bytes(b"truncated")
+    with caplog.at_level("WARNING"):
+        summary = train(config(tmp_path, tiny_encoder, shards, "run", steps=8, schedule_steps=8))
+    assert "corrupt checkpoint" in caplog.text and "starting this run from step 0" in caplog.text
+    assert summary["steps"] == 8 and list((tmp_path / "run-ckpt").glob("run-*/step-4.corrupt-*"))
 
 
 def test_batch_file_without_masks_names_the_file(tmp_path, tiny_encoder):

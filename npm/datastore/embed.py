@@ -6,11 +6,18 @@ padded with id 0 / attention 0 (``npm.data.blocks.pad_blocks``). The vector of a
 hidden layer (paper-map §3.3: ``hidden_states[-1]``, not the LM head), cast to fp16 and written straight into the
 shard's raw memmap at its row: nothing is accumulated in RAM (paper-map §3.3's "RAM trap").
 
-Shards cover ``shard_blocks`` consecutive blocks. A finished shard is marked by an atomically written
-``embeddings/shard{k}.done.json``; a re-run keeps every shard whose marker matches the plan (same model, tokens,
-stop words and sharding) and redoes the others from scratch, so a killed job loses at most one shard.
-``meta.json`` is written last, atomically; its presence means the datastore is complete. The layout is in
-``npm.datastore.store``.
+Three steps, which the workflow runs as separate jobs (one per shard, so a cluster embeds shards in parallel and a
+failed job loses only its own shard) and ``embed_corpus`` runs in one process:
+
+1. ``plan_datastore``: checks the model and the blocks, writes ``tokens.npz``, ``stopword_ids.npy`` and
+   ``plan.json`` (the plan hash over the token arrays, the model fingerprint and the settings; ``shards`` contiguous
+   block ranges of nearly equal size). Nothing is touched when the plan is unchanged; when it changes, ``meta.json``
+   is removed first, so a datastore is never half old and half new.
+2. ``embed_shard``: shard k's vectors into ``embeddings/shard{k}.f16`` (space reserved up front, so a full disk is
+   an error, not a SIGBUS), then its marker ``embeddings/shard{k}.done.json`` with the plan hash. A shard whose
+   marker matches the plan is kept; any other is redone from scratch.
+3. ``finish_datastore``: checks every shard against the plan and writes ``meta.json`` last, atomically; its presence
+   means the datastore is complete. The layout is in ``npm.datastore.store``.
 """
 
 from __future__ import annotations
@@ -29,17 +36,19 @@ from npm.datastore.store import (
     EMBEDDINGS,
     FORMAT_VERSION,
     META,
+    PLAN,
     STOPWORDS,
     STORED,
     TOKENS,
     VECTOR_DTYPE,
     derive_stopword_ids,
     done_path,
-    model_fingerprint,
+    read_plan,
     shard_path,
     stored_mask,
 )
-from npm.io import atomic_path, provenance, save_npz
+from npm.fingerprint import CorpusHasher, model_fingerprint, model_folder
+from npm.io import atomic_path, load_npz, preallocate, provenance, save_npz, write_json
 from npm.model import encode, load_encoder, load_tokenizer
 
 SORT_WINDOW_BATCHES = 16  # blocks are sorted by length inside windows of this many batches (less padding)
@@ -139,21 +148,23 @@ def plan_hash(arrays: dict[str, np.ndarray], stopword_ids: np.ndarray, settings:
     return h.hexdigest()
 
 
-def _write_json(path: Path, record: dict) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def shard_ranges(n_blocks: int, shards: int) -> list[tuple[int, int]]:
+    """``shards`` contiguous block ranges [b0, b1) covering ``n_blocks`` blocks, of sizes differing by at most one."""
+    bounds = [n_blocks * k // shards for k in range(shards + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _read_done(root: Path, k: int) -> dict | None:
+    try:
+        return json.loads(done_path(root, k).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
 
 
 def _shard_is_done(root: Path, k: int, plan: str, rows: int, hidden: int) -> bool:
-    marker = done_path(root, k)
-    if not marker.exists():
-        return False
-    try:
-        done = json.loads(marker.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
+    done = _read_done(root, k)
     f = shard_path(root, k)
-    return (done.get("plan") == plan and done.get("n_rows") == rows and f.exists()
+    return (done is not None and done.get("plan") == plan and done.get("n_rows") == rows and f.exists()
             and f.stat().st_size == rows * hidden * np.dtype(VECTOR_DTYPE).itemsize)
 
 
@@ -174,46 +185,30 @@ def _autocast(device: str, precision: str):
     return contextlib.nullcontext()
 
 
-# -------------------------------------------------------------------------------------------------- main
+# ------------------------------------------------------------------------------------------------- steps
 
 
-def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: str | Path,
-                 drop_stopwords: bool = False, batch_blocks: int = 64, shard_blocks: int = 50_000,
-                 max_length: int | None = None, device: str | None = None, precision: str = "fp16",
-                 tokenizer_name: str | None = None, on_shard_done: Callable[[int, dict], None] | None = None,
-                 progress: bool = True) -> dict:
-    """Embed the blocks files ``blocks_paths`` (in order) with encoder ``model_name`` into the datastore ``out_dir``.
+def plan_datastore(model_name: str, blocks_paths: Sequence[str | Path], out_dir: str | Path,
+                   drop_stopwords: bool = False, shards: int = 1, max_length: int | None = None,
+                   precision: str = "fp16", tokenizer_name: str | None = None) -> dict:
+    """Step 1: check the model and the blocks, and write the datastore's token arrays and ``plan.json``.
 
-    ``drop_stopwords``: leave stop-word ids out of the rows (open-set corpora, paper-map §3.3-§3.4).
-    ``batch_blocks`` blocks per encoder pass; ``shard_blocks`` blocks per vector shard (the unit of resumption).
-    ``max_length``: pad every batch to this length (the original pads to 256); default: the batch's longest block.
-    ``device``: default ``cuda`` when available. ``precision``: ``fp16`` / ``bf16`` autocast on CUDA, or ``fp32``;
-    CPU always runs fp32. ``tokenizer_name`` (default ``model_name``) gives the stop list. ``on_shard_done(k,
-    info)`` is called after shard k is marked done. Returns counts, seconds and tokens/s.
-    """
-    import torch
-    from tqdm import tqdm
+    Everything is checked before anything is written: a missing model, foreign blocks or an empty corpus leaves an
+    existing datastore untouched. An unchanged plan writes nothing (a complete datastore stays complete). Returns
+    the plan record (``plan.json``)."""
+    from transformers import AutoConfig
 
     if precision not in ("fp16", "bf16", "fp32"):
         raise ValueError(f"precision must be fp16, bf16 or fp32, not {precision!r}")
-    if batch_blocks < 1 or shard_blocks < 1:
-        raise ValueError("batch_blocks and shard_blocks must be >= 1")
-    t_start = time.perf_counter()
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
     root = Path(out_dir)
-    (root / META).unlink(missing_ok=True)  # the datastore is incomplete from here until meta.json is rewritten
-    (root / EMBEDDINGS).mkdir(parents=True, exist_ok=True)
-
     fingerprint = model_fingerprint(model_name)
+    config = AutoConfig.from_pretrained(model_folder(model_name))
+    hidden = int(config.hidden_size)
     tokenizer_name = tokenizer_name or model_name
-    tokenizer = load_tokenizer(tokenizer_name)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_encoder(model_name).to(device).eval()
-    hidden = int(model.config.hidden_size)
-    effective_precision = precision if device.startswith("cuda") else "fp32"
-
-    stopword_ids = derive_stopword_ids(tokenizer)
-    arrays = gather_tokens(blocks_paths, stopword_ids if drop_stopwords else None,
-                           getattr(model.config, "vocab_size", None))
+    stopword_ids = derive_stopword_ids(load_tokenizer(tokenizer_name))
+    arrays = gather_tokens(blocks_paths, stopword_ids if drop_stopwords else None, getattr(config, "vocab_size", None))
     bo, ro = arrays["block_offsets"], arrays["row_offsets"]
     n_blocks, n_tokens, n_rows = len(bo) - 1, int(bo[-1]), int(ro[-1])
     if n_rows == 0:
@@ -223,98 +218,230 @@ def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: s
     if max_length is not None and lengths.max() > max_length:
         raise ValueError(f"a block has {int(lengths.max())} tokens, more than max_length={max_length}")
     settings = {"format_version": FORMAT_VERSION, "model_fingerprint": fingerprint, "hidden_size": hidden,
-                "drop_stopwords": bool(drop_stopwords), "shard_blocks": int(shard_blocks),
-                "max_length": max_length, "precision": effective_precision}
-    plan = plan_hash(arrays, stopword_ids, settings)
+                "drop_stopwords": bool(drop_stopwords), "shards": int(shards), "max_length": max_length,
+                "precision": precision}
+    corpus = CorpusHasher()
+    corpus.update(arrays["input_ids"], bo)
+    record = {
+        "format_version": FORMAT_VERSION, "plan": plan_hash(arrays, stopword_ids, settings), "model": model_name,
+        "model_fingerprint": fingerprint, "tokenizer": tokenizer_name, "hidden_size": hidden, "dtype": "float16",
+        "input_ids_dtype": str(arrays["input_ids"].dtype), "n_tokens": n_tokens, "n_blocks": n_blocks,
+        "n_rows": n_rows, "corpus_fingerprint": corpus.hexdigest(), "drop_stopwords": bool(drop_stopwords),
+        "n_stopword_ids": len(stopword_ids), "sources": [str(p) for p in blocks_paths], "max_length": max_length,
+        "precision": precision,
+        "stored_rule": "npm.boundaries valid_start | valid_end, not special" + (", not a stop word"
+                                                                                if drop_stopwords else ""),
+        "shards": [{"file": f"{EMBEDDINGS}/{shard_path(root, k).name}", "rows": [int(ro[b0]), int(ro[b1])],
+                    "blocks": [b0, b1]} for k, (b0, b1) in enumerate(shard_ranges(n_blocks, shards))],
+    }
+    try:
+        unchanged = read_plan(root)["plan"] == record["plan"]
+    except (FileNotFoundError, ValueError):
+        unchanged = False
+    if unchanged and (root / TOKENS).exists() and (root / STOPWORDS).exists():
+        return record
+    (root / META).unlink(missing_ok=True)  # the datastore changes: incomplete until finish_datastore
+    (root / EMBEDDINGS).mkdir(parents=True, exist_ok=True)
     save_npz(root / TOKENS, **arrays)
     with atomic_path(root / STOPWORDS) as tmp:
         with open(tmp, "wb") as f:
             np.save(f, stopword_ids)
+    _remove_stale(root, shards)
+    write_json(root / PLAN, record)
+    return record
 
-    n_shards = -(-n_blocks // shard_blocks)
-    _remove_stale(root, n_shards)
-    shards, todo = [], []
-    for k in range(n_shards):
-        b0, b1 = k * shard_blocks, min(n_blocks, (k + 1) * shard_blocks)
-        r0, r1 = int(ro[b0]), int(ro[b1])
-        shards.append({"file": f"{EMBEDDINGS}/{shard_path(root, k).name}", "rows": [r0, r1], "blocks": [b0, b1]})
-        if not _shard_is_done(root, k, plan, r1 - r0, hidden):
-            todo.append(k)
-    tokens_todo = int(sum(bo[shards[k]["blocks"][1]] - bo[shards[k]["blocks"][0]] for k in todo))
 
-    bar = tqdm(total=tokens_todo, unit="tok", unit_scale=True, desc=f"embed {root.name}", disable=not progress,
-               mininterval=5, smoothing=0.1)
-    t_embed = time.perf_counter()
-    tokens_done = 0
-    try:
-        for k in todo:
-            t_shard = time.perf_counter()
-            (b0, b1), (r0, r1) = shards[k]["blocks"], shards[k]["rows"]
-            done_path(root, k).unlink(missing_ok=True)
-            f = shard_path(root, k)
-            f.unlink(missing_ok=True)  # redo from scratch, in a new file
-            if r1 == r0:
-                f.touch()
+class _Encoder:
+    """The encoder of a plan, loaded once, checked against the plan's fingerprint."""
+
+    def __init__(self, plan: dict, device: str | None, precision: str | None):
+        import torch
+
+        if model_fingerprint(plan["model"]) != plan["model_fingerprint"]:
+            raise ValueError(f"model {plan['model']!r} has changed since the datastore was planned (fingerprint "
+                             f"{plan['model_fingerprint'][:12]}); plan it again (npm-repro embed --step plan)")
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = load_encoder(plan["model"]).to(self.device).eval()
+        if int(self.model.config.hidden_size) != plan["hidden_size"]:
+            raise ValueError(f"model {plan['model']!r} has hidden size {self.model.config.hidden_size}, the plan "
+                             f"{plan['hidden_size']}")
+        requested = precision or plan["precision"]
+        self.precision = requested if self.device.startswith("cuda") else "fp32"
+
+
+def _embed_rows(encoder: _Encoder, arrays: dict, lengths: np.ndarray, blocks: tuple[int, int],
+                rows: tuple[int, int], out: np.memmap, batch_blocks: int, max_length: int | None, bar) -> int:
+    """Encode blocks [b0, b1) and write their stored rows into ``out`` (rows r0.. of the datastore); tokens seen."""
+    import torch
+
+    (b0, b1), (r0, _) = blocks, rows
+    ro = arrays["row_offsets"]
+    tokens = 0
+    with torch.inference_mode(), _autocast(encoder.device, encoder.precision):
+        for batch in plan_batches(lengths, b0, b1, batch_blocks):
+            ids, attention, stored = batch_inputs(arrays, batch, max_length)
+            states = encode(encoder.model, torch.from_numpy(ids).to(encoder.device),
+                            torch.from_numpy(attention).to(encoder.device))
+            values = states[torch.from_numpy(stored).to(encoder.device)].to(torch.float16).cpu().numpy()
+            dest = _destination(ro, batch) - r0
+            if len(dest) and dest[-1] - dest[0] == len(dest) - 1:
+                out[dest[0]:dest[-1] + 1] = values
             else:
-                out = np.memmap(f, dtype=VECTOR_DTYPE, mode="w+", shape=(r1 - r0, hidden))
-                with torch.inference_mode(), _autocast(device, effective_precision):
-                    for batch in plan_batches(lengths, b0, b1, batch_blocks):
-                        ids, attention, stored = batch_inputs(arrays, batch, max_length)
-                        states = encode(model, torch.from_numpy(ids).to(device),
-                                        torch.from_numpy(attention).to(device))
-                        values = states[torch.from_numpy(stored).to(device)].to(torch.float16).cpu().numpy()
-                        dest = _destination(ro, batch) - r0
-                        if len(dest) and dest[-1] - dest[0] == len(dest) - 1:
-                            out[dest[0]:dest[-1] + 1] = values
-                        else:
-                            out[dest] = values
-                        n = int(attention.sum())
-                        tokens_done += n
-                        bar.update(n)
-                        bar.set_postfix(tokens_per_s=f"{tokens_done / (time.perf_counter() - t_embed):.0f}",
-                                        refresh=False)
-                out.flush()
-                del out
-            info = {"shard": k, "n_rows": r1 - r0, "rows": [r0, r1], "blocks": [b0, b1],
-                    "tokens": int(bo[b1] - bo[b0]), "seconds": round(time.perf_counter() - t_shard, 3),
-                    "plan": plan}
-            _write_json(done_path(root, k), info)
-            if on_shard_done is not None:
-                on_shard_done(k, info)
+                out[dest] = values
+            n = int(attention.sum())
+            tokens += n
+            bar.update(n)
+    return tokens
+
+
+def _embed_one(root: Path, plan: dict, arrays: dict, k: int, encoder: _Encoder, batch_blocks: int, bar) -> dict:
+    """Embed shard k from scratch into a fresh file, then mark it done."""
+    t0 = time.perf_counter()
+    sh = plan["shards"][k]
+    (b0, b1), (r0, r1) = sh["blocks"], sh["rows"]
+    hidden = plan["hidden_size"]
+    done_path(root, k).unlink(missing_ok=True)
+    f = shard_path(root, k)
+    f.unlink(missing_ok=True)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tokens = 0
+    if r1 == r0:
+        f.touch()
+    else:
+        nbytes = (r1 - r0) * hidden * np.dtype(VECTOR_DTYPE).itemsize
+        with open(f, "wb") as handle:
+            preallocate(handle.fileno(), nbytes)  # ENOSPC now, rather than SIGBUS inside the memmap later
+        out = np.memmap(f, dtype=VECTOR_DTYPE, mode="r+", shape=(r1 - r0, hidden))
+        tokens = _embed_rows(encoder, arrays, np.diff(arrays["block_offsets"]), (b0, b1), (r0, r1), out,
+                             batch_blocks, plan["max_length"], bar)
+        out.flush()
+        del out
+    info = {"shard": k, "n_rows": r1 - r0, "rows": [r0, r1], "blocks": [b0, b1], "tokens": tokens,
+            "seconds": round(time.perf_counter() - t0, 3), "device": encoder.device, "precision": encoder.precision,
+            "plan": plan["plan"]}
+    write_json(done_path(root, k), info)
+    return info
+
+
+def _progress(total: int, name: str, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="tok", unit_scale=True, desc=f"embed {name}", disable=not progress, mininterval=5,
+                smoothing=0.1)
+
+
+def embed_shard(out_dir: str | Path, k: int, batch_blocks: int = 64, device: str | None = None,
+                precision: str | None = None, progress: bool = True) -> dict:
+    """Step 2: embed shard ``k`` of a planned datastore (kept when its marker matches the plan). Returns the
+    shard's marker record, with ``reused`` telling whether it was already done."""
+    if batch_blocks < 1:
+        raise ValueError("batch_blocks must be >= 1")
+    root = Path(out_dir)
+    plan = read_plan(root)
+    if not 0 <= k < len(plan["shards"]):
+        raise ValueError(f"{root / PLAN} plans shards 0..{len(plan['shards']) - 1}, not shard {k}")
+    rows = plan["shards"][k]["rows"]
+    if _shard_is_done(root, k, plan["plan"], rows[1] - rows[0], plan["hidden_size"]):
+        return {**_read_done(root, k), "reused": True}
+    arrays = load_npz(root / TOKENS)
+    encoder = _Encoder(plan, device, precision)
+    b0, b1 = plan["shards"][k]["blocks"]
+    bar = _progress(int(arrays["block_offsets"][b1] - arrays["block_offsets"][b0]), f"{root.name} shard {k}",
+                    progress)
+    try:
+        return {**_embed_one(root, plan, arrays, k, encoder, batch_blocks, bar), "reused": False}
     finally:
         bar.close()
-    seconds_embed = time.perf_counter() - t_embed
 
-    non_vector = sum(a.nbytes for a in arrays.values() if a.dtype.kind != "U") + stopword_ids.nbytes
-    summary = {
-        "n_tokens": n_tokens, "n_blocks": n_blocks, "n_rows": n_rows, "hidden_size": hidden,
-        "shards": n_shards, "shards_embedded": len(todo), "shards_reused": n_shards - len(todo),
+
+def finish_datastore(out_dir: str | Path) -> dict:
+    """Step 3: check that every shard is done for the current plan and write ``meta.json`` (last, atomically).
+    Returns the meta record."""
+    root = Path(out_dir)
+    plan = read_plan(root)
+    missing = [k for k, sh in enumerate(plan["shards"])
+               if not _shard_is_done(root, k, plan["plan"], sh["rows"][1] - sh["rows"][0], plan["hidden_size"])]
+    if missing:
+        raise FileNotFoundError(f"datastore {root}: shard(s) {missing} of {len(plan['shards'])} are not embedded for "
+                                "the current plan; run `npm-repro embed --step shard --shard K` for each (rule "
+                                "embed_shard), then finish again")
+    done = [_read_done(root, k) for k in range(len(plan["shards"]))]
+    n_tokens, n_rows = max(plan["n_tokens"], 1), plan["n_rows"]
+    arrays = load_npz(root / TOKENS)
+    stop_bytes = (root / STOPWORDS).stat().st_size
+    non_vector = sum(a.nbytes for a in arrays.values() if a.dtype.kind != "U") + plan["n_stopword_ids"] * 8
+    meta = {**plan,
+            "precision": sorted({d["precision"] for d in done}) if len({d["precision"] for d in done}) > 1
+            else done[0]["precision"],
+            "devices": sorted({d["device"] for d in done}),
+            "bytes_per_token_vectors": round(n_rows * plan["hidden_size"] * np.dtype(VECTOR_DTYPE).itemsize / n_tokens,
+                                             3),
+            "bytes_per_token_non_vector": round(non_vector / n_tokens, 3),
+            "disk_bytes_per_token_non_vector": round(((root / TOKENS).stat().st_size + stop_bytes) / n_tokens, 3),
+            "seconds_embedding": round(sum(d["seconds"] for d in done), 3),
+            "provenance": provenance({"model": plan["model"], "blocks": plan["sources"],
+                                      "drop_stopwords": plan["drop_stopwords"], "shards": len(plan["shards"]),
+                                      "max_length": plan["max_length"], "precision": plan["precision"]})}
+    write_json(root / META, meta)
+    return meta
+
+
+# -------------------------------------------------------------------------------------------------- main
+
+
+def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: str | Path,
+                 drop_stopwords: bool = False, batch_blocks: int = 64, shards: int = 8,
+                 max_length: int | None = None, device: str | None = None, precision: str = "fp16",
+                 tokenizer_name: str | None = None, on_shard_done: Callable[[int, dict], None] | None = None,
+                 progress: bool = True) -> dict:
+    """Embed the blocks files ``blocks_paths`` (in order) with encoder ``model_name`` into the datastore ``out_dir``:
+    the three steps in one process, the encoder loaded once; resumable (finished shards of the same plan are kept).
+
+    ``drop_stopwords``: leave stop-word ids out of the rows (open-set corpora, paper-map §3.3-§3.4).
+    ``batch_blocks`` blocks per encoder pass; ``shards`` vector shards (the unit of resumption and of the workflow's
+    jobs). ``max_length``: pad every batch to this length (the original pads to 256); default: the batch's longest
+    block. ``device``: default ``cuda`` when available. ``precision``: ``fp16`` / ``bf16`` autocast on CUDA, or
+    ``fp32``; CPU always runs fp32. ``tokenizer_name`` (default ``model_name``) gives the stop list.
+    ``on_shard_done(k, info)`` is called after shard k is marked done. Returns counts, seconds and tokens/s.
+    """
+    if batch_blocks < 1:
+        raise ValueError("batch_blocks must be >= 1")
+    t_start = time.perf_counter()
+    root = Path(out_dir)
+    plan = plan_datastore(model_name, blocks_paths, root, drop_stopwords, shards, max_length, precision,
+                          tokenizer_name)
+    todo = [k for k, sh in enumerate(plan["shards"])
+            if not _shard_is_done(root, k, plan["plan"], sh["rows"][1] - sh["rows"][0], plan["hidden_size"])]
+    bo = None
+    tokens_done, t_embed = 0, time.perf_counter()
+    encoder = None
+    if todo:
+        arrays = load_npz(root / TOKENS)
+        bo = arrays["block_offsets"]
+        encoder = _Encoder(plan, device, precision)
+        bar = _progress(int(sum(bo[plan["shards"][k]["blocks"][1]] - bo[plan["shards"][k]["blocks"][0]]
+                                for k in todo)), root.name, progress)
+        t_embed = time.perf_counter()
+        try:
+            for k in todo:
+                info = _embed_one(root, plan, arrays, k, encoder, batch_blocks, bar)
+                tokens_done += info["tokens"]
+                if on_shard_done is not None:
+                    on_shard_done(k, info)
+        finally:
+            bar.close()
+    seconds_embed = time.perf_counter() - t_embed
+    meta = finish_datastore(root)
+    n_tokens, n_rows = plan["n_tokens"], plan["n_rows"]
+    return {
+        "n_tokens": n_tokens, "n_blocks": plan["n_blocks"], "n_rows": n_rows, "hidden_size": plan["hidden_size"],
+        "shards": len(plan["shards"]), "shards_embedded": len(todo), "shards_reused": len(plan["shards"]) - len(todo),
         "tokens_embedded": tokens_done, "seconds": round(time.perf_counter() - t_start, 3),
         "seconds_embedding": round(seconds_embed, 3),
         "tokens_per_s": round(tokens_done / seconds_embed, 1) if tokens_done else None,
         "rows_per_token": round(n_rows / max(n_tokens, 1), 4),
-        "bytes_per_token_vectors": round(n_rows * hidden * np.dtype(VECTOR_DTYPE).itemsize / max(n_tokens, 1), 3),
-        "bytes_per_token_non_vector": round(non_vector / max(n_tokens, 1), 3),
-        "disk_bytes_per_token_non_vector": round(((root / TOKENS).stat().st_size + (root / STOPWORDS).stat().st_size)
-                                                 / max(n_tokens, 1), 3),
-        "device": device, "precision": effective_precision,
+        "bytes_per_token_vectors": meta["bytes_per_token_vectors"],
+        "bytes_per_token_non_vector": meta["bytes_per_token_non_vector"],
+        "disk_bytes_per_token_non_vector": meta["disk_bytes_per_token_non_vector"],
+        "device": encoder.device if encoder else None, "precision": meta["precision"],
     }
-    meta = {
-        "format_version": FORMAT_VERSION, "model": model_name, "model_fingerprint": fingerprint,
-        "tokenizer": tokenizer_name, "hidden_size": hidden, "dtype": "float16", "input_ids_dtype":
-        str(arrays["input_ids"].dtype), "n_tokens": n_tokens, "n_blocks": n_blocks, "n_rows": n_rows,
-        "shards": shards, "shard_blocks": shard_blocks, "drop_stopwords": bool(drop_stopwords),
-        "n_stopword_ids": len(stopword_ids), "sources": [str(p) for p in blocks_paths], "max_length": max_length,
-        "precision": effective_precision, "plan": plan,
-        "stored_rule": "npm.boundaries valid_start | valid_end, not special" + (", not a stop word"
-                                                                                if drop_stopwords else ""),
-        "bytes_per_token_non_vector": summary["bytes_per_token_non_vector"],
-        "disk_bytes_per_token_non_vector": summary["disk_bytes_per_token_non_vector"],
-        "bytes_per_token_vectors": summary["bytes_per_token_vectors"],
-        "provenance": provenance({"model": model_name, "blocks": [str(p) for p in blocks_paths],
-                                  "drop_stopwords": drop_stopwords, "batch_blocks": batch_blocks,
-                                  "shard_blocks": shard_blocks, "max_length": max_length, "device": device,
-                                  "precision": precision}),
-    }
-    _write_json(root / META, meta)
-    return summary

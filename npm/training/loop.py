@@ -9,7 +9,12 @@ One step: each rank takes one batch line, encodes the masked view (queries) and 
 
 Resumable: every ``checkpoint_every`` steps a checkpoint folder (``save_pretrained`` weights plus
 optimiser, scheduler, RNG and data-position state) is written under a temporary name and renamed, so a
-killed job leaves the previous checkpoint intact; ``resume`` continues bit-for-bit on CPU.
+killed job leaves the previous checkpoint intact; ``resume`` continues bit-for-bit on CPU. Checkpoints live in a run
+folder ``<checkpoint_dir>/run-<id>`` whose ``run.json`` records what produces the result (the settings that change
+it, the encoder's and tokenizer's fingerprints, the training files' fingerprints; ``run_record``): a run resumes
+only its own checkpoints, so a changed setting or rebuilt data starts fresh in a new run folder and the old run
+stays resumable. A lock on ``checkpoint_dir`` keeps a second training out; an unreadable newest checkpoint is set
+aside (``step-N.corrupt-<time>``) and the previous one resumed.
 
 ``model_type="mlm"``: the parametric baseline. At paper scale it is the released roberta-large (not trained); the
 embedded default's encoder (MiniLM, a sentence-transformers BERT) ships without an MLM head, so the head (newly
@@ -21,7 +26,10 @@ checkpointing and DDP as NPM, so that the comparison of Table 1 is fair. There i
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import hashlib
+import json
 import logging
 import os
 import random
@@ -36,8 +44,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from npm.io import atomic_dir, write_summary
-from npm.model import encode, load_encoder, load_tokenizer
+from npm.fingerprint import file_fingerprint, model_fingerprint, tokenizer_fingerprint
+from npm.io import atomic_dir, folder_lock, write_json, write_summary
+from npm.model import encode, load_encoder, load_tokenizer, max_input_length
 from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
 from npm.training.data import BatchLines
 from npm.training.gather import candidate_pool
@@ -45,6 +54,11 @@ from npm.training.loss import phrase_loss, phrase_positives, single_loss, single
 
 log = logging.getLogger(__name__)
 STATE_FILE = "training_state.pt"
+RUN_FILE = "run.json"
+# TrainConfig fields that change the trained weights (besides the encoder, tokenizer and data, fingerprinted); steps
+# and schedule_steps enter as the schedule horizon. checkpoint_every, keep_checkpoints, paths, resume and wandb don't.
+RESULT_FIELDS = ("model_type", "warmup_steps", "lr", "weight_decay", "betas", "eps", "grad_clip", "pool", "pad_to",
+                 "mlm_ratio", "seed")
 MODEL_TYPES = ("npm", "npm_single", "mlm")
 # model_type "mlm": loss_start = loss, loss_end = positives_per_span = 0, queries = tokens predicted.
 LOG_COLUMNS = ["step", "loss", "loss_start", "loss_end", "positives_per_span", "queries", "lr", "tokens_per_s"]
@@ -90,6 +104,85 @@ def _init_distributed() -> tuple[int, int, torch.device]:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return rank, world, device
+
+
+def run_record(cfg: TrainConfig, world: int, device: torch.device) -> dict:
+    """What a checkpoint's weights depend on, and the run id (sha256 of it) naming its run folder.
+
+    Settings of ``RESULT_FIELDS``, the schedule horizon, the effective precision (CPU runs fp32) and the world size
+    (it deals the batch lines to ranks); the content fingerprints of the encoder, the tokenizer and every training
+    file. Paths and names are recorded for the reader but not hashed: the same files elsewhere are the same run."""
+    settings = {name: getattr(cfg, name) for name in RESULT_FIELDS}
+    settings.update(betas=list(cfg.betas), schedule_steps=cfg.schedule_steps or cfg.steps, world_size=world,
+                    precision=cfg.precision if device.type == "cuda" else "fp32")
+    tokenizer = cfg.tokenizer or cfg.encoder
+    hashed = {"settings": settings, "encoder_fingerprint": model_fingerprint(cfg.encoder),
+              "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+              "data": [[file_fingerprint(b), file_fingerprint(m)] for b, m in cfg.shards]}
+    run_id = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
+    return {"run_id": run_id, **hashed, "encoder": cfg.encoder, "tokenizer": tokenizer,
+            "shards": [list(pair) for pair in cfg.shards]}
+
+
+def _run_folder(root: Path, record: dict, rank: int) -> Path:
+    """The run folder of ``record`` under ``root``, created with its run.json; logs the runs it does not resume."""
+    folder = root / f"run-{record['run_id'][:16]}"
+    if rank == 0:
+        others = sorted(p.name for p in root.glob("run-*") if p.is_dir() and p != folder)
+        legacy = _checkpoints(root)
+        if others:
+            log.info("checkpoint folder %s also holds runs %s made by other settings or data; they are kept but not "
+                     "resumed (see their %s)", root, others, RUN_FILE)
+        if legacy:
+            log.warning("%s holds checkpoints %s that do not record what produced them; they are not resumed",
+                        root, [p.name for p in legacy])
+        if not (folder / RUN_FILE).exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            write_json(folder / RUN_FILE, record)
+    return folder
+
+
+def _check_lengths(cfg: TrainConfig, data: BatchLines, model, tokenizer) -> None:
+    """Every row must fit the encoder's positions (RoBERTa large: 512; the embedded MiniLM: 512)."""
+    limit = max_input_length(model, tokenizer)
+    if cfg.pad_to and cfg.pad_to > limit:
+        raise ValueError(f"pad_to={cfg.pad_to} exceeds the encoder's {limit} positions; lower --pad-to")
+    for (blocks_path, _), (_, offsets, masked, path) in zip(cfg.shards, data.shards, strict=True):
+        used = np.unique(masked["batches"])
+        lengths = offsets[used + 1] - offsets[used] if len(used) else np.zeros(0, np.int64)
+        if len(lengths) and lengths.max() > limit:
+            b = int(used[int(np.argmax(lengths))])
+            raise ValueError(f"{blocks_path}: block {b} (a row of the batch lines of {path}) has "
+                             f"{int(lengths.max())} tokens, more than the encoder's {limit} positions; re-tokenize the "
+                             f"blocks with --max-seq-length {limit} or use an encoder with more positions")
+
+
+def _resume_point(folder: Path, steps: int, load_model, rank: int):
+    """(checkpoint, state, weights) of the newest readable checkpoint at or before ``steps``, or None.
+
+    An unreadable checkpoint (truncated weights or state) is set aside as ``step-N.corrupt-<time>`` by rank 0 and
+    the previous one is tried, with a warning naming both."""
+    unreadable = []
+    for ckpt in reversed([c for c in _checkpoints(folder) if int(c.name[5:]) <= steps]):
+        try:
+            state = _load_state(ckpt)
+            weights = load_model(str(ckpt)).state_dict()
+        except Exception as e:  # noqa: BLE001 - any unreadable part makes the checkpoint unusable
+            aside = ckpt.with_name(f"{ckpt.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            if rank == 0:
+                os.rename(ckpt, aside)
+            log.warning("checkpoint %s is unreadable (%s: %s); set aside as %s", ckpt, type(e).__name__,
+                        str(e).splitlines()[0] if str(e) else "", aside.name)
+            unreadable.append(ckpt.name)
+            continue
+        if unreadable:
+            log.warning("falling back to checkpoint %s (step %d) because %s could not be read", ckpt.name,
+                        state["step"], ", ".join(unreadable))
+        return ckpt, state, weights
+    if unreadable:
+        log.warning("no readable checkpoint left in %s (%s set aside): starting this run from step 0", folder,
+                    ", ".join(unreadable))
+    return None
 
 
 def _checkpoints(root: Path) -> list[Path]:
@@ -202,6 +295,13 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, not {cfg.model_type!r}")
     rank, world, device = _init_distributed()
+    ckpt_root = Path(cfg.checkpoint_dir)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    with folder_lock(ckpt_root, "training") if rank == 0 else contextlib.nullcontext():
+        return _train(cfg, rank, world, device, ckpt_root)
+
+
+def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_root: Path) -> dict:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.encoder)
@@ -213,19 +313,21 @@ def train(cfg: TrainConfig) -> dict:
             return load_masked_lm(name, allow_new_head=True)
     else:
         load_model = load_encoder
-    collate = collate_phrase if cfg.model_type == "npm" else collate_single
     model = load_model(cfg.encoder).to(device)
-    mlm_vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)  # random replacements (MLM)
     model.train()
+    _check_lengths(cfg, data, model, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                   weight_decay=cfg.weight_decay)
     scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.schedule_steps or cfg.steps)
-    ckpt_root = Path(cfg.checkpoint_dir)
+    mlm_vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)  # random replacements (MLM)
+    collate = collate_phrase if cfg.model_type == "npm" else collate_single
+    record = run_record(cfg, world, device)
+    run_dir = _run_folder(ckpt_root, record, rank)
     step, epoch, cursor = 0, 0, 0
-    existing = _checkpoints(ckpt_root) if cfg.resume else []
-    if existing:
-        state = _load_state(existing[-1])
-        model.load_state_dict(load_model(str(existing[-1])).state_dict())
+    found = _resume_point(run_dir, cfg.steps, load_model, rank) if cfg.resume else None
+    if found is not None:
+        ckpt, state, weights = found
+        model.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
@@ -233,14 +335,15 @@ def train(cfg: TrainConfig) -> dict:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         random.setstate(state["python_rng"])
         step, (epoch, cursor) = state["step"], state["position"]
-        log.info("resuming from %s (step %d)", existing[-1], step)
+        log.info("resuming from %s (step %d)", ckpt, step)
+    else:
+        log.info("starting run %s in %s", record["run_id"][:16], run_dir)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     use_amp = device.type == "cuda" and cfg.precision in ("bf16", "fp16")
     amp_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and cfg.precision == "fp16")
     run = _wandb(cfg, rank)
-    log_path = ckpt_root / "train_log.csv"
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "train_log.csv"
     writer = log_file = None
     if rank == 0:
         kept_rows = []
@@ -302,12 +405,13 @@ def train(cfg: TrainConfig) -> dict:
             if run is not None:
                 run.log(row, step=step)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                _save_checkpoint(ckpt_root, step, model, tokenizer, optimizer, scheduler, (epoch, cursor),
+                _save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, (epoch, cursor),
                                  cfg.keep_checkpoints)
     bar.close()
     if log_file is not None:
         log_file.close()
     summary = {"model_type": cfg.model_type, "steps": step, "batch_lines": len(data), "world_size": world,
+               "run_id": record["run_id"], "run_folder": str(run_dir),
                "first_losses": losses[:5], "last_losses": losses[-5:]}
     if rank == 0:
         out = Path(cfg.out_dir)
@@ -315,6 +419,7 @@ def train(cfg: TrainConfig) -> dict:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             shutil.copy(log_path, tmp / "train_log.csv")
+            shutil.copy(run_dir / RUN_FILE, tmp / RUN_FILE)
         write_summary(out / "training_summary.json", summary, config=asdict(cfg))
     if run is not None:
         run.finish()

@@ -193,11 +193,16 @@ def model_input(model):
     return [checkpoint_folder(model)] if checkpoint_folder(model) else []
 
 
+def datastore_dir(wildcards):
+    """The datastore folder of a job's model and corpus (its files are the outputs of three rules, corpus.smk)."""
+    return f"data/datastore/{wildcards.model}/{wildcards.corpus}"
+
+
 def retrieval_targets():
     """Datastore, FAISS index and BM25 index of every reference corpus, for both models."""
     corpora = config["evaluation"]["reference_corpora"]
     return (
-        expand("data/datastore/{model}/{corpus}", model=MODELS, corpus=corpora)
+        expand("data/datastore/{model}/{corpus}/meta.json", model=MODELS, corpus=corpora)
         + expand("data/index/{model}/{corpus}.faiss", model=MODELS, corpus=corpora)
         + expand("data/bm25/{corpus}", corpus=corpora)
     )
@@ -284,7 +289,7 @@ def evaluate_inputs(wildcards):
     corpora = run_corpora(wildcards)
     inputs = {"tasks": embedded_task_targets(), "model": model_input(system.model)}
     if "datastore" in needs:
-        inputs["datastore"] = expand("data/datastore/{model}/{corpus}", model=system.model, corpus=corpora)
+        inputs["datastore"] = expand("data/datastore/{model}/{corpus}/meta.json", model=system.model, corpus=corpora)
     if "faiss" in needs:
         inputs["faiss"] = expand("data/index/{model}/{corpus}.faiss", model=system.model, corpus=corpora)
     if "bm25" in needs:
@@ -301,8 +306,9 @@ def evaluate_args(wildcards, input):
     system, needs = run_needs(wildcards)
     args = [f"--model {model_name(system.model)}"]
     for name in ("datastore", "faiss", "bm25", "blocks"):
-        if name in needs:
-            args += [f"--{name}", *input[name]]
+        if name in needs:  # a datastore is named by its folder; meta.json (written last) is the rule's output
+            paths = [str(Path(p).parent) for p in input[name]] if name == "datastore" else input[name]
+            args += [f"--{name}", *paths]
     if "encoder" in needs:
         args.append(f"--encoder {model_name('npm')}")
     if any(name != "encoder" for name in needs):

@@ -2,30 +2,88 @@
 # vectors (paper 3.1 and 4.2; paper-map §3.1-§3.4). One datastore serves closed-set tasks (every stored vector)
 # and open-set tasks (stop-word vectors ignored at query time, the candidates of the original's
 # embeddings_wo_stopwords); `datastore.drop_stopwords` drops them on disk instead.
+#
+# Three rules (npm.datastore.embed): plan_datastore (token arrays + plan.json), one embed_shard job per shard
+# (`datastore.shards` of them: a cluster embeds them in parallel, and a failed or killed job loses only its own
+# shard, since every finished shard is the output of a finished job), and embed_corpus (meta.json, written last:
+# the datastore is complete). Downstream rules read data/datastore/{model}/{corpus}/meta.json.
 
 
-rule embed_corpus:
-    """Blocks -> datastore (resumable: finished embedding shards survive a killed job)."""
+rule plan_datastore:
+    """Blocks -> the datastore's token arrays and shard plan (no encoder pass; the model is checked and fingerprinted)."""
     input:
         model=lambda wc: model_input(wc.model),  # the model's folder; none for a hub id (config `models`), passed as params.model
         blocks=lambda wc: corpus_blocks(wc.corpus),
     output:
-        directory("data/datastore/{model}/{corpus}"),
+        tokens="data/datastore/{model}/{corpus}/tokens.npz",
+        stopwords="data/datastore/{model}/{corpus}/stopword_ids.npy",
+        plan="data/datastore/{model}/{corpus}/plan.json",
     params:
         model=lambda wc: model_name(wc.model),
-        d=config["datastore"],
+        out=datastore_dir,
+        shards=config["datastore"]["shards"],
         drop=lambda wc: "--drop-stopwords" if config["datastore"]["drop_stopwords"] else "",
+    resources:
+        mem_mb=32000,
+        runtime=120,
+        cpus_per_task=1,
+    log:
+        "logs/plan_datastore/{model}/{corpus}.log",
+    conda:
+        "../envs/data.yaml"  # CPU job: tokenizer, model config and fingerprint, no torch
+    shell:
+        "npm-repro embed --step plan --model {params.model:q} --blocks {input.blocks} --out {params.out}"
+        " --shards {params.shards} {params.drop} > {log} 2>&1"
+
+
+rule embed_shard:
+    """One shard's vectors (resumable unit; a GPU job of its own)."""
+    input:
+        model=lambda wc: model_input(wc.model),
+        tokens="data/datastore/{model}/{corpus}/tokens.npz",
+        plan="data/datastore/{model}/{corpus}/plan.json",
+    output:
+        vectors="data/datastore/{model}/{corpus}/embeddings/shard{shard}.f16",
+        done="data/datastore/{model}/{corpus}/embeddings/shard{shard}.done.json",
+    params:
+        out=datastore_dir,
+        d=config["datastore"],
     resources:
         gpu=1,
         mem_mb=32000,
         runtime=720,
         cpus_per_task=8,
     log:
-        "logs/embed_corpus/{model}/{corpus}.log",
+        "logs/embed_shard/{model}/{corpus}/shard{shard}.log",
     benchmark:
-        "results/benchmarks/rules/embed_corpus/{model}/{corpus}.tsv"
+        "results/benchmarks/rules/embed_shard/{model}/{corpus}/shard{shard}.tsv"
     conda:
         "../envs/embed.yaml"
     shell:
-        "npm-repro embed --model {params.model:q} --blocks {input.blocks} --out {output} {params.drop}"
-        " --batch-blocks {params.d[batch_blocks]} --shard-blocks {params.d[shard_blocks]} > {log} 2>&1"
+        "npm-repro embed --step shard --shard {wildcards.shard} --out {params.out}"
+        " --batch-blocks {params.d[batch_blocks]} > {log} 2>&1"
+
+
+rule embed_corpus:
+    """The finished datastore: every shard checked against the plan, then meta.json."""
+    input:
+        plan="data/datastore/{model}/{corpus}/plan.json",
+        shards=expand(
+            "data/datastore/{{model}}/{{corpus}}/embeddings/shard{shard}.{ext}",
+            shard=range(config["datastore"]["shards"]),
+            ext=["f16", "done.json"],
+        ),
+    output:
+        "data/datastore/{model}/{corpus}/meta.json",
+    params:
+        out=datastore_dir,
+    resources:
+        mem_mb=32000,
+        runtime=60,
+        cpus_per_task=1,
+    log:
+        "logs/embed_corpus/{model}/{corpus}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro embed --step finish --out {params.out} > {log} 2>&1"

@@ -4,11 +4,12 @@
 rule build_faiss_index:
     """FAISS index from a factory string, inner product (paper: HNSW; original code: IVF4096,PQ64)."""
     input:
-        "data/datastore/{model}/{corpus}",
+        "data/datastore/{model}/{corpus}/meta.json",
     output:
         index="data/index/{model}/{corpus}.faiss",
         sidecar="data/index/{model}/{corpus}.faiss.json",
     params:
+        datastore=datastore_dir,
         d=config["datastore"],
     resources:
         gpu=1,
@@ -22,7 +23,7 @@ rule build_faiss_index:
     conda:
         "../envs/embed.yaml"
     shell:
-        "npm-repro build-faiss-index --datastore {input} --out {output.index} --factory {params.d[faiss_factory]:q}"
+        "npm-repro build-faiss-index --datastore {params.datastore} --out {output.index} --factory {params.d[faiss_factory]:q}"
         " --train-sample {params.d[faiss_train_sample]} --nprobe {params.d[nprobe]} --ef-search {params.d[ef_search]}"
         " > {log} 2>&1"
 

@@ -1,6 +1,7 @@
 # Contrastive pretraining of NPM (span masking) and NPM-single (uniform masking) (paper 3.2-3.3, 4.1;
-# paper-map §2.3-§2.5). Checkpoints live in results/checkpoints/{model} (not a rule output, so Snakemake
-# never deletes them): a killed job re-run by Snakemake resumes from the last one.
+# paper-map §2.3-§2.5). Checkpoints live in results/checkpoints/{model}/run-{id} (not a rule output, so Snakemake
+# never deletes them): a killed job re-run by Snakemake resumes from the last one; a changed setting or rebuilt data
+# (another run id) starts fresh beside it (npm.training.loop).
 # A model for which config `models` names a released checkpoint (facebook/npm, facebook/npm-single or a local
 # folder) is not trained: the rules downstream read that checkpoint (common.smk: model_name, model_input).
 

