@@ -143,3 +143,15 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data) - start))
         self.end_headers()
         self.wfile.write(data[start:])
+
+
+def require_jvm() -> None:
+    """Start pyserini's JVM (npm.datastore.java); skip the test only when this machine has no Java 21+."""
+    from npm.datastore import java
+
+    try:
+        java.ensure_jvm()
+    except RuntimeError as e:
+        if str(e).startswith(java.NO_JAVA_MESSAGE):
+            pytest.skip(str(e))
+        raise

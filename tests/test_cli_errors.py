@@ -12,6 +12,7 @@ import argparse
 import pytest
 
 from npm import cli
+from tests.conftest import require_jvm
 
 
 def _run_main(monkeypatch, capsys, func, verbose: bool = False) -> tuple[int, str]:
@@ -124,14 +125,7 @@ def test_lucene_error_is_one_line(tmp_path, monkeypatch, capsys):
     """A folder that looks like a Lucene index (a ``segments_1`` file) but holds junk: Lucene's own exception
     crosses the Java bridge as ``jnius.JavaException``. Read with pyserini directly, it is the generic edge line;
     through ``Bm25Searcher`` (what every command uses) a ValueError naming the folder and saying to rebuild it."""
-    from npm.datastore import java
-
-    try:
-        java.ensure_jvm()
-    except RuntimeError as e:
-        if str(e).startswith(java.NO_JAVA_MESSAGE):  # no Java 21+ on this machine: the one reason to skip
-            pytest.skip(str(e))
-        raise
+    require_jvm()
     from pyserini.search.lucene import LuceneSearcher
 
     from npm.datastore.bm25 import Bm25Searcher

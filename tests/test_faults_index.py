@@ -25,7 +25,7 @@ from npm.datastore.faiss_index import build_faiss_index, load_faiss_index
 from npm.datastore.store import load_datastore
 from npm.fingerprint import corpus_fingerprint
 from npm.inference.predictor import Predictor
-from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
+from tests.conftest import build_tiny_corpus, lee_corpus_lines, require_jvm, save_tiny_bert
 
 QUERY = "Thessaloniki is the second largest city in <mask>."
 
@@ -47,17 +47,6 @@ def world(tmp_path_factory):
                       datastore=ds_b)
     return {"root": root, "model_a": model_a, "model_b": model_b, "a": a, "b": b, "ds_b": str(root / "a" / "ds_b"),
             "faiss_b": str(root / "a" / "flat_b.faiss")}
-
-
-def _jvm():
-    from npm.datastore import java
-
-    try:
-        java.ensure_jvm()
-    except RuntimeError as e:
-        if str(e).startswith(java.NO_JAVA_MESSAGE):  # no Java 21+ on this machine: the one reason to skip
-            pytest.skip(str(e))
-        raise
 
 
 # ------------------------------------------------------------------------------------ BM25 of another corpus
@@ -239,7 +228,7 @@ def test_a_corrupt_lucene_index_is_a_clear_error(world, tmp_path, capsys, corrup
     line that names no file. Expected: ValueError "INDEX is not a readable Lucene index (Java: CLASS: gist); delete it
     and rebuild it ..." from the searcher and the Predictor, and one such line with exit status 1 from
     ``npm-repro predict``."""
-    _jvm()
+    require_jvm()
     from npm.datastore.bm25 import Bm25Searcher
 
     a = world["a"]
