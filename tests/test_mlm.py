@@ -147,7 +147,7 @@ def trained(tmp_path_factory, tiny_encoder, shards):
 
 def test_mlm_training_loss_falls_and_log_is_written(trained):
     tmp, summary, _ = trained
-    rows = list(csv.DictReader(open(tmp / "run-ckpt" / "train_log.csv")))
+    rows = list(csv.DictReader(open(next((tmp / "run-ckpt").glob("run-*/train_log.csv")))))
     assert [int(r["step"]) for r in rows] == list(range(1, 31)) and summary["model_type"] == "mlm"
     losses = [float(r["loss"]) for r in rows]
     assert losses[0] > 9.0  # about ln(30522): an untrained head
@@ -179,8 +179,8 @@ def test_mlm_resume_continues_bit_for_bit(tmp_path, tiny_encoder, shards):
     assert any(k.startswith("cls.") for k in a)
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    log_a = [r["loss"] for r in csv.DictReader(open(tmp_path / "straight-ckpt" / "train_log.csv"))]
-    log_b = [r["loss"] for r in csv.DictReader(open(tmp_path / "stopped-ckpt" / "train_log.csv"))]
+    log_a = [r["loss"] for r in csv.DictReader(open(next((tmp_path / "straight-ckpt").glob("run-*/train_log.csv"))))]
+    log_b = [r["loss"] for r in csv.DictReader(open(next((tmp_path / "stopped-ckpt").glob("run-*/train_log.csv"))))]
     assert log_a == log_b
 
 
@@ -237,7 +237,7 @@ def test_ddp_mlm_gradients_are_the_mean_of_the_ranks_and_train_runs(tmp_path, ti
     for name, p in ref.named_parameters():
         for r in range(world):
             torch.testing.assert_close(results[r]["grads"][name], p.grad, atol=1e-6, rtol=1e-4, msg=f"{r} {name}")
-    rows = list(csv.DictReader(open(tmp_path / "ckpt" / "train_log.csv")))
+    rows = list(csv.DictReader(open(next((tmp_path / "ckpt").glob("run-*/train_log.csv")))))
     assert [int(r["step"]) for r in rows] == [1, 2]
     assert json.loads((tmp_path / "model" / "training_summary.json").read_text())["world_size"] == 2
     assert not AutoModelForMaskedLM.from_pretrained(tmp_path / "model", output_loading_info=True)[1]["missing_keys"]
