@@ -13,11 +13,11 @@ import argparse
 import errno
 import logging
 import os
-import re
 import sys
 import traceback
 from pathlib import Path
 
+from npm.edge_errors import faiss_gist, first_line, java_gist, safetensors_gist
 from npm.io import write_summary
 from npm.settings import (
     FIELDS,
@@ -457,40 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# FAISS's C++ exceptions reach Python as RuntimeError("Error in <function> at <file>:<line>: <message>").
-_FAISS_ERROR = re.compile(r"Error in (?P<where>.*?) at (?P<file>\S+?):(?P<line>\d+): ", re.S)
-_JAVA_PREFIX = "JVM exception occurred: "
-
-
-def _first_line(text) -> str:
-    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
-
-
-def _raised_by(exc: BaseException, modules: set[str], name: str) -> bool:
-    """Whether ``exc`` is (a subclass of) the class ``name`` defined in one of ``modules``, checked by name so that
-    the library is never imported here."""
-    return any(c.__name__ == name and c.__module__ in modules for c in type(exc).__mro__)
-
-
 def edge_error(exc: BaseException) -> str | None:
-    """One line naming the library and the gist of an error raised at the edges: the JVM (pyserini / Lucene, a
-    ``jnius.JavaException`` through pyjnius), FAISS (a ``RuntimeError`` carrying the C++ location) or safetensors
-    (``SafetensorError``); None for any other exception. Matches on the exception's type and message only, so
-    ``npm-repro --help`` imports none of those libraries."""
-    if _raised_by(exc, {"jnius"}, "JavaException"):
-        classname, message = getattr(exc, "classname", None), getattr(exc, "innermessage", None)
-        if not classname:  # pyjnius's own errors (a missing class or method) carry no Java class
-            text = str(exc)
-            return f"Java (pyserini/Lucene): {_first_line(text.removeprefix(_JAVA_PREFIX)) or type(exc).__name__}"
-        gist = _first_line(message) if message else ""
-        return f"Java (pyserini/Lucene): {classname}" + (f": {gist}" if gist else "")
-    if _raised_by(exc, {"safetensors", "safetensors_rust", "safetensors._safetensors_rust"}, "SafetensorError"):
-        return f"safetensors: {_first_line(exc) or type(exc).__name__}"
-    if isinstance(exc, RuntimeError):
-        text = str(exc)
-        m = _FAISS_ERROR.match(text)
-        if m and "faiss" in (m["where"] + m["file"]).lower():
-            return f"FAISS: {_first_line(text[m.end():]) or _first_line(text)}"
+    """One line naming the library and the gist of an error raised at the edges: the JVM (pyserini / Lucene), FAISS or
+    safetensors (``npm.edge_errors``); None for any other exception. Imports none of those libraries."""
+    for library, gist in (("Java (pyserini/Lucene)", java_gist), ("safetensors", safetensors_gist),
+                          ("FAISS", faiss_gist)):
+        found = gist(exc)
+        if found is not None:
+            return f"{library}: {found}"
     return None
 
 
@@ -509,7 +483,7 @@ def disk_full_error(exc: BaseException, args: argparse.Namespace) -> str | None:
             filename, detail = e.filename, f"[Errno {e.errno}] {e.strerror or os.strerror(e.errno)}"
             break
         if "No space left on device" in str(e):
-            filename, detail = None, _first_line(e)
+            filename, detail = None, first_line(e)
             break
         e = e.__cause__ or e.__context__
     else:

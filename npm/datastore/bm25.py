@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from npm.datastore.java import ensure_jvm
+from npm.edge_errors import java_gist
 from npm.fingerprint import CorpusHasher
 from npm.io import atomic_dir, write_json
 
@@ -301,7 +302,7 @@ class Bm25Searcher:
         try:
             yield
         except Exception as e:
-            gist = _java_error(e)
+            gist = java_gist(e)
             if gist is None:
                 raise
             raise ValueError(f"{self.index_dir} is not a readable Lucene index (Java: {gist}); delete it and "
@@ -373,18 +374,6 @@ def _check_record(index_dir: Path, record: dict | None, want: str, corpus: str, 
         raise ValueError(f"BM25 index {index_dir} was built from other blocks than {corpus}: corpus fingerprint "
                          f"{have[:12]} (its {INDEX_RECORD}, {record.get('n_blocks')} blocks), expected {want[:12]}; "
                          f"{hint}")
-
-
-def _java_error(exc: BaseException) -> str | None:
-    """``CLASS: gist`` of a Java exception crossing pyjnius (``jnius.JavaException``, recognised by name, as
-    ``npm.cli.edge_error`` does), or None for any other exception."""
-    if not any(c.__name__ == "JavaException" and c.__module__ == "jnius" for c in type(exc).__mro__):
-        return None
-    classname, message = getattr(exc, "classname", None), getattr(exc, "innermessage", None)
-    text = str(message if classname and message else exc).removeprefix("JVM exception occurred: ")
-    gist = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    gist = gist if len(gist) <= 300 else gist[:297] + "..."
-    return f"{classname}: {gist}" if classname and gist else classname or gist or type(exc).__name__
 
 
 def _check_k(k: int) -> int:

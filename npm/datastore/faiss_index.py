@@ -82,6 +82,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npm.edge_errors import faiss_gist, first_line
 from npm.io import atomic_path, dumps_json
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,6 @@ def sidecar_path(out_path: str | os.PathLike) -> Path:
 # --------------------------------------------------------------------------------------------- identity
 
 REBUILD = "rebuild the index (rule build_faiss_index)"
-_FAISS_ERROR = re.compile(r"Error in .*? at \S+?:\d+: (?:Error: '.*?' failed: )?", re.S)
 
 
 def datastore_record(datastore, corpus: bool = True) -> dict:
@@ -184,9 +184,7 @@ def _read_index(path: Path):
     try:
         return faiss.read_index(str(path))
     except RuntimeError as e:
-        text = str(e)
-        m = _FAISS_ERROR.match(text)
-        gist = next((ln.strip() for ln in text[m.end() if m else 0:].splitlines() if ln.strip()), type(e).__name__)
+        gist = faiss_gist(e) or first_line(e) or type(e).__name__
         raise ValueError(f"{path} is not a readable FAISS index (FAISS: {gist}); rebuild it") from None
 
 
