@@ -2,7 +2,8 @@
 
 The same entry points run from a terminal, a test or a cluster job. Each writes its outputs atomically
 and, where the rule asks for one, a JSON summary with provenance (arguments, git commit, versions).
-``--help`` of every subcommand shows each option's default. Bad input, and the errors of the libraries at the
+``--help`` of every subcommand shows each option's default. Bad input, a folder another job is writing to, a full
+disk, and the errors of the libraries at the
 edges (the JVM of pyserini/Lucene, FAISS, safetensors), end the command with one ``npm-repro CMD: error: ...`` line
 and exit status 1; ``-v`` adds the full traceback.
 """
@@ -18,7 +19,7 @@ import traceback
 from pathlib import Path
 
 from npm.edge_errors import faiss_gist, first_line, java_gist, safetensors_gist
-from npm.io import write_summary
+from npm.io import FolderBusy, write_summary
 from npm.settings import (
     FIELDS,
     Settings,
@@ -512,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every CPU variant it tries
     try:
         args.func(args)
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (FileNotFoundError, ValueError, KeyError, FolderBusy) as e:
         return _fail(args, str(e), e)
     except Exception as e:
         message = disk_full_error(e, args) or edge_error(e)

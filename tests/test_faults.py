@@ -124,6 +124,21 @@ def test_two_trainings_on_one_checkpoint_folder_cannot_interleave(tmp_path, enco
     train(run_config(tmp_path, encoder, shards, "second", steps=4))  # the lock dies with its process
 
 
+def test_a_busy_checkpoint_folder_is_one_line_from_the_cli(tmp_path, encoder, capsys):
+    """The same refusal through `npm-repro train`: one error line and exit status 1, not a traceback."""
+    from npm.cli import main
+    from npm.io import folder_lock
+
+    shards = write_shard(tmp_path)
+    with folder_lock(tmp_path / "ckpt", "training"):
+        status = main(["train", "--model-type", "npm", "--encoder", encoder, "--blocks", shards[0][0], "--masked",
+                       shards[0][1], "--out", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                       "--steps", "2", "--warmup-steps", "1"])
+    assert status == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("npm-repro train: error: another training (pid ") and str(tmp_path / "ckpt") in last
+
+
 def test_truncated_weights_in_the_newest_checkpoint_fall_back_to_the_previous(tmp_path, encoder, caplog):
     """Fault: model.safetensors of the newest checkpoint is truncated (disk trouble). Before: a safetensors error.
     Now: the previous good checkpoint is resumed, the bad one set aside, and the log says so; the result equals an
