@@ -3,9 +3,8 @@
 The same entry points run from a terminal, a test or a cluster job. Each writes its outputs atomically
 and, where the rule asks for one, a JSON summary with provenance (arguments, git commit, versions).
 ``--help`` of every subcommand shows each option's default. Bad input, a folder another job is writing to, a full
-disk, and the errors of the libraries at the
-edges (the JVM of pyserini/Lucene, FAISS, safetensors), end the command with one ``npm-repro CMD: error: ...`` line
-and exit status 1; ``-v`` adds the full traceback.
+disk, and the errors of the libraries at the edges (the JVM of pyserini/Lucene, FAISS, safetensors), end the command
+with one ``npm-repro CMD: error: ...`` line and exit status 1; ``-v`` adds the full traceback.
 """
 
 from __future__ import annotations

@@ -168,6 +168,21 @@ def _shard_is_done(root: Path, k: int, plan: str, rows: int, hidden: int) -> boo
             and f.stat().st_size == rows * hidden * np.dtype(VECTOR_DTYPE).itemsize)
 
 
+def _missing_shards(root: Path, plan: dict) -> list[int]:
+    """The shards of ``plan`` not (yet) embedded for it, in order."""
+    return [k for k, sh in enumerate(plan["shards"])
+            if not _shard_is_done(root, k, plan["plan"], sh["rows"][1] - sh["rows"][0], plan["hidden_size"])]
+
+
+def _non_vector_bytes(plan: dict) -> int:
+    """RAM bytes of the token arrays and stop list of a planned datastore (``tokens.npz`` without ``sources``),
+    from the plan's counts."""
+    n_tokens, n_blocks, n_sources = plan["n_tokens"], plan["n_blocks"], len(plan["sources"])
+    return (n_tokens * (np.dtype(plan["input_ids_dtype"]).itemsize + 1)  # input_ids + flags (uint8)
+            + 8 * (2 * (n_blocks + 1) + n_sources + 1)  # block_offsets, row_offsets, source_block_offsets (int64)
+            + 8 * plan["n_stopword_ids"])
+
+
 def _remove_stale(root: Path, n_shards: int) -> None:
     """Delete shard files and markers of shards >= n_shards (left by an earlier run with other sharding)."""
     folder = root / EMBEDDINGS
@@ -196,6 +211,12 @@ def plan_datastore(model_name: str, blocks_paths: Sequence[str | Path], out_dir:
     Everything is checked before anything is written: a missing model, foreign blocks or an empty corpus leaves an
     existing datastore untouched. An unchanged plan writes nothing (a complete datastore stays complete). Returns
     the plan record (``plan.json``)."""
+    return _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length, precision, tokenizer_name)[0]
+
+
+def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length, precision, tokenizer_name
+          ) -> tuple[dict, dict[str, np.ndarray]]:
+    """``plan_datastore``, also returning the token arrays (``tokens.npz``) it gathered."""
     from transformers import AutoConfig
 
     if precision not in ("fp16", "bf16", "fp32"):
@@ -239,7 +260,7 @@ def plan_datastore(model_name: str, blocks_paths: Sequence[str | Path], out_dir:
     except (FileNotFoundError, ValueError):
         unchanged = False
     if unchanged and (root / TOKENS).exists() and (root / STOPWORDS).exists():
-        return record
+        return record, arrays
     (root / META).unlink(missing_ok=True)  # the datastore changes: incomplete until finish_datastore
     (root / EMBEDDINGS).mkdir(parents=True, exist_ok=True)
     save_npz(root / TOKENS, **arrays)
@@ -248,7 +269,7 @@ def plan_datastore(model_name: str, blocks_paths: Sequence[str | Path], out_dir:
             np.save(f, stopword_ids)
     _remove_stale(root, shards)
     write_json(root / PLAN, record)
-    return record
+    return record, arrays
 
 
 class _Encoder:
@@ -359,24 +380,21 @@ def finish_datastore(out_dir: str | Path) -> dict:
     Returns the meta record."""
     root = Path(out_dir)
     plan = read_plan(root)
-    missing = [k for k, sh in enumerate(plan["shards"])
-               if not _shard_is_done(root, k, plan["plan"], sh["rows"][1] - sh["rows"][0], plan["hidden_size"])]
+    missing = _missing_shards(root, plan)
     if missing:
         raise FileNotFoundError(f"datastore {root}: shard(s) {missing} of {len(plan['shards'])} are not embedded for "
                                 "the current plan; run `npm-repro embed --step shard --shard K` for each (rule "
                                 "embed_shard), then finish again")
     done = [_read_done(root, k) for k in range(len(plan["shards"]))]
     n_tokens, n_rows = max(plan["n_tokens"], 1), plan["n_rows"]
-    arrays = load_npz(root / TOKENS)
     stop_bytes = (root / STOPWORDS).stat().st_size
-    non_vector = sum(a.nbytes for a in arrays.values() if a.dtype.kind != "U") + plan["n_stopword_ids"] * 8
     meta = {**plan,
             "precision": sorted({d["precision"] for d in done}) if len({d["precision"] for d in done}) > 1
             else done[0]["precision"],
             "devices": sorted({d["device"] for d in done}),
             "bytes_per_token_vectors": round(n_rows * plan["hidden_size"] * np.dtype(VECTOR_DTYPE).itemsize / n_tokens,
                                              3),
-            "bytes_per_token_non_vector": round(non_vector / n_tokens, 3),
+            "bytes_per_token_non_vector": round(_non_vector_bytes(plan) / n_tokens, 3),
             "disk_bytes_per_token_non_vector": round(((root / TOKENS).stat().st_size + stop_bytes) / n_tokens, 3),
             "seconds_embedding": round(sum(d["seconds"] for d in done), 3),
             "provenance": provenance({"model": plan["model"], "blocks": plan["sources"],
@@ -408,15 +426,12 @@ def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: s
         raise ValueError("batch_blocks must be >= 1")
     t_start = time.perf_counter()
     root = Path(out_dir)
-    plan = plan_datastore(model_name, blocks_paths, root, drop_stopwords, shards, max_length, precision,
-                          tokenizer_name)
-    todo = [k for k, sh in enumerate(plan["shards"])
-            if not _shard_is_done(root, k, plan["plan"], sh["rows"][1] - sh["rows"][0], plan["hidden_size"])]
-    bo = None
+    plan, arrays = _plan(model_name, blocks_paths, root, drop_stopwords, shards, max_length, precision,
+                         tokenizer_name)
+    todo = _missing_shards(root, plan)
     tokens_done, t_embed = 0, time.perf_counter()
     encoder = None
     if todo:
-        arrays = load_npz(root / TOKENS)
         bo = arrays["block_offsets"]
         encoder = _Encoder(plan, device, precision)
         bar = _progress(int(sum(bo[plan["shards"][k]["blocks"][1]] - bo[plan["shards"][k]["blocks"][0]]
