@@ -253,6 +253,16 @@ def provenance(config: dict | None = None) -> dict:
     }
 
 
+def read_json(path: str | os.PathLike, fix: str):
+    """The parsed JSON of ``path``; bytes that are not JSON (a truncated or overwritten record) are a ValueError
+    "PATH is corrupt (...); FIX"."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is corrupt ({e}); {fix}") from None
+
+
 def write_json(path: str | os.PathLike, record, **kwargs) -> None:
     """Write ``record`` as indented JSON, atomically, refusing NaN / Infinity (``dumps_json``)."""
     text = dumps_json(record, str(path), indent=2, ensure_ascii=False, **kwargs)

@@ -43,7 +43,7 @@ import numpy as np
 from npm.datastore.java import ensure_jvm
 from npm.edge_errors import java_gist
 from npm.fingerprint import CorpusHasher
-from npm.io import atomic_dir, write_json
+from npm.io import atomic_dir, read_json, write_json
 
 DEFAULT_K1 = 0.9  # pyserini's LuceneSearcher defaults, not overridden by the original (paper-map §3.8)
 DEFAULT_B = 0.4
@@ -182,10 +182,7 @@ def read_index_record(index_dir: str | os.PathLike) -> dict | None:
     path = Path(index_dir) / INDEX_RECORD
     if not path.exists():
         return None
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is corrupt ({e}); {_rebuild_hint(index_dir, None)}") from None
+    record = read_json(path, _rebuild_hint(index_dir, None))
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         raise ValueError(f"{path} is not the record of an npm-repro BM25 index; {_rebuild_hint(index_dir, None)}")
     return record

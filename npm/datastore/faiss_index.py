@@ -71,7 +71,6 @@ Choices this module makes and documents:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -83,7 +82,7 @@ from pathlib import Path
 import numpy as np
 
 from npm.edge_errors import faiss_gist, first_line
-from npm.io import atomic_path, dumps_json
+from npm.io import atomic_path, dumps_json, read_json
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +191,7 @@ def _read_sidecar(path: Path) -> dict | None:
     side = sidecar_path(path)
     if not side.exists():
         return None
-    try:
-        record = json.loads(side.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{side}, the sidecar of FAISS index {path}, is corrupt ({e}); {REBUILD}") from None
+    record = read_json(side, f"it is the sidecar of FAISS index {path}: {REBUILD}")
     if not isinstance(record, dict):
         raise ValueError(f"{side}, the sidecar of FAISS index {path}, is not a JSON object; {REBUILD}")
     return record

@@ -39,7 +39,6 @@ position the (r - row_offsets[block])-th STORED position of that block (computed
 
 from __future__ import annotations
 
-import json
 import string
 from dataclasses import dataclass
 from functools import cached_property
@@ -58,6 +57,7 @@ from npm.boundaries import (
     valid_starts,
 )
 from npm.fingerprint import model_fingerprint  # noqa: F401 - the datastore's model identity
+from npm.io import load_npz, read_json
 
 FORMAT_VERSION = 1
 STORED = 128  # flag bit of a position that has a vector (free in npm.boundaries' flags)
@@ -135,11 +135,7 @@ def read_meta(root: str | Path) -> dict:
         done = sorted(Path(root).glob(f"{EMBEDDINGS}/shard*.done.json")) if Path(root).is_dir() else []
         raise FileNotFoundError(f"{root} is not a complete datastore: {META} is missing (written last by the "
                                 f"embedder; {len(done)} shard(s) marked done). Re-run the embed step; it resumes.")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is corrupt ({e}); delete it and re-run the embed step (finished shards are kept)") \
-            from None
+    meta = read_json(path, "delete it and re-run the embed step (finished shards are kept)")
     need = {"format_version", "model", "model_fingerprint", "hidden_size", "dtype", "n_tokens", "n_blocks", "n_rows",
             "shards"}
     if not isinstance(meta, dict) or need - set(meta):
@@ -157,10 +153,7 @@ def read_plan(root: str | Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{root} has no {PLAN}: plan the datastore first (`npm-repro embed --step plan`, rule "
                                 "plan_datastore)")
-    try:
-        plan = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is corrupt ({e}); delete it and plan the datastore again") from None
+    plan = read_json(path, "delete it and plan the datastore again")
     if not isinstance(plan, dict) or not {"plan", "model", "model_fingerprint", "shards", "hidden_size"} <= set(plan):
         raise ValueError(f"{path} is not a datastore plan; delete it and plan the datastore again")
     return plan
@@ -391,8 +384,6 @@ def load_datastore(path: str | Path, expected_model: str | None = None, verify: 
         shards.append(_Shard(start, end, array))
     if expect_start != int(meta["n_rows"]):
         raise ValueError(f"{root}/{META}: the shards hold {expect_start} rows, meta says n_rows = {meta['n_rows']}")
-
-    from npm.io import load_npz
 
     arrays = load_npz(root / TOKENS)
     missing = {"input_ids", "flags", "block_offsets", "row_offsets", "source_block_offsets", "sources"} - set(arrays)
