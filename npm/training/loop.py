@@ -321,7 +321,11 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.schedule_steps or cfg.steps)
     mlm_vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)  # random replacements (MLM)
     collate = collate_phrase if cfg.model_type == "npm" else collate_single
-    record = run_record(cfg, world, device)
+    record = run_record(cfg, world, device) if rank == 0 else None
+    if world > 1:  # rank 0 hashes the training files once; every rank resumes from the same run folder
+        shared = [record]
+        dist.broadcast_object_list(shared, src=0)
+        record = shared[0]
     run_dir = _run_folder(ckpt_root, record, rank)
     step, epoch, cursor = 0, 0, 0
     found = _resume_point(run_dir, cfg.steps, load_model, rank) if cfg.resume else None
