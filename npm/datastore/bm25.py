@@ -370,7 +370,8 @@ def _check_record(index_dir: Path, record: dict | None, want: str, corpus: str, 
     if have != want:
         raise ValueError(f"BM25 index {index_dir} was built from other blocks than {corpus}: corpus fingerprint "
                          f"{have[:12]} (its {INDEX_RECORD}, {record.get('n_blocks')} blocks), expected {want[:12]}; "
-                         f"{hint}")
+                         f"pass the BM25 index of those blocks (data/bm25/<corpus> of the same corpus), or "
+                         f"{hint.replace(f'--out {index_dir}', '--out <a new folder>')}")
 
 
 def _check_k(k: int) -> int:
