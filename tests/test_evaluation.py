@@ -68,17 +68,17 @@ def test_union_is_one_softmax_over_the_concatenated_neighbours(predictors, kind,
     verb = [np.unique(ia[:5]), np.unique(ib[:5]), np.array([0])]  # tokens the neighbours really vote for
     expected = label_scores(np.concatenate([ia, ib]), np.concatenate([sa, sb]), verb, tau=5.0,
                             tau_twice=tau_twice and kind == "npm")
-    got = closed_set_scores([pa, pb], text, verb, tau=5.0, tau_twice=tau_twice)
+    got = closed_set_scores([pa, pb], [text], verb, tau=5.0, tau_twice=tau_twice)[0]
     np.testing.assert_allclose(got, expected, rtol=1e-12)
     assert got[:2].sum() > 0 and got[2] == 0  # [PAD] is never stored
     # One softmax over the union, not the mean of the per-datastore distributions.
     mean = (pa.label_scores(text, verb, tau=5.0, tau_twice=tau_twice)
             + pb.label_scores(text, verb, tau=5.0, tau_twice=tau_twice)) / 2
     assert not np.allclose(got, mean)
-    single = closed_set_scores([pa], text, verb, tau=5.0, tau_twice=tau_twice)
+    single = closed_set_scores([pa], [text], verb, tau=5.0, tau_twice=tau_twice)[0]
     np.testing.assert_allclose(single, pa.label_scores(text, verb, tau=5.0, tau_twice=tau_twice), rtol=1e-12)
     if tau_twice and kind == "npm":  # s / 25 differs from s / 5
-        assert not np.allclose(got, closed_set_scores([pa, pb], text, verb, tau=5.0))
+        assert not np.allclose(got, closed_set_scores([pa, pb], [text], verb, tau=5.0)[0])
 
 
 def test_verbalizers_fuzzy_file_or_label_words(wordpiece_tokenizer, tmp_path):
@@ -122,7 +122,7 @@ def test_closed_set_run_writes_predictions_and_accuracy(world, predictors, tmp_p
     correct = []
     for p in preds:
         assert p["input"].endswith(" It was<mask>.")
-        scores = closed_set_scores([pa, pb], p["input"], verb, tau=5.0)
+        scores = closed_set_scores([pa, pb], [p["input"]], verb, tau=5.0)[0]
         assert scores.sum() > 0
         np.testing.assert_allclose(p["scores"], scores, rtol=1e-6)
         assert p["prediction"] == int(np.argmax(scores)) and p["correct"] == (p["prediction"] == p["label"])

@@ -29,20 +29,52 @@ def predictor(world, **kw):
                      **kw)
 
 
-@pytest.mark.parametrize("kind", ["npm", "npm_single"])
-@pytest.mark.parametrize("form", ["paper", "code"])
+@pytest.mark.parametrize(("kind", "form"), [("npm", "paper"), ("npm_single", "paper"), ("npm_single", "code")])
 def test_restricted_and_exact_faiss_paths_agree_on_the_same_candidates(world, kind, form):
-    """All blocks in restricted mode and all rows through an exact index: the same candidates, the same phrases
-    and scores (the restricted mode scores every stored vector of its blocks exactly, paper-map §3.7-§3.8)."""
+    """All blocks in restricted mode and all rows through an exact index: the same spans, the same phrases and
+    scores (the restricted mode scores every stored vector of its blocks exactly, paper-map §3.7-§3.8). Not for
+    NPM's "code" span score: there restricted mode's start softmax runs over every stored vector of the blocks,
+    the unrestricted one's over valid word starts only (as the original's two modes)."""
     _, ds = world
     p = predictor(world, kind=kind, form=form, k=ds.n_rows)
-    p.retrieve_blocks = lambda text, is_question=None: np.arange(ds.n_blocks)  # BM25 returns only matching blocks
+    p.retrieve_blocks_batch = lambda texts, q: [np.arange(ds.n_blocks)] * len(texts)  # BM25: only matching blocks
     query = "Thessaloniki is the second largest city in <mask>."
     restricted = p.predict(query, top=10, mode="restricted")
     exact = p.predict(query, top=10, mode="faiss")
     assert [r["text"] for r in restricted] == [r["text"] for r in exact]
     np.testing.assert_allclose([r["score"] for r in restricted], [r["score"] for r in exact], rtol=1e-5)
     assert len(restricted) == 10
+
+
+@pytest.mark.parametrize("kind", ["npm", "npm_single"])
+def test_unrestricted_candidates_are_the_k_nearest_content_rows_at_word_boundaries(world, kind):
+    """Unrestricted (FAISS) open-set mode as the original's open-set datastore, which holds no stop-word vector:
+    the k neighbours of each query vector are the k best non-stop-word rows (stop words never take a place), and
+    NPM's start (end) candidates are those of them at valid word starts (ends). Before: stop-word rows took places
+    among the k and were dropped after, and non-start positions entered the start softmax."""
+    from npm.datastore.faiss_index import search
+
+    _, ds = world
+    k = 40
+    p = predictor(world, kind=kind, k=k)
+    q = p.encode(["Thessaloniki is the second largest city in <mask>."])
+    token = ds.row_tokens
+    content = ~np.isin(token, ds.stopword_ids)
+    assert (~content).sum() > k  # stop-word rows could take every place
+    rows, valid = search(p._faiss_index(), q[0], k, rows=p._open_rows())
+    assert valid.all() and rows.shape == (q.shape[1], k)
+    full = p._view(np.arange(ds.n_blocks))
+    view, start, end = p._faiss_candidates(q)
+    for side, cand, boundary in ((0, start, "valid_start"), (-1, end, "valid_end")):
+        sims = ds.vectors(np.arange(ds.n_rows)) @ q[0, side]
+        got = rows[side]
+        assert content[got].all()
+        others = np.setdiff1d(np.flatnonzero(content), got)
+        assert sims[got].min() >= sims[others].max() - 1e-5  # the k best content rows
+        expected = got[np.isin(got, full["rows"][full[boundary]])] if kind == "npm" else got
+        np.testing.assert_array_equal(np.sort(view["rows"][cand]), np.sort(expected))
+        if kind == "npm":
+            assert view[boundary][cand].all()
 
 
 def test_phrases_are_exact_corpus_strings_with_evidence(world):

@@ -87,6 +87,7 @@ from npm.io import atomic_path, dumps_json, read_json
 log = logging.getLogger(__name__)
 
 METRICS = ("ip", "l2")
+BLAS_THRESHOLD = 20  # queries from which FAISS's exhaustive search uses one matrix product (see search)
 MIN_POINTS_PER_CENTROID = 39  # below this FAISS's k-means warns that the clustering is unreliable
 
 Shards = Sequence[tuple[str | os.PathLike, int]]
@@ -424,6 +425,16 @@ def _hnsw_params_for_k(index, k: int):
     return params
 
 
+class RowFilter:
+    """The rows a search may return (``search(..., rows=RowFilter(allowed))``, ``allowed`` bool [ntotal]). Open-set
+    NPM leaves out the stop-word rows this way, so that they never take one of the k places (the original's
+    open-set datastore holds no stop-word vectors)."""
+
+    def __init__(self, allowed: np.ndarray):
+        self.allowed = np.asarray(allowed, dtype=bool)
+        self.n_allowed = int(self.allowed.sum())
+
+
 # --------------------------------------------------------------------------------------------- build
 
 
@@ -605,11 +616,18 @@ def load_faiss_index(path: str | os.PathLike, nprobe: int | None = None, ef_sear
     return index
 
 
-def search(index, queries: np.ndarray, k: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k candidate rows for each query: ``(rows int64 [q, k'], valid bool [q, k'])``.
+def search(index, queries: np.ndarray, k: int = 4096, rows: RowFilter | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k candidate rows for each query, all queries in one FAISS call: ``(rows int64 [q, k'], valid bool
+    [q, k'])``.
 
-    ``k' = min(k, index.ntotal)``: k is clamped to the index size. Entries FAISS could not fill are -1 in ``rows``
+    ``k' = min(k, index.ntotal)``: k is clamped to the index size (to the allowed rows with ``rows``, a
+    :class:`RowFilter`: then only those rows are returned). Entries FAISS could not fill are -1 in ``rows``
     and False in ``valid``. Candidates come in FAISS's order. Their exact scores come from :func:`exact_scores`.
+
+    ``rows``: FAISS is asked for more neighbours than k (k + k/2, then twice as many, up to the index size) until
+    every query has k allowed ones, which are its first k allowed neighbours: for an exact index exactly the k
+    nearest allowed rows. (FAISS's own ``IDSelector`` gives the same lists but scans query by query: 25 ms per
+    query against 3 on the embedded Flat index, where a batch goes through one matrix product.)
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -618,10 +636,31 @@ def search(index, queries: np.ndarray, k: int = 4096) -> tuple[np.ndarray, np.nd
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     if queries.ndim != 2 or queries.shape[1] != index.d:
         raise ValueError(f"queries must be [q, {index.d}], got shape {queries.shape}")
-    k = min(int(k), int(index.ntotal))
-    _, rows = index.search(queries, k, params=_hnsw_params_for_k(index, k))
-    rows = rows.astype(np.int64, copy=False)
-    return rows, rows >= 0
+    # FAISS >= 1.8 scans query by query below 128,000 queries; a batch is one matrix product from 20 on (the former
+    # default): 2.9 ms per query against 15 in batches of 128 on the embedded Flat index, the same neighbours.
+    _faiss().cvar.distance_compute_blas_threshold = BLAS_THRESHOLD
+    ntotal = int(index.ntotal)
+    if rows is None:
+        k = min(int(k), ntotal)
+        _, found = index.search(queries, k, params=_hnsw_params_for_k(index, k))
+        found = found.astype(np.int64, copy=False)
+        return found, found >= 0
+    if len(rows.allowed) != ntotal:
+        raise ValueError(f"the row filter covers {len(rows.allowed)} rows, the index holds {ntotal}")
+    k = min(int(k), max(1, rows.n_allowed))
+    out = np.full((len(queries), k), -1, np.int64)
+    todo, fetch = np.arange(len(queries)), min(ntotal, k + k // 2)
+    while len(todo):
+        _, found = index.search(queries[todo], fetch, params=_hnsw_params_for_k(index, fetch))
+        found = found.astype(np.int64, copy=False)
+        keep = (found >= 0) & rows.allowed[np.maximum(found, 0)]
+        enough = (keep.sum(axis=1) >= k) | (fetch == ntotal)
+        first = np.argsort(~keep, axis=1, kind="stable")[:, :k]  # the first k allowed, in FAISS's order
+        picked = np.take_along_axis(found, first, axis=1)
+        picked[~np.take_along_axis(keep, first, axis=1)] = -1
+        out[todo[enough]] = picked[enough]
+        todo, fetch = todo[~enough], min(ntotal, 2 * fetch)
+    return out, out >= 0
 
 
 def exact_scores(

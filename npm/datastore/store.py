@@ -159,6 +159,14 @@ def read_plan(root: str | Path) -> dict:
     return plan
 
 
+def _upcast(half: np.ndarray) -> np.ndarray:
+    """fp16 -> fp32 (exact) through torch's vectorised conversion: 0.2 ms for 4096 x 384 values where numpy's
+    ``astype`` takes 3.5 ms (the exact scores of closed-set kNN upcast 16k rows per query)."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(half)).float().numpy()
+
+
 @dataclass
 class _Shard:
     row_start: int
@@ -229,14 +237,18 @@ class Datastore:
         return [(self.root / s["file"], s["rows"][1] - s["rows"][0]) for s in self.meta["shards"]]
 
     def vectors(self, rows) -> np.ndarray:
-        """float32 [n, h]: the vectors of ``rows`` (any order, any shards)."""
+        """float32 [n, h]: the vectors of ``rows`` (any order, any shards), upcast exactly from fp16."""
         rows = self._check_rows(rows)
-        out = np.empty((len(rows), self.hidden_size), dtype=np.float32)
         shard = np.searchsorted(self._shard_starts, rows, side="right") - 1
-        for k in np.unique(shard):
+        present = np.unique(shard)
+        if len(present) == 1:
+            s = self._shards[present[0]]
+            return _upcast(np.take(s.array, rows - s.row_start, axis=0))
+        out = np.empty((len(rows), self.hidden_size), dtype=np.float32)
+        for k in present:
             sel = np.flatnonzero(shard == k)
             s = self._shards[k]
-            out[sel] = s.array[rows[sel] - s.row_start]
+            out[sel] = _upcast(np.take(s.array, rows[sel] - s.row_start, axis=0))
         return out
 
     def iter_vectors(self, chunk_rows: int = 1 << 20):
@@ -283,9 +295,23 @@ class Datastore:
         return blocks.astype(np.int64), positions
 
     def row_token_ids(self, rows) -> np.ndarray:
-        """int64 [n]: the token id at each row's position (closed-set kNN: a neighbour votes for its token)."""
-        blocks, positions = self.row_to_position(rows)
-        return self.input_ids[self.block_offsets[blocks] + positions].astype(np.int64)
+        """int64 [n]: the token id at each row's position (closed-set kNN: a neighbour votes for its token), read
+        from ``row_tokens``."""
+        return self.row_tokens[self._check_rows(rows)].astype(np.int64)
+
+    @cached_property
+    def row_tokens(self) -> np.ndarray:
+        """The token id of every row, in row order and in ``input_ids``'s dtype (rows are the STORED positions in
+        corpus order): 2 bytes per row for a vocabulary under 65,536, built on first use in chunks of 2**24
+        tokens. A lookup is then one gather (closed-set kNN looks up 16k neighbours per query)."""
+        chunk = 1 << 24
+        parts = [self.input_ids[a:a + chunk][(self.flags[a:a + chunk] & STORED) != 0]
+                 for a in range(0, self.n_tokens, chunk)]
+        ids = np.concatenate(parts) if parts else np.zeros(0, self.input_ids.dtype)
+        if len(ids) != self.n_rows:
+            raise ValueError(f"datastore {self.root}: tokens.npz has {len(ids)} STORED positions for {self.n_rows} "
+                             "rows; rebuild it")
+        return ids
 
     def token_ids(self, block: int) -> np.ndarray:
         """int64: the token ids of ``block`` (with its special tokens)."""

@@ -14,6 +14,10 @@ spans never cross blocks):
    vector of the BM25 blocks; FAISS mode: the k neighbours) and the positions the walk reached.
 3. ``aggregate_spans``: scores summed over every occurrence of the same token sequence; the prediction is the
    argmax of sum x length^alpha (alpha = 0 in every reported number).
+
+A batch of queries is one set of arrays: the blocks of every query laid end to end, with ``query`` giving the query
+of each position (nondecreasing, the queries' blocks in order). Softmaxes and phrase groups are then per query, and
+each query's numbers are computed by exactly the operations that score it alone.
 """
 
 from __future__ import annotations
@@ -47,17 +51,31 @@ def walk_spans(start_cand: np.ndarray, end_cand: np.ndarray, block: np.ndarray, 
     return pairs[:, 0], pairs[:, 1]
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max()) if len(x) else x
-    return z / z.sum() if len(x) else z
+def runs(segment: np.ndarray):
+    """``(value, start, end)`` of every run of equal values in a nondecreasing array (the queries of a batch)."""
+    segment = np.asarray(segment)
+    cuts = np.concatenate([[0], np.flatnonzero(np.diff(segment)) + 1, [len(segment)]])
+    return [(int(segment[a]), int(a), int(e)) for a, e in zip(cuts[:-1], cuts[1:], strict=True) if e > a]
+
+
+def softmax(x: np.ndarray, segment: np.ndarray | None = None) -> np.ndarray:
+    """Softmax of ``x``, or of each run of equal values of ``segment`` (nondecreasing) on its own; keeps the dtype."""
+    if segment is None or len(x) == 0:
+        z = np.exp(x - x.max()) if len(x) else x
+        return z / z.sum() if len(x) else z
+    out = np.empty_like(x)
+    for _, a, e in runs(segment):
+        out[a:e] = softmax(x[a:e])
+    return out
 
 
 def score_spans(span_start: np.ndarray, span_end: np.ndarray, start_pos: np.ndarray, start_sim: np.ndarray,
-                end_pos: np.ndarray, end_sim: np.ndarray, tau: float = 1.0, form: str = "paper") -> np.ndarray:
+                end_pos: np.ndarray, end_sim: np.ndarray, tau: float = 1.0, form: str = "paper",
+                query: np.ndarray | None = None) -> np.ndarray:
     """Weight of every span occurrence (float64 [n]); see the module docstring for the two forms.
 
     ``start_pos`` (sorted, unique) with ``start_sim`` are the scored start candidates and must include every
-    span start; likewise for ends.
+    span start; likewise for ends. ``query`` (per position; None = one query): each softmax runs per query.
     """
     i_s = np.searchsorted(start_pos, span_start)
     i_e = np.searchsorted(end_pos, span_end)
@@ -69,19 +87,24 @@ def score_spans(span_start: np.ndarray, span_end: np.ndarray, start_pos: np.ndar
         raise ValueError("a span end has no score: end_pos must include every span end")
     start_sim = np.asarray(start_sim, dtype=np.float64) / tau
     end_sim = np.asarray(end_sim, dtype=np.float64) / tau
+    def of(positions):
+        return None if query is None else query[positions]
+
     if form == "code":
-        return _softmax(start_sim)[i_s] + _softmax(end_sim)[i_e]
+        return softmax(start_sim, of(start_pos))[i_s] + softmax(end_sim, of(end_pos))[i_e]
     if form == "paper":
-        return _softmax(np.logaddexp(start_sim[i_s], end_sim[i_e]))
+        return softmax(np.logaddexp(start_sim[i_s], end_sim[i_e]), of(span_start))
     raise ValueError(f"span score form must be 'paper' or 'code', not {form!r}")
 
 
 def aggregate_spans(ids: np.ndarray, span_start: np.ndarray, span_end: np.ndarray, weights: np.ndarray,
-                    alpha: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    alpha: float = 0.0, query: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group occurrences by their token sequence (paper-map §3.7 step 5, §9 item 23).
 
     Returns ``(order, group, scores)``: ``group`` [n] maps each occurrence to its phrase, ``scores`` [n_phrases]
-    is the summed weight x length^alpha, and ``order`` lists the phrases best first.
+    is the summed weight x length^alpha, and ``order`` lists the phrases best first (ties: token order).
+    ``query`` (per occurrence, nondecreasing; None = one query): phrases are grouped per query, and ``order``
+    lists the first query's phrases best first, then the second's, ...
     """
     if len(span_start) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
@@ -89,9 +112,15 @@ def aggregate_spans(ids: np.ndarray, span_start: np.ndarray, span_end: np.ndarra
     width = int(lengths.max())
     cols = span_start[:, None] + np.arange(width)
     tokens = np.where(np.arange(width) < lengths[:, None], ids[np.minimum(cols, len(ids) - 1)], -1)
+    if query is not None:
+        tokens = np.concatenate([np.asarray(query, np.int64)[:, None], tokens], axis=1)
     _, group = np.unique(tokens, axis=0, return_inverse=True)
     group = group.reshape(-1)
     scores = np.bincount(group, weights=weights)
     length = np.bincount(group, weights=lengths) / np.bincount(group)
     scores = scores * length**alpha
-    return np.argsort(-scores, kind="stable"), group, scores
+    if query is None:
+        return np.argsort(-scores, kind="stable"), group, scores
+    group_query = np.zeros(len(scores), np.int64)
+    group_query[group] = query
+    return np.lexsort((-scores, group_query)), group, scores

@@ -32,11 +32,12 @@ import numpy as np
 from npm.boundaries import SPECIAL, valid_ends, valid_starts
 from npm.datastore.store import STORED
 from npm.inference.closed_set import label_scores
-from npm.inference.phrase import aggregate_spans, score_spans, walk_spans
+from npm.inference.phrase import aggregate_spans, runs, score_spans, softmax, walk_spans
 from npm.inference.query import encode_queries
 from npm.settings import Settings
 
 KINDS = ("npm", "npm_single")
+BATCH_SIZE = 64  # queries per encoder pass, search and scoring step; any size gives the same answers
 
 
 class Predictor:
@@ -47,13 +48,14 @@ class Predictor:
     their value from ``settings`` (default ``Settings()``, the paper's setting); ``settings.closed_set_tau`` and
     ``settings.tau_twice`` are ``label_scores``'s defaults. ``root``: the folder that the relative blocks paths
     recorded in the datastore are relative to (the workflow's working directory; default the current directory).
+    ``batch_size``: queries per encoder pass, search and scoring step of ``predict_batch`` (a memory bound only).
     """
 
     def __init__(self, model: str, datastore: str, kind: str = "npm", bm25: str | None = None,
                  faiss: str | None = None, tau: float | None = None, l_max: int = 10, form: str | None = None,
                  exclude_stopwords: bool = True, open_set: bool = True, k: int | None = None,
                  n_blocks: int | None = None, device=None, root: str | Path | None = None,
-                 settings: Settings | None = None):
+                 settings: Settings | None = None, batch_size: int = BATCH_SIZE):
         from npm.datastore.store import load_datastore
         from npm.model import load_encoder, load_tokenizer
 
@@ -79,7 +81,8 @@ class Predictor:
         # Absolute now: opened on first use, perhaps after a chdir, and the JVM (Lucene) keeps its start-up
         # directory, so a relative BM25 path would be read from wherever Python started.
         self._bm25_path, self._faiss_path = (None if x is None else str(Path(x).absolute()) for x in (bm25, faiss))
-        self._bm25 = self._faiss = None
+        self._bm25 = self._faiss = self._open_filter = None
+        self.batch_size = batch_size
         self._missing: dict[str, str] = {}  # from_config: index -> the Snakemake target that builds it
         self._texts = [None] * len(self.ds.sources)
         self.scale = 1.0 / math.sqrt(self.ds.hidden_size)
@@ -165,62 +168,91 @@ class Predictor:
         return self._faiss
 
     def encode(self, texts: list[str], batch_size: int | None = None) -> np.ndarray:
-        """Query vectors float32 [n, 2 or 1, h]: one encoder pass over all ``texts`` unless ``batch_size`` bounds
-        the queries per pass."""
+        """Query vectors float32 [n, 2 or 1, h], in length-sorted encoder passes of ``batch_size`` queries (default
+        ``npm.inference.query.pass_size``)."""
         return encode_queries(self.model, self.tokenizer, texts, n_masks=2 if self.kind == "npm" else 1,
-                              batch_size=batch_size or max(1, len(texts)))
+                              batch_size=batch_size)
 
     def retrieve_blocks(self, text: str, is_question: bool | None = None) -> np.ndarray:
         """Global block ids of the BM25 top blocks for a query (paper-map §3.8 query strings)."""
+        return self.retrieve_blocks_batch([text], [is_question])[0]
+
+    def retrieve_blocks_batch(self, texts: Sequence[str], is_question: Sequence[bool | None]) -> list[np.ndarray]:
+        """``retrieve_blocks`` for many queries: one Lucene batch search on the thread policy's threads."""
         from npm.datastore.bm25 import bm25_query
+        from npm.threads import threads
 
-        if is_question is None:
-            is_question = "?" in text.split("<mask>")[0]
-        return self._bm25_searcher().search(bm25_query(text, is_question), k=self.n_blocks)[0]
+        queries = [bm25_query(t, "?" in t.split("<mask>")[0] if iq is None else iq)
+                   for t, iq in zip(texts, is_question, strict=True)]
+        hits = self._bm25_searcher().batch_search(queries, k=self.n_blocks, threads=threads())
+        return [ids for ids, _ in hits]
 
-    # -- the blocks laid end to end
+    # -- the candidate blocks of a batch of queries, laid end to end
 
-    def _view(self, blocks: np.ndarray) -> dict:
+    def _view(self, blocks: np.ndarray, query: np.ndarray | None = None) -> dict:
+        """The tokens of ``blocks`` laid end to end (a block may come twice, for two queries): per position its
+        token id, datastore row (-1: no vector, or a stop word in open-set mode), view block, ``query`` (the query
+        index of each block; default 0) and boundary flags. Array operations only, whatever the batch size."""
         ds = self.ds
         blocks = np.asarray(blocks, dtype=np.int64)
+        query = np.zeros(len(blocks), np.int64) if query is None else np.asarray(query, dtype=np.int64)
         starts, ends = ds.block_offsets[blocks], ds.block_offsets[blocks + 1]
         lengths = ends - starts
-        local_offsets = np.concatenate([[0], np.cumsum(lengths)])
-        glob = np.concatenate([np.arange(a, e) for a, e in zip(starts, ends, strict=True)]) if len(blocks) else \
-            np.zeros(0, np.int64)
+        local_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        block = np.repeat(np.arange(len(blocks)), lengths)
+        glob = starts[block] + np.arange(local_offsets[-1]) - local_offsets[:-1][block]
         flags = ds.flags[glob]
         ids = ds.input_ids[glob].astype(np.int64)
         stop = np.isin(ids, ds.stopword_ids)
+        has_vector = (flags & STORED) != 0
+        # A stored position's row: its block's first row + its rank among the block's stored positions.
+        before = np.concatenate([[0], np.cumsum(has_vector)])
+        rank = before[1:] - 1 - before[local_offsets[:-1]][block]
+        rows = np.where(has_vector, ds.row_offsets[blocks][block] + rank, -1)
         # Open-set mode ignores stop-word vectors: the same candidates as a datastore built without them
         # (paper-map §3.3), so one datastore per (model, corpus) serves closed- and open-set tasks.
-        stored = ((flags & STORED) != 0) & ~(stop if self.open_set else False)
-        rows = np.full(len(glob), -1, dtype=np.int64)
-        for i, b in enumerate(blocks):
-            r, pos = ds.block_rows(int(b))
-            rows[local_offsets[i] + pos] = r
+        stored = has_vector & ~(stop if self.open_set else False)
         rows[~stored] = -1
         blocked = (flags & SPECIAL) != 0
         if self.exclude_stopwords:
             blocked |= stop
         return {
-            "blocks": blocks, "offsets": local_offsets, "ids": ids, "rows": rows,
-            "block": np.repeat(np.arange(len(blocks)), lengths),
+            "blocks": blocks, "offsets": local_offsets, "ids": ids, "rows": rows, "block": block,
+            "query": query[block],
             "valid_start": valid_starts(flags, local_offsets) & stored,
             "valid_end": valid_ends(flags, local_offsets) & stored,
             "blocked": blocked,
         }
 
-    def _local_positions(self, view: dict, rows: np.ndarray) -> np.ndarray:
-        """Local positions in ``view`` of datastore ``rows``; rows the view does not use (stop words in open-set
-        mode) are dropped."""
-        order = np.argsort(view["rows"])
-        sorted_rows = view["rows"][order]
-        i = np.minimum(np.searchsorted(sorted_rows, rows), len(order) - 1)
-        found = sorted_rows[i] == rows
+    def _local_positions(self, view: dict, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """View positions of datastore ``rows`` of queries ``query`` (each row looked up among its own query's
+        blocks); rows the view does not use (stop words in open-set mode) are dropped."""
+        used = view["rows"] >= 0
+        key = np.where(used, view["query"] * self.ds.n_rows + view["rows"], -1)
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        want = np.asarray(query, np.int64) * self.ds.n_rows + np.asarray(rows, np.int64)
+        i = np.minimum(np.searchsorted(sorted_key, want), len(order) - 1)
+        found = sorted_key[i] == want if len(order) else np.zeros(len(want), bool)
         return order[i[found]]
 
     def _sims(self, view: dict, positions: np.ndarray, q: np.ndarray) -> np.ndarray:
-        return self.ds.vectors(view["rows"][positions]) @ q * self.scale
+        """Exact q . e / sqrt(h) (float32) of sorted view ``positions``, each with its own query's vector
+        (``q`` [n_queries, h]); one matrix-vector product per query, as for a query alone."""
+        vecs = self.ds.vectors(view["rows"][positions])
+        out = np.empty(len(positions), np.float32)
+        for i, a, e in runs(view["query"][positions]):
+            out[a:e] = vecs[a:e] @ q[i] * self.scale
+        return out
+
+    def _open_rows(self):
+        """The FAISS row filter of open-set search: every row but the stop-word vectors (the original's open-set
+        datastore holds none, so they never take one of the k places), built on first use."""
+        if self._open_filter is None:
+            from npm.datastore.faiss_index import RowFilter
+
+            self._open_filter = RowFilter(~np.isin(self.ds.row_tokens, self.ds.stopword_ids))
+        return self._open_filter
 
     # -- surface strings and evidence
 
@@ -265,86 +297,129 @@ class Predictor:
     def predict_batch(self, texts: Sequence[str], top: int = 5, mode: str = "restricted",
                       is_question: bool | None | Sequence[bool | None] = None,
                       batch_size: int | None = None) -> list[list[dict]]:
-        """``predict`` for many queries: one list of phrase dicts per query, in order. The queries go through the
-        encoder together (one pass, or passes of ``batch_size``), then each is scored on its own.
+        """``predict`` for many queries: one list of phrase dicts per query, in order. Batches of ``batch_size``
+        queries (default ``self.batch_size``) go through the encoder in one pass, BM25 or FAISS in one search and
+        the span scoring in one set of array operations; the answers are those of one query at a time.
         ``is_question``: one value for every query or one per query."""
         if isinstance(texts, str):
             raise TypeError("predict_batch takes a list of queries; use predict for one")
         texts = list(texts)
-        if mode not in ("restricted", "faiss"):
-            raise ValueError(f"mode must be 'restricted' or 'faiss', not {mode!r}")
+        _check_mode(mode)
         questions = [is_question] * len(texts) if is_question is None or isinstance(is_question, bool) \
             else list(is_question)
         if len(questions) != len(texts):
             raise ValueError(f"is_question has {len(questions)} values for {len(texts)} queries")
-        if not texts:
-            return []
-        vectors = self.encode(texts, batch_size=batch_size)
-        return [self.predict_vectors(t, q, top=top, mode=mode, is_question=iq)
-                for t, q, iq in zip(texts, vectors, questions, strict=True)]
+        size = operator.index(batch_size or self.batch_size)
+        if size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {size}")
+        out: list[list[dict]] = []
+        for a in range(0, len(texts), size):
+            chunk = texts[a:a + size]
+            out += self._predict(chunk, self.encode(chunk), top, mode, questions[a:a + size])
+        return out
 
     def predict_vectors(self, text: str, q: np.ndarray, top: int = 5, mode: str = "restricted",
                         is_question: bool | None = None) -> list:
         """``predict`` from the query's precomputed vectors ``q`` (float32 [2 or 1, h], a row of ``encode``);
         ``text`` gives the BM25 query of restricted mode."""
-        if mode == "restricted":
-            view = self._view(self.retrieve_blocks(text, is_question))
-            start_cand = end_cand = np.flatnonzero(view["rows"] >= 0)
-        elif mode == "faiss":
-            from npm.datastore.faiss_index import search
+        _check_mode(mode)
+        return self._predict([text], np.asarray(q, np.float32)[None], top, mode, [is_question])[0]
 
-            rows, valid = search(self._faiss_index(), q, self.k)
-            rows = [r[v] for r, v in zip(rows, valid, strict=True)]
-            blocks = np.unique(self.ds.row_to_position(np.concatenate(rows))[0])
-            view = self._view(blocks)
-            start_cand = self._local_positions(view, rows[0])
-            end_cand = self._local_positions(view, rows[-1])
+    def _predict(self, texts: list[str], vectors: np.ndarray, top: int, mode: str,
+                 questions: list[bool | None]) -> list[list[dict]]:
+        """The phrases of a batch of queries with vectors [n, 2 or 1, h]: every query's candidates in one view."""
+        n = len(texts)
+        if mode == "restricted":
+            hits = self.retrieve_blocks_batch(texts, questions)
+            view = self._view(np.concatenate(hits), np.repeat(np.arange(n), [len(b) for b in hits]))
+            start_cand = end_cand = np.flatnonzero(view["rows"] >= 0)
         else:
-            raise ValueError(f"mode must be 'restricted' or 'faiss', not {mode!r}")
-        if len(start_cand) == 0:
-            return []
+            view, start_cand, end_cand = self._faiss_candidates(vectors)
         if self.kind == "npm_single":
             pos = np.unique(start_cand)
-            sims = self._sims(view, pos, q[0]) / self.tau
-            weights = np.exp(sims - sims.max())
-            weights /= weights.sum()
+            weights = softmax(self._sims(view, pos, vectors[:, 0]) / self.tau, view["query"][pos])
             span_start = span_end = pos
         else:
             span_start, span_end = walk_spans(start_cand, end_cand, view["block"], view["valid_start"],
                                               view["valid_end"], view["blocked"], self.l_max)
-            if len(span_start) == 0:
-                return []
             start_pos = np.union1d(start_cand, span_start)
             end_pos = np.union1d(end_cand, span_end)
-            weights = score_spans(span_start, span_end, start_pos, self._sims(view, start_pos, q[0]), end_pos,
-                                  self._sims(view, end_pos, q[1]), tau=self.tau, form=self.form)
-        order, group, scores = aggregate_spans(view["ids"], span_start, span_end, weights)
+            weights = score_spans(span_start, span_end, start_pos, self._sims(view, start_pos, vectors[:, 0]),
+                                  end_pos, self._sims(view, end_pos, vectors[:, -1]), tau=self.tau, form=self.form,
+                                  query=view["query"])
+        return self._phrases(view, span_start, span_end, weights, top, n)
+
+    def _faiss_candidates(self, vectors: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray]:
+        """Unrestricted mode (paper 6.4): the k nearest non-stop-word rows of every query vector in one FAISS
+        search, the view of each query's blocks, and the start / end candidate positions. NPM's start candidates
+        are valid word starts and its end candidates valid word ends (the walk begins only there, so nothing else
+        enters the span softmax, paper-map §3.7)."""
+        from npm.datastore.faiss_index import search
+
+        n, m, h = vectors.shape
+        rows, valid = search(self._faiss_index(), vectors.reshape(n * m, h), self.k,
+                             rows=self._open_rows() if self.open_set else None)
+        rows, valid = rows.reshape(n, m, -1), valid.reshape(n, m, -1)
+        query = np.broadcast_to(np.arange(n)[:, None, None], rows.shape)[valid]
+        side = np.broadcast_to(np.arange(m)[None, :, None], rows.shape)[valid]
+        rows = rows[valid]
+        blocks = self.ds.row_to_position(rows)[0]
+        pairs = np.unique(np.stack([query, blocks], axis=1), axis=0) if len(rows) else np.zeros((0, 2), np.int64)
+        view = self._view(pairs[:, 1], pairs[:, 0])
+        start_cand = self._local_positions(view, query[side == 0], rows[side == 0])
+        end_cand = self._local_positions(view, query[side == m - 1], rows[side == m - 1])
+        if self.kind == "npm":
+            start_cand = start_cand[view["valid_start"][start_cand]]
+            end_cand = end_cand[view["valid_end"][end_cand]]
+        return view, start_cand, end_cand
+
+    def _phrases(self, view: dict, span_start: np.ndarray, span_end: np.ndarray, weights: np.ndarray, top: int,
+                 n: int) -> list[list[dict]]:
+        """The ``top`` phrases of each of the ``n`` queries, from the weights of all their span occurrences."""
+        query = view["query"][span_start]
+        order, group, scores = aggregate_spans(view["ids"], span_start, span_end, weights, query=query)
+        group_query = np.zeros(len(scores), np.int64)
+        group_query[group] = query
+        by_query = np.searchsorted(group_query[order], np.arange(n + 1))
+        occurrences = np.lexsort((-weights, group))  # per phrase, best occurrence first (ties: corpus order)
+        first = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(scores)))])
         out = []
-        for g in order[:top]:
-            occ = np.flatnonzero(group == g)
-            occ = occ[np.argsort(-weights[occ], kind="stable")]
-            in_view = view["block"][span_start[occ]]  # view block of each occurrence
-            blocks = view["blocks"][in_view]
-            best = occ[0]
-            base = view["offsets"][in_view[0]]
-            out.append({
-                "text": self.surface(int(blocks[0]), int(span_start[best] - base), int(span_end[best] - base)).strip(),
-                "score": float(scores[g]),
-                "occurrences": len(occ),
-                "evidence": [(int(x), self.block_text(int(x))) for x in dict.fromkeys(blocks.tolist())][:3],
-            })
+        for i in range(n):
+            phrases = []
+            for g in order[by_query[i]:by_query[i + 1]][:top]:
+                occ = occurrences[first[g]:first[g + 1]]
+                in_view = view["block"][span_start[occ]]  # view block of each occurrence
+                blocks = view["blocks"][in_view]
+                best = occ[0]
+                base = view["offsets"][in_view[0]]
+                phrases.append({
+                    "text": self.surface(int(blocks[0]), int(span_start[best] - base),
+                                         int(span_end[best] - base)).strip(),
+                    "score": float(scores[g]),
+                    "occurrences": len(occ),
+                    "evidence": [(int(x), self.block_text(int(x))) for x in dict.fromkeys(blocks.tolist())][:3],
+                })
+            out.append(phrases)
         return out
 
     def knn(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """Closed-set neighbours (paper-map §4.1): token ids and exact scores q . e / sqrt(h) of the k nearest
         stored vectors, of the start and the end query concatenated for NPM."""
+        return self.knn_vectors(self.encode([text]))[0]
+
+    def knn_vectors(self, vectors: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``knn`` of a batch of encoded queries (float32 [n, 2 or 1, h], from ``encode``): one FAISS search for
+        all their vectors, one token-id lookup for all neighbours; a (token ids, exact scores) pair per query."""
         from npm.datastore.faiss_index import exact_scores, search
 
-        q = self.encode([text])[0]
-        rows, valid = search(self._faiss_index(), q, self.k)
-        sims = exact_scores(q, rows, self.ds.vectors)
-        rows, sims = rows[valid], sims[valid]
-        return self.ds.row_token_ids(rows), sims
+        n, m, h = vectors.shape
+        flat = np.ascontiguousarray(vectors.reshape(n * m, h), dtype=np.float32)
+        rows, valid = search(self._faiss_index(), flat, self.k)
+        sims = exact_scores(flat, rows, self.ds.vectors)
+        rows, valid, sims = rows.reshape(n, -1), valid.reshape(n, -1), sims.reshape(n, -1)
+        ids = self.ds.row_token_ids(rows[valid])
+        cut = np.cumsum(valid.sum(axis=1))[:-1]
+        return list(zip(np.split(ids, cut), np.split(sims[valid], cut), strict=True))
 
     def label_scores(self, text: str, verbalizers: list[np.ndarray], tau: float | None = None,
                      tau_twice: bool | None = None) -> np.ndarray:
@@ -353,6 +428,11 @@ class Predictor:
         tau_twice = self.settings.tau_twice if tau_twice is None else tau_twice
         ids, sims = self.knn(text)
         return label_scores(ids, sims, verbalizers, tau=tau, tau_twice=tau_twice and self.kind == "npm")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("restricted", "faiss"):
+        raise ValueError(f"mode must be 'restricted' or 'faiss', not {mode!r}")
 
 
 def _released_checkpoint(name: str, root: Path, key: str) -> str:

@@ -21,23 +21,33 @@ import numpy as np
 from npm.inference.closed_set import label_scores
 
 
-def union_knn(predictors: Sequence, text: str) -> tuple[np.ndarray, np.ndarray]:
-    """Neighbour token ids and exact scores of every datastore, concatenated (the original's DataStoreUnion)."""
+def union_knn(predictors: Sequence, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per query, the neighbour token ids and exact scores of every datastore, concatenated in predictor order (the
+    original's DataStoreUnion). The queries are encoded once (the predictors share one model) and each datastore
+    is searched once for all of them."""
     if not predictors:
         raise ValueError("closed-set scoring needs at least one datastore (predictor)")
-    ids, sims = zip(*(p.knn(text) for p in predictors), strict=True)
-    return np.concatenate(ids), np.concatenate(sims)
+    vectors = predictors[0].encode(list(texts))
+    per_store = [p.knn_vectors(vectors) for p in predictors]
+    return [(np.concatenate([s[i][0] for s in per_store]), np.concatenate([s[i][1] for s in per_store]))
+            for i in range(len(texts))]
 
 
-def closed_set_scores(predictors: Sequence, text: str, verbalizers: list[np.ndarray], tau: float,
+def closed_set_scores(predictors: Sequence, texts: Sequence[str], verbalizers: list[np.ndarray], tau: float,
                       tau_twice: bool = False) -> np.ndarray:
-    """Label scores float64 [n_labels] over the union of the predictors' datastores: one softmax over all their
-    neighbours (paper-map §4.1 steps 2-5). ``tau_twice`` applies to NPM only (§4.1 step 3)."""
+    """Label scores float64 [n, n_labels] of a batch of queries over the union of the predictors' datastores: one
+    softmax over all their neighbours per query (paper-map §4.1 steps 2-5). ``tau_twice`` applies to NPM only
+    (§4.1 step 3)."""
+    if isinstance(texts, str):
+        raise TypeError("closed_set_scores takes a list of queries")
     kinds = {p.kind for p in predictors}
     if len(kinds) > 1:
         raise ValueError(f"predictors of different kinds {sorted(kinds)} cannot be scored together")
-    ids, sims = union_knn(predictors, text)
-    return label_scores(ids, sims, verbalizers, tau=tau, tau_twice=tau_twice and kinds == {"npm"})
+    if len({p.ds.meta.get("model_fingerprint") for p in predictors}) > 1:
+        raise ValueError("the datastores of one closed-set union were embedded by different models: "
+                         + ", ".join(str(p.ds.root) for p in predictors))
+    return np.stack([label_scores(ids, sims, verbalizers, tau=tau, tau_twice=tau_twice and kinds == {"npm"})
+                     for ids, sims in union_knn(predictors, texts)]).reshape(len(texts), len(verbalizers))
 
 
 class NpmScorer:
@@ -72,12 +82,12 @@ class NpmScorer:
         s = self.settings
         verbalizers = label_verbalizers(task, self.tokenizer, self.tasks_root, fuzzy=s.fuzzy_verbalizers)
         scores = []
-        for ex in examples:
-            scores.append(closed_set_scores(self.predictors, ex["input"], verbalizers, tau=s.closed_set_tau,
-                                            tau_twice=s.tau_twice))
+        for batch in _batches(examples, self.predictors[0].batch_size):
+            scores.append(closed_set_scores(self.predictors, [ex["input"] for ex in batch], verbalizers,
+                                            tau=s.closed_set_tau, tau_twice=s.tau_twice))
             if progress:
-                progress(1)
-        scores = np.stack(scores)
+                progress(len(batch))
+        scores = np.concatenate(scores)
         return dict(scores=scores, metrics={"retrieval": "faiss", "tau": s.closed_set_tau,
                                               "tau_twice": bool(s.tau_twice and self.kind == "npm")})
 
@@ -88,13 +98,19 @@ class NpmScorer:
         predictor = self.predictors[0]
         predictor.l_max = task.l_max or predictor.l_max
         answers = []
-        for ex in examples:
-            top = predictor.predict(ex["input"], top=1, mode=self.mode, is_question=task.is_question)
-            answers.append(top[0]["text"] if top else "")
+        for batch in _batches(examples, predictor.batch_size):
+            tops = predictor.predict_batch([ex["input"] for ex in batch], top=1, mode=self.mode,
+                                           is_question=task.is_question)
+            answers += [top[0]["text"] if top else "" for top in tops]
             if progress:
-                progress(1)
+                progress(len(batch))
         return dict(answers=answers, metrics={"retrieval": "faiss" if self.mode == "faiss" else "bm25",
                                                 "tau": self.settings.open_set_tau})
+
+
+def _batches(items: Sequence, size: int):
+    for a in range(0, len(items), size):
+        yield items[a:a + size]
 
 
 __all__ = ["NpmScorer", "closed_set_scores", "union_knn"]
