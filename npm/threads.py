@@ -108,5 +108,6 @@ def describe() -> dict:
     if faiss is not None:
         out["faiss_openmp"] = faiss.omp_get_max_threads()
     for pool in _blas_pools():
-        out[f"blas:{os.path.basename(pool['filepath'])}"] = pool["num_threads"]
+        folder, name = os.path.split(pool["filepath"])
+        out[f"blas:{os.path.basename(folder)}/{name}"] = pool["num_threads"]
     return out

@@ -79,6 +79,12 @@ def test_slurm_profile_reads_site_settings_from_the_environment():
     assert {"slurm_partition=cpu_part", "slurm_account=proj42", "qos=normal"} <= set(site["default-resources"])
     for rule in GPU_RULES:
         assert {f"{rule}:slurm_partition=gpu_part", f"{rule}:gpu_model=a100"} <= set(site["set-resources"]), rule
+    # A rule that passes --threads {threads} (npm.threads) gets as many threads as SLURM CPUs (inside a job the
+    # jobstep executor runs with --cores all, so {threads} is the set-threads value).
+    threads = dict(s.split("=") for s in plain["set-threads"])
+    assert threads == {"evaluate": "8"}
+    assert any(s.startswith("evaluate:") and "cpus_per_task=8" in s for s in plain["set-resources"]) or \
+        "evaluate:cpus_per_task=8" in plain["set-resources"]
     # The GPU partition falls back to the CPU one.
     one = render_profile(ROOT / "profiles" / "slurm" / "config.yaml", {**bare, "NPM_SLURM_PARTITION": "all"})
     assert "pretrain:slurm_partition=all" in one["set-resources"]

@@ -210,7 +210,7 @@ def evaluate(task: str | Task, system: str, inputs: Inputs, settings: Settings |
     metrics.update(seconds=seconds, queries_per_s=len(examples) / seconds if seconds > 0 else None)
     metrics.update(scorer.info)
     metrics.update(output.metrics)
-    metrics["torch_threads"] = _torch_threads()
+    metrics["threads"], metrics["torch_threads"] = _threads()
     if metrics_path is not None:  # a NaN / inf score is an error naming the key, before either file is written
         check_finite(metrics, str(metrics_path))
     if predictions_path is not None:
@@ -222,11 +222,14 @@ def evaluate(task: str | Task, system: str, inputs: Inputs, settings: Settings |
     return metrics
 
 
-def _torch_threads() -> int | None:
+def _threads() -> tuple[int, int | None]:
+    """The thread policy's count (``npm.threads``) and torch's threads in force."""
     import sys
 
+    from npm.threads import threads
+
     torch = sys.modules.get("torch")
-    return torch.get_num_threads() if torch is not None else None
+    return threads(), torch.get_num_threads() if torch is not None else None
 
 
 __all__ = ["check_inputs", "evaluate", "score_examples", "task_metrics"]

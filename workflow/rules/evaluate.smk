@@ -32,6 +32,7 @@ rule evaluate:
         n=n_samples_arg(),
         settings=to_args(config.get("inference")),
         tokenizer=config["model"]["tokenizer"],
+    threads: 1  # many small jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
     resources:
         gpu=1,
         mem_mb=64000,
@@ -44,5 +45,5 @@ rule evaluate:
         "../envs/eval.yaml"
     shell:
         "npm-repro evaluate --task {wildcards.task} --system {params.system} {params.args} {params.n}"
-        " {params.settings} --tokenizer {params.tokenizer:q}"
+        " {params.settings} --tokenizer {params.tokenizer:q} --threads {threads}"
         " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"
