@@ -1,82 +1,163 @@
-"""Benchmark: queries/s of NPM (BM25-restricted), NPM (FAISS) and NPM-single (FAISS) on a built datastore, and the
-RAM / disk the datastore takes per corpus token (vectors and everything else separately).
+"""Benchmark: NPM inference speed on a built embedded world (`make demo` outputs): queries/s of open-set NPM
+(BM25-restricted and unrestricted FAISS) and closed-set kNN scoring (k = 4096 over the union of the enwiki and
+cc_news datastores, as AGN in the tables), at batch sizes 1, 16 and 64 and threads 1 and 2, with the share of time
+spent encoding queries, searching and scoring, the encoder-only rate (the floor), peak memory and the datastore's
+RAM / disk per token.
 
-Queries are cloze sentences cut from the corpus itself (the first words of random blocks, then "<mask>."), so
-retrieval has something to find. Needs the outputs of `make demo` (or of the same rules at paper scale); writes
+Queries are the embedded tasks' real inputs (open set: LAMA T-REx, Google-RE, KAMEL, NQ, TriviaQA; closed set:
+AGN). Each (threads) setting runs in a fresh process (`--threads` sets npm.threads's policy), so that thread pools
+and peak memory are its own; BM25 hits are not cached across repetitions. Writes
 results/benchmarks/predict-<device>.json. It measures; it asserts nothing.
 
-    .venv/bin/python benchmarks/predict.py [--corpus enwiki] [--queries 100]
+    .venv/bin/python benchmarks/predict.py [--root .] [--threads 1 2] [--batch-sizes 1 16 64]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from npm.inference.predictor import Predictor
-from npm.io import atomic_path, provenance
+OPEN_TASKS = ("lama_trex", "lama_google_re", "kamel", "nq", "triviaqa")
+CLOSED_TASK = "agn"
 
 
-def cloze_queries(predictor: Predictor, n: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
+def _queries(predictor, tasks, root: Path, n: int) -> list[str]:
+    from npm.tasks.registry import task_examples
+
     out = []
-    for b in rng.permutation(predictor.ds.n_blocks):
-        words = predictor.block_text(int(b)).split()
-        if len(words) >= 14:
-            out.append(" ".join(words[:12]) + " <mask>.")
-        if len(out) == n:
-            break
-    return out
+    for t in tasks:
+        out += [e["input"] for e in task_examples(t, root / "data" / "tasks" / t, n_samples=0,
+                                                  tokenizer=predictor.tokenizer)]
+    return out[:n]
 
 
-def disk_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+class Clock:
+    """Seconds spent per stage, by wrapping the Predictor's stage methods."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, obj, name: str, stage: str):
+        inner = getattr(obj, name)
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t
+
+        setattr(obj, name, timed)
 
 
-def timed(predictor: Predictor, queries: list[str], mode: str) -> dict:
-    predictor.predict(queries[0], mode=mode)  # warm-up: model, index and JVM loading
-    start = time.perf_counter()
-    for q in queries:
-        predictor.predict(q, mode=mode)
-    seconds = time.perf_counter() - start
-    return {"queries": len(queries), "seconds": seconds, "queries_per_s": len(queries) / seconds}
+def _run(fn, queries: list[str], batch: int, clock: Clock, clear) -> dict:
+    clock.seconds.clear()
+    clear()
+    t = time.perf_counter()
+    for a in range(0, len(queries), batch):
+        fn(queries[a:a + batch])
+    seconds = time.perf_counter() - t
+    shares = {k: round(v / seconds, 3) for k, v in clock.seconds.items()}
+    shares["scoring"] = round(max(0.0, 1 - sum(shares.values())), 3)
+    return {"queries": len(queries), "seconds": round(seconds, 3), "queries_per_s": round(len(queries) / seconds, 1),
+            "share": shares}
+
+
+def worker(args) -> dict:
+    """One thread setting, in this process."""
+    from npm.threads import describe, set_threads
+
+    set_threads(args.worker)
+    import numpy as np
+
+    from npm.inference.predictor import Predictor
+    from npm.inference.scoring import closed_set_scores
+
+    root = args.root
+    paths = {name: dict(model=str(root / "results/models/npm"), datastore=str(root / f"data/datastore/npm/{name}"),
+                        faiss=str(root / f"data/index/npm/{name}.faiss"), bm25=str(root / f"data/bm25/{name}"))
+             for name in ("enwiki", "cc_news")}
+    enwiki = Predictor(kind="npm", root=root, **paths["enwiki"])
+    news = Predictor(kind="npm", root=root, **{k: v for k, v in paths["cc_news"].items() if k != "bm25"})
+    open_q = _queries(enwiki, OPEN_TASKS, root, args.queries)
+    closed_q = _queries(enwiki, (CLOSED_TASK,), root, args.queries)
+    clock = Clock()
+    for p in (enwiki, news):
+        clock.wrap(p, "encode", "encode")
+        clock.wrap(p, "retrieve_blocks_batch", "search")
+        clock.wrap(p, "_faiss_candidates", "search")
+        clock.wrap(p, "knn_vectors", "search")
+    bm25 = enwiki._bm25_searcher()
+    verbalizers = [np.array(enwiki.tokenizer.convert_tokens_to_ids([w])) for w in ("world", "sports", "business",
+                                                                                    "science")]
+    # Warm-up: model, indexes, JVM, blocks text.
+    enwiki.predict_batch(open_q[:8])
+    enwiki.predict_batch(open_q[:8], mode="faiss")
+    closed_set_scores([enwiki, news], closed_q[:8], verbalizers, tau=5.0)
+
+    result: dict = {"threads": describe(), "runs": {}}
+    for batch in args.batch_sizes:
+        runs = {
+            "open_restricted": _run(lambda qs: enwiki.predict_batch(qs, top=1), open_q, batch, clock,
+                                    bm25._cache.clear),
+            "open_unrestricted": _run(lambda qs: enwiki.predict_batch(qs, top=1, mode="faiss"),
+                                      open_q[:args.unrestricted_queries], batch, clock, lambda: None),
+            "closed_knn": _run(lambda qs: closed_set_scores([enwiki, news], qs, verbalizers, tau=5.0), closed_q,
+                               batch, clock, lambda: None),
+        }
+        result["runs"][str(batch)] = runs
+    encode = {}
+    for name, qs in (("open", open_q), ("closed", closed_q)):
+        t = time.perf_counter()
+        enwiki.encode(qs)
+        encode[name] = round(len(qs) / (time.perf_counter() - t), 1)
+    result["encoder_only_queries_per_s"] = encode
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ds = enwiki.ds
+    vectors = sum(a.nbytes for a in ds.shards)
+    result["datastore"] = {
+        "tokens": ds.n_tokens, "rows": ds.n_rows, "hidden_size": ds.hidden_size,
+        "vector_bytes_per_token": vectors / ds.n_tokens,
+        "non_vector_ram_bytes_per_token": ds.nbytes_non_vector / ds.n_tokens,
+    }
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", default="enwiki")
-    parser.add_argument("--queries", type=int, default=100)
-    parser.add_argument("--k", type=int, default=4096)
+    parser.add_argument("--root", type=Path, default=Path("."), help="the workflow's working directory")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--queries", type=int, default=200, help="queries per open-set / closed-set run")
+    parser.add_argument("--unrestricted-queries", type=int, default=64,
+                        help="queries of the unrestricted runs (k = 4096 neighbours per vector: slow)")
     parser.add_argument("--out-dir", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.root = args.root.resolve()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
 
-    result = {"corpus": args.corpus, "k": args.k, "torch_threads": torch.get_num_threads(), "systems": {}}
-    for kind, modes in (("npm", ("restricted", "faiss")), ("npm_single", ("faiss",))):
-        ds_path = Path(f"data/datastore/{kind}/{args.corpus}")
-        p = Predictor(f"results/models/{kind}", str(ds_path), kind=kind, bm25=f"data/bm25/{args.corpus}",
-                      faiss=f"data/index/{kind}/{args.corpus}.faiss", k=args.k)
-        queries = cloze_queries(p, args.queries)
-        for mode in modes:
-            result["systems"][f"{kind}-{mode}"] = timed(p, queries, mode)
-        if kind == "npm":
-            ds = p.ds
-            vectors = sum(a.nbytes for a in ds.shards)
-            result["datastore"] = {
-                "tokens": ds.n_tokens, "rows": ds.n_rows, "hidden_size": ds.hidden_size,
-                "vector_bytes_per_token": vectors / ds.n_tokens,
-                "non_vector_ram_bytes_per_token": ds.nbytes_non_vector / ds.n_tokens,
-                "disk_bytes_per_token_without_vectors": (disk_bytes(ds_path) - vectors) / ds.n_tokens,
-                "faiss_index_bytes_per_token": Path(f"data/index/npm/{args.corpus}.faiss").stat().st_size
-                / ds.n_tokens,
-                "bm25_index_bytes_per_token": disk_bytes(Path(f"data/bm25/{args.corpus}")) / ds.n_tokens,
-            }
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    import torch
+
+    from npm.io import atomic_path, provenance
+
+    result = {"k": 4096, "open_tasks": OPEN_TASKS, "closed_task": CLOSED_TASK, "settings": {}}
+    for n in args.threads:
+        cmd = [sys.executable, __file__, "--worker", str(n), "--root", str(args.root), "--batch-sizes",
+               *map(str, args.batch_sizes), "--queries", str(args.queries), "--unrestricted-queries",
+               str(args.unrestricted_queries)]
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+        if out.returncode:
+            sys.exit(f"worker with {n} threads failed:\n{out.stderr[-3000:]}")
+        result["settings"][f"threads={n}"] = json.loads(out.stdout.strip().splitlines()[-1])
     result["provenance"] = provenance({k: str(v) for k, v in vars(args).items()})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with atomic_path(args.out_dir / f"predict-{device}.json") as tmp:
