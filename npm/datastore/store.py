@@ -269,11 +269,15 @@ class Datastore:
         assert len(rows) == len(positions), "tokens.npz is inconsistent: STORED bits differ from row_offsets"
         return rows, positions
 
+    def row_blocks(self, rows) -> np.ndarray:
+        """int64 [n]: the block of each row (searchsorted on ``row_offsets``)."""
+        return (np.searchsorted(self.row_offsets, self._check_rows(rows), side="right") - 1).astype(np.int64)
+
     def row_to_position(self, rows, chunk: int = 1 << 14) -> tuple[np.ndarray, np.ndarray]:
-        """(block int64, position int64) of each row: searchsorted on ``row_offsets``, then the rank of the row
-        among its block's STORED positions (per queried block; no per-token index is kept in RAM)."""
+        """(block int64, position int64) of each row: ``row_blocks``, then the rank of the row among its block's
+        STORED positions (per queried block; no per-token index is kept in RAM)."""
         rows = self._check_rows(rows)
-        blocks = np.searchsorted(self.row_offsets, rows, side="right") - 1
+        blocks = self.row_blocks(rows)
         positions = np.empty(len(rows), dtype=np.int64)
         if not len(rows):
             return blocks.astype(np.int64), positions

@@ -383,7 +383,7 @@ class Predictor:
         query = np.broadcast_to(np.arange(n)[:, None, None], rows.shape)[valid]
         side = np.broadcast_to(np.arange(m)[None, :, None], rows.shape)[valid]
         rows = rows[valid]
-        blocks = self.ds.row_to_position(rows)[0]
+        blocks = self.ds.row_blocks(rows)
         pairs = np.unique(np.stack([query, blocks], axis=1), axis=0) if len(rows) else np.zeros((0, 2), np.int64)
         view = self._view(pairs[:, 1], pairs[:, 0])
         start_cand = self._local_positions(view, query[side == 0], rows[side == 0])
