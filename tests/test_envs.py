@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "workflow" / "envs"
 GPU_PINS = ENVS / "gpu-pins.txt"
 # Rules that run models or FAISS on a GPU (their resources ask for `gpu`); the test also finds them by that.
-GPU_RULES = {"pretrain", "embed_shard", "build_faiss_index", "evaluate"}
+GPU_RULES = {"pretrain", "embed_shard", "build_faiss_index", "evaluate", "_name",  # _name: evaluate_{group}
+             "evaluate_negative_control"}
 PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)==([0-9][0-9A-Za-z.]*(?:\+[0-9A-Za-z.]+)?)")
 CONDA_PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)==([0-9][0-9A-Za-z.]*)")  # == is exact; = is a prefix match
 CUDA_LABEL = re.compile(r"\+cu(\d+)")
@@ -57,9 +58,12 @@ def rule_envs(rules_dir=ROOT / "workflow" / "rules"):
     found = {}
     for smk in sorted(Path(rules_dir).glob("*.smk")):
         text = smk.read_text()
-        names = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, flags=re.M)
-        blocks = re.split(r"^(?:local)?(?:rule|checkpoint) \w+:", text, flags=re.M)[1:]
+        heads = r"^\s*(?:local)?(?:rule|checkpoint)(?: (\w+))?:"  # `rule:` alone: made in a loop, `name:` below
+        names = re.findall(heads, text, flags=re.M)
+        blocks = re.split(heads, text, flags=re.M)[2::2]
         for rule, block in zip(names, blocks, strict=True):
+            if not rule:
+                rule = re.search(r"^\s+name:\s*\n\s+(\S+)", block, flags=re.M).group(1)
             env = re.search(r"^\s+conda:\s*\n\s+\"\.\./envs/([\w-]+)\.yaml\"", block, flags=re.M)
             found[rule] = (env.group(1) if env else None, bool(re.search(r"^\s+gpu=", block, flags=re.M)))
     return found

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from npm.evaluation.harness import evaluate, score_examples, task_metrics
+from npm.evaluation.harness import evaluate, evaluate_tasks, score_examples, task_metrics
 from npm.evaluation.systems import Inputs, Output
 from npm.inference.closed_set import label_scores
 from npm.inference.predictor import Predictor
@@ -43,7 +43,7 @@ def run_evaluation(task, system, model, datastores, tasks_root="data/tasks", fai
     """The harness with the paths of one run (as `npm-repro evaluate` passes them)."""
     settings = Settings(k=k, **{n: kw.pop(n) for n in list(kw) if n in Settings.__dataclass_fields__})
     inputs = Inputs(model=model, datastore=list(datastores), faiss=list(faiss), bm25=list(bm25),
-                    tasks_root=str(tasks_root))
+                    tasks_root=str(tasks_root), control=kw.pop("control", None))
     return evaluate(task, system, inputs, settings, **kw)
 
 
@@ -152,6 +152,40 @@ def test_open_set_run_exact_match_from_predictions(world, tmp_path):
     assert metrics["tau"] == 1.0 and json.loads((tmp_path / "m.json").read_text())["n"] == 4
 
 
+def test_one_run_of_several_tasks_equals_one_run_per_task(world, tmp_path):
+    """Rule evaluate_{group} answers every task of a system and corpus in one process: each task's predictions and
+    score are those of its own run, each file written, and the metrics say which tasks shared the run."""
+    recs = {"templama_changed": [{"id": "q1", "input": "Thessaloniki is the second largest city in <mask>.",
+                                  "answers": ["Greece"]},
+                                 {"id": "q2", "input": "The capital of Greece is <mask>.", "answers": ["Athens"]}],
+            "templama_unchanged": [{"id": "u1", "input": "Thessaloniki is a great place for a <mask>.",
+                                    "answers": ["review"]}]}
+    for task, rows in recs.items():
+        write_jsonl(tmp_path / task / "test.jsonl", rows)
+    inputs = Inputs(model=world["model"], datastore=[world["a"]["ds"]], bm25=[world["a"]["bm25"]],
+                    tasks_root=str(tmp_path))
+    tasks = list(recs)
+    together = evaluate_tasks(tasks, "npm", inputs, Settings(k=K),
+                              predictions_paths=[tmp_path / f"{t}.jsonl" for t in tasks],
+                              metrics_paths=[tmp_path / f"{t}.json" for t in tasks])
+    for task, metrics in zip(tasks, together, strict=True):
+        alone = evaluate(task, "npm", inputs, Settings(k=K), predictions_path=tmp_path / f"{task}.alone.jsonl")
+        assert metrics["task"] == task and metrics["score"] == alone["score"] and metrics["n"] == len(recs[task])
+        assert [r["prediction"] for r in read_jsonl(tmp_path / f"{task}.jsonl")] == \
+            [r["prediction"] for r in read_jsonl(tmp_path / f"{task}.alone.jsonl")]
+        saved = json.loads((tmp_path / f"{task}.json").read_text())
+        assert saved["provenance"]["config"]["tasks_in_run"] == tasks and saved["load_seconds"] > 0
+    twice = evaluate_tasks(["templama_unchanged", "templama_unchanged"], "npm", inputs, Settings(k=K),
+                           metrics_paths=[tmp_path / "u1.json", tmp_path / "u2.json"])
+    assert twice[0]["score"] == twice[1]["score"] == together[1]["score"]
+    assert json.loads((tmp_path / "u2.json").read_text())["provenance"]["config"]["metrics_path"].endswith("u2.json")
+    with pytest.raises(ValueError, match="one of each per task"):
+        evaluate_tasks(tasks, "npm", inputs, Settings(k=K), metrics_paths=[tmp_path / "only_one.json"])
+    with pytest.raises(ValueError, match="read different artefacts"):  # closed set reads FAISS, open set BM25
+        evaluate_tasks(["templama_changed", "sst2"], "npm", dataclasses.replace(inputs, faiss=[world["a"]["faiss"]]),
+                       Settings(k=K))
+
+
 def _open(task, examples, answers):
     """Predictions records and metrics of fixed open-set answers, through the harness's scoring."""
     task = resolve_task(task)
@@ -235,3 +269,19 @@ def test_errors_are_clear(world, tmp_path):
     with pytest.raises(ValueError, match="non-finite"):
         score_examples(resolve_task("subj"), [{"id": "0", "input": "x", "label": 0}],
                        Output(scores=np.array([[np.nan, 1.0]])))
+
+
+def test_negative_control_decouples_vectors_from_tokens(world, tmp_path):
+    """--negative-control shuffled_vectors: FAISS finds the same nearest vectors (same scores), but each now sits on
+    the row of a random token, so the neighbours vote for other tokens; a system without a datastore refuses it."""
+    plain, shuffled = _predictor(world, "a", open_set=False), _predictor(world, "a", open_set=False)
+    shuffled.ds.shuffle_vectors(seed=0)
+    q = plain.encode(["Thessaloniki is the second largest city in <mask>."])
+    (ids0, sims0), = plain.knn_vectors(q)
+    (ids1, sims1), = shuffled.knn_vectors(q)
+    np.testing.assert_allclose(np.sort(sims0), np.sort(sims1), rtol=1e-6)
+    assert not np.array_equal(ids0, ids1)
+    rows = np.arange(shuffled.ds.n_rows)
+    assert np.array_equal(shuffled.ds.vectors(shuffled.ds.index_rows(rows)), plain.ds.vectors(rows))
+    with pytest.raises(ValueError, match="reads no datastore"):
+        run_evaluation("sst2", "mlm", world["model"], [], tasks_root=tmp_path, control="shuffled_vectors")

@@ -56,6 +56,18 @@ def by_system(rows: list[dict]) -> dict[str, dict]:
 
 # ------------------------------------------------------------------------------------------------ Table 1
 
+def test_table_cells_carry_the_bootstrap_standard_error(tmp_path):
+    """Each score cell prints "score ± stderr" in Markdown and has a "± " column in the CSV; a file without
+    `stderr` (written before it existed) leaves it empty."""
+    files = [write_metrics(tmp_path, "agn", "npm", 70.0, stderr=7.25, ci95=[55.0, 85.0]),
+             write_metrics(tmp_path, "sst2", "npm", 81.0)]
+    csv_path, md_path = tables.write_table(tables.table1(files), tmp_path / "table1.csv")
+    row = read_csv(csv_path)[0]
+    assert row["AGN"] == "70.00" and row["AGN ±"] == "7.25" and row["SST-2 ±"] == ""
+    md = md_path.read_text()
+    assert "| 70.0 ± 7.2 |" in md and "| 81.0 |" in md and "bootstrap standard error" in md
+
+
 def test_table1_average_over_present_columns_and_paper_columns(tmp_path):
     files = [write_metrics(tmp_path, "agn", "npm", 70.0), write_metrics(tmp_path, "sst2", "npm", 81.0),
              write_metrics(tmp_path, "agn", "mlm", 60.0), write_metrics(tmp_path, "sst2", "mlm", 71.0),

@@ -7,6 +7,7 @@ import pytest
 
 from npm.tasks.metrics import (
     aggregate,
+    bootstrap,
     exact_match,
     macro_average,
     micro_average,
@@ -253,3 +254,27 @@ def test_item28_yahoo_json_verbalizer_is_not_truncated(wordpiece_tokenizer, tmp_
     assert [len(v) for v in flipped] == [1, 3]
     with pytest.raises(ValueError, match="no words for"):
         read_fuzzy_verbalizer_json(path, tok, topics=YAHOO_TOPICS)
+
+
+def test_bootstrap_interval_brackets_the_score_and_shrinks_with_n():
+    """The interval printed beside each table cell: seeded (same numbers twice), around the average, standard error
+    close to the binomial one sqrt(p(1-p)/n), and narrower for more examples."""
+    small = np.array([1.0] * 12 + [0.0] * 28)
+    big = np.tile(small, 10)
+    a, b = bootstrap(small), bootstrap(small)
+    assert a == b
+    assert a["ci95"][0] < small.mean() < a["ci95"][1]
+    assert a["stderr"] == pytest.approx(np.sqrt(0.3 * 0.7 / 40), rel=0.15)
+    assert bootstrap(big)["stderr"] < a["stderr"] / 2
+    assert bootstrap(np.ones(5)) == {"stderr": 0.0, "ci95": [1.0, 1.0]}
+
+
+def test_bootstrap_of_a_macro_average_resamples_within_groups():
+    """Macro averages (LAMA buckets) keep every group in every resample: a group of one example adds no noise."""
+    scores = np.array([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    groups = [1, 1, 1, 1, 1, 1, 2]
+    out = bootstrap(scores, groups, "macro")
+    assert out["ci95"][0] <= aggregate(scores, groups, "macro") <= out["ci95"][1]
+    assert out["ci95"][0] >= 0.5  # group 2 is always 1.0, so the macro mean never drops below half
+    with pytest.raises(ValueError, match="group of every score"):
+        bootstrap(scores, None, "macro")

@@ -1,6 +1,7 @@
 """The Snakemake workflow: lint is clean, the planned DAG for Table 1 is complete, and the data part runs."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +34,24 @@ def test_dry_run_of_table1_plans_the_whole_pipeline(tmp_path):
     rules = dry_run_jobs(tmp_path, "results/tables/table1.csv")
     for rule in ["prepare_embedded_wikipedia", "prepare_embedded_ccnews", "extract_documents", "shard_documents",
                  "tokenize_blocks", "batch_blocks", "mask_batches", "pretrain", "embed_corpus",
-                 "build_faiss_index", "evaluate", "convert_smollm2", "table1"]:
+                 "build_faiss_index", "evaluate_npm_enwiki_cc_news", "evaluate_lm", "convert_smollm2", "table1"]:
         assert rule in rules, rule
+
+
+def test_evaluations_run_one_job_per_system_and_corpus_unless_off(tmp_path):
+    """evaluation.group_jobs: the tables' evaluations of one system on one corpus are one job (its model and
+    indexes load once); an evaluation no table reads is one job of rule evaluate; off, every task is its own job."""
+    rules = dry_run_jobs(tmp_path, "results/tables/table8.csv", "results/metrics/nq/npm_single@enwiki_p50.json")
+    groups = {r for r in rules if r.startswith("evaluate_")}
+    assert {"evaluate_npm_enwiki", "evaluate_npm_single_enwiki", "evaluate_replug_enwiki", "evaluate_lm"} <= groups
+    assert "evaluate" in rules  # NPM-single on the 50 % corpus: not in config.ablation.systems
+    off = tmp_path / "off.yaml"
+    off.write_text((ROOT / "config" / "config.yaml").read_text().replace("group_jobs: true", "group_jobs: false"))
+    out = subprocess.run([SNAKEMAKE, "-n", "--cores", "1", "--directory", str(tmp_path), "-s", str(ROOT / "Snakefile"),
+                          "results/tables/table8.csv", "--configfile", str(off)], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "evaluate_npm_enwiki" not in out.stdout and re.search(r"^evaluate\s+\d+", out.stdout, re.M)
 
 
 def test_paper_config_does_not_inherit_embedded_sources(tmp_path):

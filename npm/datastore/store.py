@@ -199,6 +199,23 @@ class Datastore:
         self.n_blocks = int(meta["n_blocks"])
         self.n_rows = int(meta["n_rows"])
         self.hidden_size = int(meta["hidden_size"])
+        self.shuffled: np.ndarray | None = None  # negative control: row i reads the stored vector shuffled[i]
+        self._unshuffled: np.ndarray | None = None
+
+    def shuffle_vectors(self, seed: int = 0) -> None:
+        """Negative control (docs/expected-numbers.md): decouple every vector from its token. Row ``i`` then reads the
+        stored vector of row ``perm[i]`` (a seeded permutation), and :meth:`index_rows` maps the ids a FAISS index
+        built from the stored vectors returns to the rows that now hold those vectors. Tokens, blocks and BM25 are
+        untouched, so an NPM that works scores like chance on such a datastore."""
+        perm = np.random.default_rng(seed).permutation(self.n_rows)
+        self.shuffled, self._unshuffled = perm, np.argsort(perm)
+
+    def index_rows(self, found: np.ndarray) -> np.ndarray:
+        """The rows holding the stored vectors of FAISS ids ``found`` (-1 = none stays -1): the ids themselves unless
+        the vectors are shuffled (:meth:`shuffle_vectors`)."""
+        if self.shuffled is None:
+            return found
+        return np.where(found >= 0, self._unshuffled[np.maximum(found, 0)], found)
 
     # -- identity
 
@@ -239,6 +256,8 @@ class Datastore:
     def vectors(self, rows) -> np.ndarray:
         """float32 [n, h]: the vectors of ``rows`` (any order, any shards), upcast exactly from fp16."""
         rows = self._check_rows(rows)
+        if self.shuffled is not None:
+            rows = self.shuffled[rows]
         shard = np.searchsorted(self._shard_starts, rows, side="right") - 1
         present = np.unique(shard)
         if len(present) == 1:

@@ -1,5 +1,6 @@
-"""``npm-repro evaluate``: one task, one system of the registry (``npm.evaluation.systems``), one predictions file and
-one metrics file. The options of ``npm.settings.Settings`` are added from its fields."""
+"""``npm-repro evaluate``: one system of the registry (``npm.evaluation.systems``) on one or more tasks that read the
+same artefacts (the model and indexes load once), one predictions file and one metrics file per task. The options of
+``npm.settings.Settings`` are added from its fields."""
 
 from __future__ import annotations
 
@@ -8,20 +9,29 @@ from pathlib import Path
 
 from npm import settings as settings_module
 from npm import threads
-from npm.evaluation.systems import SYSTEMS, Inputs
+from npm.evaluation.systems import NEGATIVE_CONTROLS, SYSTEMS, Inputs
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from npm.evaluation.harness import evaluate
+    from npm.evaluation.harness import evaluate_tasks
     from npm.io import dumps_json
+
+    n = len(args.task)
+    for name in ("predictions", "metrics"):
+        given = getattr(args, name)
+        if given is not None and len(given) != n:
+            raise SystemExit(f"npm-repro evaluate: {n} task(s) but {len(given)} --{name} path(s): give one per task, "
+                             "in the order of --task")
     threads.set_threads(args.threads)
     inputs = Inputs(model=args.model, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25, blocks=args.blocks,
-                    encoder=args.encoder, corpus=args.corpus, device=args.device, tasks_root=str(args.tasks_root))
-    metrics = evaluate(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
-                       tokenizer=args.tokenizer, predictions_path=args.predictions, metrics_path=args.metrics)
+                    encoder=args.encoder, corpus=args.corpus, device=args.device, tasks_root=str(args.tasks_root),
+                    control=args.negative_control)
+    results = evaluate_tasks(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
+                             tokenizer=args.tokenizer, predictions_paths=args.predictions,
+                             metrics_paths=args.metrics)
     if args.metrics is None:
-        print(dumps_json(metrics, "metrics (stdout)", indent=2, default=str))
+        print(dumps_json(results[0] if n == 1 else results, "metrics (stdout)", indent=2, default=str))
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -32,10 +42,11 @@ def add_cli(subparsers) -> None:
     """Register ``evaluate`` on the ``npm-repro`` subparsers."""
     systems = "\n".join(f"  {s.name:<11} {s.doc}" for s in SYSTEMS.values())
     p = subparsers.add_parser(
-        "evaluate", help="zero-shot evaluation of one task with one system (paper 4-6)",
-        description=f"Zero-shot evaluation of one task with one system (paper 4-6). Systems:\n{systems}",
+        "evaluate", help="zero-shot evaluation of one system on one or more tasks (paper 4-6)",
+        description="Zero-shot evaluation of one system on one or more tasks that read the same artefacts; the model "
+                    f"and the indexes load once (paper 4-6). Systems:\n{systems}",
         formatter_class=_Formatter)
-    p.add_argument("--task", required=True, help="task name of config/tasks.yaml")
+    p.add_argument("--task", required=True, nargs="+", help="task name(s) of config/tasks.yaml")
     p.add_argument("--system", required=True, choices=list(SYSTEMS), help="system of the registry (see above)")
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
                    help="the system's checkpoint: an NPM / MLM model folder or hub id, or the causal LM of a decoder "
@@ -56,8 +67,12 @@ def add_cli(subparsers) -> None:
                    help="examples per task (default: the registry's; 0 = all)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--threads", type=settings_module.positive_int, help=threads.HELP)
-    p.add_argument("--predictions", type=Path, help="predictions JSONL to write")
-    p.add_argument("--metrics", type=Path, help="metrics JSON to write (printed when absent)")
+    p.add_argument("--negative-control", choices=NEGATIVE_CONTROLS,
+                   help="shuffled_vectors: every datastore vector read for another token's (seeded); a working NPM "
+                        "then scores like chance and `npm-repro check` FAILs (docs/expected-numbers.md)")
+    p.add_argument("--predictions", type=Path, nargs="+", help="predictions JSONL to write, one per --task")
+    p.add_argument("--metrics", type=Path, nargs="+", help="metrics JSON to write, one per --task (printed when "
+                   "absent)")
     settings_module.add_arguments(p)
     p.set_defaults(func=cmd_evaluate)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from npm.evaluation.systems import Inputs, Output, get
 from npm.settings import Settings
-from npm.tasks.metrics import aggregate, exact_match, translation_prediction
+from npm.tasks.metrics import aggregate, bootstrap, exact_match, translation_prediction
 from npm.tasks.registry import SEED, Task, resolve_task
 
 log = logging.getLogger("npm-repro.evaluate")
@@ -39,7 +39,8 @@ EXAMPLE_KEYS = ("group", "bucket", "lang", "relation", "is_uhn", "is_hard")  # c
 def task_metrics(task: Task | str, system: str, examples: Sequence[dict], correct: Sequence[float],
                  average: str | None = None) -> dict:
     """The metrics record of one task (paper-map §5.2): the score in percent, micro or macro over the examples'
-    ``group`` (LAMA n-gram buckets, translation languages), per-group scores, and LAMA's UHN / Hard subsets.
+    ``group`` (LAMA n-gram buckets, translation languages), its bootstrap standard error and 95 % interval
+    (``npm.tasks.metrics.bootstrap``), per-group scores, and LAMA's UHN / Hard subsets.
     ``average`` overrides the registry's."""
     task = resolve_task(task)
     if len(correct) != len(examples):
@@ -57,6 +58,8 @@ def task_metrics(task: Task | str, system: str, examples: Sequence[dict], correc
         "n": len(examples),
         "average": average,
     }
+    interval = bootstrap(correct, groups if average == "macro" else None, average)
+    metrics.update(stderr=100.0 * interval["stderr"], ci95=[100.0 * x for x in interval["ci95"]])
     if has_groups:
         per_group: dict = {}
         for g, c in zip(groups, correct, strict=True):
@@ -132,6 +135,9 @@ def check_inputs(task: Task, system, inputs: Inputs, settings: Settings) -> None
         for path in getattr(inputs, name):
             if not Path(path).exists():
                 raise FileNotFoundError(f"{name} {path} does not exist; run the workflow rule that builds it first")
+    if inputs.control is not None and "datastore" not in needs:
+        raise ValueError(f"negative control {inputs.control!r} shuffles datastore vectors; system {system.name} on "
+                         f"task {task.name} reads no datastore")
     if "encoder" in needs and not inputs.encoder:
         raise ValueError(f"system {system.name} with retriever 'dense' needs the NPM encoder (--encoder)")
     if "datastore" in needs:
@@ -160,66 +166,108 @@ def _bucket_tokenizer(task: Task, tokenizer: str | None, scorer, system):
     return scorer.tokenizer
 
 
-# ------------------------------------------------------------------------------------------------ one task
+# ------------------------------------------------------------------------------------------------ tasks
 
 def evaluate(task: str | Task, system: str, inputs: Inputs, settings: Settings | None = None, *,
              n_samples: int | None = None, tokenizer: str | None = None,
              predictions_path: str | os.PathLike | None = None, metrics_path: str | os.PathLike | None = None,
              registry: Mapping[str, Task] | str | os.PathLike | None = None) -> dict:
     """Evaluate ``system`` (a name of ``npm.evaluation.systems.SYSTEMS``) on ``task`` with ``inputs`` (its checkpoint
-    and the reference corpus's artefacts) under ``settings`` (default: the paper's). Examples come from
-    ``{inputs.tasks_root}/{task}``, sampled as the registry says (seed 0; ``n_samples`` overrides, 0 keeps all);
-    ``tokenizer`` names the tokenizer of LAMA's n-gram buckets (default: the system's). Writes the predictions JSONL
-    and the metrics JSON (with provenance: every argument, the git commit, package versions) when their paths are
-    given; returns the metrics."""
-    from tqdm import tqdm
+    and the reference corpus's artefacts) under ``settings`` (default: the paper's): ``evaluate_tasks`` with one
+    task. Returns its metrics."""
+    return evaluate_tasks([task], system, inputs, settings, n_samples=n_samples, tokenizer=tokenizer,
+                          predictions_paths=[predictions_path], metrics_paths=[metrics_path], registry=registry)[0]
+
+
+def evaluate_tasks(tasks: Sequence[str | Task], system: str, inputs: Inputs, settings: Settings | None = None, *,
+                   n_samples: int | None = None, tokenizer: str | None = None,
+                   predictions_paths: Sequence[str | os.PathLike | None] | None = None,
+                   metrics_paths: Sequence[str | os.PathLike | None] | None = None,
+                   registry: Mapping[str, Task] | str | os.PathLike | None = None) -> list[dict]:
+    """Evaluate ``system`` on each of ``tasks`` with one loaded scorer (the model, datastores and indexes are read
+    once). Every task must read the same artefacts of ``inputs`` (all are checked before anything is loaded).
+    Examples come from ``{inputs.tasks_root}/{task}``, sampled as the registry says (seed 0; ``n_samples``
+    overrides, 0 keeps all); ``tokenizer`` names the tokenizer of LAMA's n-gram buckets (default: the system's).
+    Writes each task's predictions JSONL and metrics JSON (with provenance: every argument, the git commit, package
+    versions) when their paths are given, as soon as the task is done; a task listed twice is answered once and
+    written to both paths. Returns the metrics, task order."""
+    n = len(tasks)
+    predictions_paths = list(predictions_paths) if predictions_paths is not None else [None] * n
+    metrics_paths = list(metrics_paths) if metrics_paths is not None else [None] * n
+    if not n or len(predictions_paths) != n or len(metrics_paths) != n:
+        raise ValueError(f"{n} task(s), {len(predictions_paths)} predictions path(s) and {len(metrics_paths)} "
+                         "metrics path(s): give one of each per task, in the same order")
+    settings = settings or Settings()
+    entry = get(system)
+    specs = [resolve_task(t, registry) for t in tasks]
+    checked = None
+    for spec in specs:  # every task's inputs, before the scorer loads
+        given = dataclasses.replace(inputs, **{k: [str(p) for p in getattr(inputs, k)]
+                                               for k in ("datastore", "faiss", "bm25", "blocks")})
+        check_inputs(spec, entry, given, settings)
+        if checked is not None and given != checked:
+            raise ValueError(f"tasks {specs[0].name} and {spec.name} read different artefacts of system {system}: "
+                             "evaluate them in separate runs")
+        checked = given
+        if not (Path(given.tasks_root) / spec.name).is_dir():
+            raise FileNotFoundError(f"task folder {Path(given.tasks_root) / spec.name} does not exist; {spec.where()}")
 
     from npm.io import check_finite, write_jsonl, write_summary
+
+    t0 = time.perf_counter()
+    scorer = entry.load(entry, checked, settings)
+    load_seconds = time.perf_counter() - t0
+    results, done = [], {}
+    for spec, predictions_path, metrics_path in zip(specs, predictions_paths, metrics_paths, strict=True):
+        config = {"task": spec.name, "system": system, "inputs": dataclasses.asdict(checked),
+                  "settings": settings.as_dict(), "n_samples": n_samples, "sampling_seed": SEED,
+                  "tokenizer": tokenizer, "tasks_in_run": [s.name for s in specs],
+                  "predictions_path": None if predictions_path is None else str(predictions_path),
+                  "metrics_path": None if metrics_path is None else str(metrics_path)}
+        if spec.name not in done:  # a task listed twice (Figure 7's 100 % point is the task's own corpus) runs once
+            done[spec.name] = _run_task(spec, entry, scorer, checked, settings, n_samples, tokenizer)
+        metrics, records = dict(done[spec.name][0]), done[spec.name][1]
+        metrics["load_seconds"] = load_seconds
+        if metrics_path is not None:  # a NaN / inf score is an error naming the key, before either file is written
+            check_finite(metrics, str(metrics_path))
+        if predictions_path is not None:
+            write_jsonl(predictions_path, records)
+        if metrics_path is not None:
+            write_summary(metrics_path, metrics, config=config)
+        results.append(metrics)
+    return results
+
+
+def _run_task(spec: Task, entry, scorer, inputs: Inputs, settings: Settings, n_samples: int | None,
+              tokenizer: str | None) -> tuple[dict, list[dict]]:
+    """One task through a loaded scorer: sample, answer, score, time. Returns (metrics, predictions records)."""
+    from tqdm import tqdm
+
     from npm.tasks.registry import task_examples
 
-    settings = settings or Settings()
-    spec, entry = resolve_task(task, registry), get(system)
-    inputs = dataclasses.replace(inputs, **{k: [str(p) for p in getattr(inputs, k)]
-                                            for k in ("datastore", "faiss", "bm25", "blocks")})
-    check_inputs(spec, entry, inputs, settings)
     folder = Path(inputs.tasks_root) / spec.name
-    if not folder.is_dir():
-        raise FileNotFoundError(f"task folder {folder} does not exist; {spec.where()}")
-    config = {"task": spec.name, "system": system, "inputs": dataclasses.asdict(inputs),
-              "settings": settings.as_dict(), "n_samples": n_samples, "sampling_seed": SEED, "tokenizer": tokenizer,
-              "predictions_path": None if predictions_path is None else str(predictions_path),
-              "metrics_path": None if metrics_path is None else str(metrics_path)}
-
-    scorer = entry.load(entry, inputs, settings)
     examples = task_examples(spec.name, folder, tokenizer=_bucket_tokenizer(spec, tokenizer, scorer, entry),
                              n_samples=n_samples, registry={spec.name: spec})
     if not examples:
         raise ValueError(f"task {spec.name}: no examples to evaluate in {folder}")
-    log.info("task %s, system %s: %d examples, model %s, corpus %s", spec.name, system, len(examples),
+    log.info("task %s, system %s: %d examples, model %s, corpus %s", spec.name, entry.name, len(examples),
              inputs.model, scorer.info.get("corpus"))
-
     run = scorer.closed_set if spec.closed else scorer.open_set
     t0 = time.perf_counter()
-    with tqdm(total=len(examples), desc=f"{spec.name}/{system}", unit="ex", mininterval=5) as bar:
+    with tqdm(total=len(examples), desc=f"{spec.name}/{entry.name}", unit="ex", mininterval=5) as bar:
         output = Output(**run(spec, examples, progress=bar.update))
     seconds = time.perf_counter() - t0
     records, correct = score_examples(spec, examples, output)
 
     average = settings.lama_average if spec.group_by == "bucket" else None
-    metrics = task_metrics(spec, system, examples, correct, average)
+    metrics = task_metrics(spec, entry.name, examples, correct, average)
     metrics.update(seconds=seconds, queries_per_s=len(examples) / seconds if seconds > 0 else None)
     metrics.update(scorer.info)
     metrics.update(output.metrics)
     metrics["threads"], metrics["torch_threads"] = _threads()
-    if metrics_path is not None:  # a NaN / inf score is an error naming the key, before either file is written
-        check_finite(metrics, str(metrics_path))
-    if predictions_path is not None:
-        write_jsonl(predictions_path, records)
-    if metrics_path is not None:
-        write_summary(metrics_path, metrics, config=config)
-    log.info("%s/%s: %s = %.2f (n = %d, %.2f examples/s)", spec.name, system, spec.metric, metrics["score"],
-             metrics["n"], metrics["queries_per_s"] or 0.0)
-    return metrics
+    log.info("%s/%s: %s = %.2f [%.2f, %.2f] (n = %d, %.2f examples/s)", spec.name, entry.name, spec.metric,
+             metrics["score"], *metrics["ci95"], metrics["n"], metrics["queries_per_s"] or 0.0)
+    return metrics, records
 
 
 def _threads() -> tuple[int, int | None]:
@@ -232,4 +280,4 @@ def _threads() -> tuple[int, int | None]:
     return threads(), torch.get_num_threads() if torch is not None else None
 
 
-__all__ = ["check_inputs", "evaluate", "score_examples", "task_metrics"]
+__all__ = ["check_inputs", "evaluate", "evaluate_tasks", "score_examples", "task_metrics"]

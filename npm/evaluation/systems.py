@@ -47,6 +47,10 @@ class Inputs:
     corpus: str | None = None
     device: str | None = None
     tasks_root: str = str(DEFAULT_TASKS_ROOT)  # the task folders (and fuzzy_verbalizers/)
+    control: str | None = None  # negative control: "shuffled_vectors" (NEGATIVE_CONTROLS)
+
+
+NEGATIVE_CONTROLS = ("shuffled_vectors",)  # Datastore.shuffle_vectors: every vector decoupled from its token
 
 
 @dataclass
@@ -154,4 +158,4 @@ def names(closed: bool | None = None) -> list[str]:
             if closed is None or (s.closed if closed else s.open) is not None]
 
 
-__all__ = ["ARTEFACTS", "Inputs", "MODELS", "Output", "SYSTEMS", "System", "get", "names"]
+__all__ = ["ARTEFACTS", "Inputs", "MODELS", "NEGATIVE_CONTROLS", "Output", "SYSTEMS", "System", "get", "names"]

@@ -254,7 +254,8 @@ class Predictor:
         if self._open_filter is None:
             from npm.datastore.faiss_index import RowFilter
 
-            self._open_filter = RowFilter(~np.isin(self.ds.row_tokens, self.ds.stopword_ids))
+            content = ~np.isin(self.ds.row_tokens, self.ds.stopword_ids)  # per row; the filter is per FAISS id
+            self._open_filter = RowFilter(content[self.ds.index_rows(np.arange(self.ds.n_rows))])
         return self._open_filter
 
     # -- surface strings and evidence
@@ -370,6 +371,7 @@ class Predictor:
         n, m, h = vectors.shape
         rows, valid = search(self._faiss_index(), vectors.reshape(n * m, h), self.k,
                              rows=self._open_rows() if self.open_set else None)
+        rows = self.ds.index_rows(rows)
         return rows.reshape(n, m, -1), valid.reshape(n, m, -1)
 
     def _faiss_candidates(self, vectors: np.ndarray, found: tuple[np.ndarray, np.ndarray] | None = None
@@ -435,6 +437,7 @@ class Predictor:
         n, m, h = vectors.shape
         flat = np.ascontiguousarray(vectors.reshape(n * m, h), dtype=np.float32)
         rows, valid = search(self._faiss_index(), flat, self.k)
+        rows = self.ds.index_rows(rows)
         sims = exact_scores(flat, rows, self.ds.vectors)
         rows, valid, sims = rows.reshape(n, -1), valid.reshape(n, -1), sims.reshape(n, -1)
         ids = self.ds.row_token_ids(rows[valid])

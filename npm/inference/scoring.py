@@ -66,6 +66,11 @@ class NpmScorer:
                       device=inputs.device)
             for d, f, b in zip(inputs.datastore, faiss, bm25, strict=True)
         ]
+        if inputs.control == "shuffled_vectors":  # negative control: a working NPM must fall to chance
+            for p in self.predictors:
+                p.ds.shuffle_vectors(seed=0)
+        elif inputs.control is not None:
+            raise ValueError(f"unknown negative control {inputs.control!r}")
         first = self.predictors[0]
         self.tokenizer, self.tasks_root = first.tokenizer, inputs.tasks_root
         self.info = {
@@ -73,7 +78,7 @@ class NpmScorer:
             "corpus": inputs.corpus or "+".join(Path(d).name for d in inputs.datastore),
             "corpus_tokens": sum(p.ds.n_tokens for p in self.predictors),
             "parameters": sum(p.numel() for p in first.model.parameters()),
-            "device": str(next(first.model.parameters()).device),
+            "device": str(next(first.model.parameters()).device), "negative_control": inputs.control,
         }
 
     def closed_set(self, task, examples, progress=None):

@@ -66,3 +66,61 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="PATH", help="X.csv (tables, + X.md) or X.pdf (figures, + X.png)")
     p.set_defaults(func=run_report)
     return p
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Print OK / FAIL per cell of ``args.expected`` for ``args.metrics_root``; exit 1 when a cell fails
+    (``--record``: write the expected-numbers file from the metrics instead)."""
+    from npm.report import check
+
+    if args.record:
+        files = sorted(args.metrics_root.glob("*/*.json"))
+        cells = check.record(files, args.expected, header=args.header)
+        print(f"recorded {len(cells)} cells from {args.metrics_root} -> {args.expected}")
+        return 0
+    expected = check.load_expected(args.expected)
+    if args.runs:
+        expected = {cell: spec for cell, spec in expected.items() if cell.split("/")[1] in args.runs}
+        if not expected:
+            raise ValueError(f"{args.expected} has no cell of run(s) {args.runs}")
+    verdicts = check.check(expected, args.metrics_root)
+    for v in verdicts:
+        print(v.line())
+    failed = sum(not v.ok for v in verdicts)
+    print(f"{len(verdicts) - failed} OK, {failed} FAIL of {len(verdicts)} cells ({args.expected} against "
+          f"{args.metrics_root})")
+    if args.expect_fail:
+        if not failed:
+            print("negative control: every cell passed, so the check cannot tell this run from a working one")
+            raise SystemExit(1)
+        print(f"negative control: {failed} cell(s) FAIL, as they must")
+    elif failed:
+        raise SystemExit(1)
+    return 0
+
+
+def add_check_cli(subparsers) -> argparse.ArgumentParser:
+    """Register ``check`` on an ``argparse`` subparsers object and return its parser."""
+    from pathlib import Path
+
+    from npm.report.check import EXPECTED_DIR
+
+    p = subparsers.add_parser(
+        "check", help="OK / FAIL per evaluation cell against an expected-numbers file (exit 1 on any FAIL)",
+        description="Compare every cell (task/run) of an expected-numbers file with the metrics files of a run: OK "
+                    "when the score lies in the cell's band, FAIL otherwise or when the file is missing. "
+                    "docs/expected-numbers.md says where the bands come from.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--expected", type=Path, default=EXPECTED_DIR / "embedded.yaml", metavar="YAML",
+                   help="expected-numbers file (npm/report/expected/embedded.yaml: the embedded default)")
+    p.add_argument("--metrics-root", type=Path, default=Path("results/metrics"), metavar="DIR",
+                   help="folder of the run's metrics files, {task}/{run}.json")
+    p.add_argument("--runs", nargs="+", metavar="RUN", help="check only the cells of these runs (e.g. npm)")
+    p.add_argument("--expect-fail", action="store_true",
+                   help="a negative control: exit 1 unless some cell FAILs")
+    p.add_argument("--record", action="store_true",
+                   help="write --expected from every metrics file under --metrics-root (score + band) instead")
+    p.add_argument("--header", default="Expected numbers (npm-repro check).",
+                   help="--record: comment lines at the top of the file (provenance: config, commit, machine)")
+    p.set_defaults(func=run_check)
+    return p

@@ -44,6 +44,8 @@ LAMA_TASKS = ("lama_trex", "lama_google_re")
 # Our systems (rows) and their labels come from the registry, in its (display) order.
 
 REQUIRED_FIELDS = ("task", "system", "metric", "score", "n")
+STDERR_NOTE = ("± = bootstrap standard error over the examples (1,000 seeded resamples; metrics `stderr`, 95 % "
+               "interval `ci95`): differences within about two of them are noise.")
 
 # Table 8 columns: (label, task, subset or None for the task's score, paper key).
 TABLE8_COLUMNS = (
@@ -71,7 +73,8 @@ class Arrow:
 @dataclass
 class Table:
     """Rows (dicts keyed by column label) ready to write. ``notes`` become the Markdown footer; ``md_digits`` lets a
-    column keep more than one decimal in Markdown (Table 4's #Q/sec, 0.12 vs 0.18 in the paper)."""
+    column keep more than one decimal in Markdown (Table 4's #Q/sec, 0.12 vs 0.18 in the paper); the columns of
+    ``stderr`` print "score ± standard error" in Markdown and have a "± " column in the CSV."""
 
     name: str
     title: str
@@ -79,6 +82,11 @@ class Table:
     rows: list[dict]
     notes: list[str] = field(default_factory=list)
     md_digits: dict[str, int] = field(default_factory=dict)
+    stderr: tuple[str, ...] = ()  # columns whose cells have a bootstrap standard error in row[f"{column} ±"]
+
+    def csv_columns(self) -> list[str]:
+        """The columns of the CSV: each column of ``stderr`` followed by its "± " column."""
+        return [c for col in self.columns for c in ((col, f"{col} ±") if col in self.stderr else (col,))]
 
     def column(self, label: str) -> list:
         """The values of one column, row order."""
@@ -231,6 +239,13 @@ def _paper_vals(paper: Mapping, table: str, name: str | None) -> dict:
     return paper[table][name]
 
 
+def _scored(row: dict, label: str, rec: dict | None, value=None) -> None:
+    """``row[label]`` = the record's score (or ``value``) and ``row[f"{label} ±"]`` its bootstrap standard error
+    (metrics field ``stderr``; absent in files written before it existed)."""
+    row[label] = (rec["score"] if value is None else value) if rec else None
+    row[f"{label} ±"] = rec.get("stderr") if rec and value is None and _number(rec.get("stderr")) else None
+
+
 def _mean(values: Sequence[float | None]) -> float | None:
     if not values or any(v is None for v in values):
         return None
@@ -262,8 +277,7 @@ def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
                "Paper row": paper_name, "#Params (M)": _system_params(records, system)}
         ours, theirs = [], []
         for t in tasks:
-            rec = cells.get((system, t))
-            row[CLOSED_SET_TASKS[t]] = rec["score"] if rec else None
+            _scored(row, CLOSED_SET_TASKS[t], cells.get((system, t)))
             row[f"{CLOSED_SET_TASKS[t]} (paper)"] = paper_vals.get(t)
             ours.append(row[CLOSED_SET_TASKS[t]])
             theirs.append(paper_vals.get(t))
@@ -271,10 +285,11 @@ def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
         row["Avg (paper)"] = (paper_vals.get("avg") if len(tasks) == len(CLOSED_SET_TASKS) else _mean(theirs)) \
             if paper_vals else None
         rows.append(row)
-    notes = [f"Avg over the {len(tasks)} task(s) shown; empty where a system lacks one."]
+    notes = [f"Avg over the {len(tasks)} task(s) shown; empty where a system lacks one.", STDERR_NOTE]
     if len(tasks) != len(CLOSED_SET_TASKS):
         notes.append("Avg (paper) is the mean of the paper row's cells over the tasks shown, not the paper's Avg.")
-    return Table("table1", "Table 1: zero-shot closed-set accuracy (%)", columns, rows, notes + footer(records))
+    return Table("table1", "Table 1: zero-shot closed-set accuracy (%)", columns, rows, notes + footer(records),
+                 stderr=tuple(CLOSED_SET_TASKS[t] for t in tasks))
 
 
 # ------------------------------------------------------------------------------------------------ Table 2
@@ -316,8 +331,8 @@ def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", 
             key = label.lower()
             old = slots.get((system, task, "outdated"))
             new = slots.get((system, task, "updated"))
-            row[f"{key}_outdated"] = old["score"] if old else None
-            row[f"{key}_updated"] = new["score"] if new else None
+            _scored(row, f"{key}_outdated", old)
+            _scored(row, f"{key}_updated", new)
             if retrieval:
                 both = (row[f"{key}_outdated"], row[f"{key}_updated"])
                 row[label] = Arrow(*both) if any(v is not None for v in both) else None
@@ -329,8 +344,9 @@ def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", 
         rows.append(row)
     notes = [f"a→b: EM on the outdated corpus ({outdated_corpus}) → on the task's updated (2022) corpus; – = not "
              "evaluated. AVG = mean of Unchanged and Changed on the updated corpus.",
-             "Systems without retrieval have one number (no corpus)."]
-    return Table("table2", "Table 2: TempLAMA exact match (%)", columns, rows, notes + footer(records))
+             "Systems without retrieval have one number (no corpus).", STDERR_NOTE]
+    return Table("table2", "Table 2: TempLAMA exact match (%)", columns, rows, notes + footer(records),
+                 stderr=("unchanged_outdated", "unchanged_updated", "changed_outdated", "changed_updated"))
 
 
 # ------------------------------------------------------------------------------------------------ Table 3
@@ -449,15 +465,17 @@ def table8(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
                "Corpus": any(rec.get("corpus") for rec in mine)}
         for label, task, subset, key in TABLE8_COLUMNS:
             rec = cells.get((system, task))
-            value = None
-            if rec is not None:
-                value = rec["score"] if subset is None else rec["subsets"].get(subset)
-            row[label] = value if _number(value) else None
+            if subset is None:
+                _scored(row, label, rec)
+            else:
+                value = rec["subsets"].get(subset) if rec is not None else None
+                row[label] = value if _number(value) else None
             row[f"{label} (paper)"] = pv.get(key)
         rows.append(row)
     notes = ["LAMA columns are macro over the 1/2/3/4+ n-gram buckets; UHN / Hard are the same average over the "
-             "filtered subsets (empty where a subset has no example)."]
-    return Table("table8", "Table 8: open-set exact match (%)", columns, rows, notes + footer(records))
+             "filtered subsets (empty where a subset has no example).", STDERR_NOTE]
+    return Table("table8", "Table 8: open-set exact match (%)", columns, rows, notes + footer(records),
+                 stderr=tuple(label for label, _, subset, _ in TABLE8_COLUMNS if subset is None))
 
 
 # ------------------------------------------------------------------------------------------------ writers
@@ -484,9 +502,10 @@ def write_csv(table: Table, path: str | os.PathLike) -> Path:
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(table.columns)
+            columns = table.csv_columns()
+            writer.writerow(columns)
             for row in table.rows:
-                writer.writerow([format_cell(row.get(c), 2) for c in table.columns])
+                writer.writerow([format_cell(row.get(c), 2) for c in columns])
     return path
 
 
@@ -500,7 +519,12 @@ def write_markdown(table: Table, path: str | os.PathLike) -> Path:
     lines = [f"# {table.title}", "", "| " + " | ".join(esc(c) for c in table.columns) + " |",
              "|" + "|".join("---" for _ in table.columns) + "|"]
     for row in table.rows:
-        cells = [esc(format_cell(row.get(c), table.md_digits.get(c, 1))) for c in table.columns]
+        cells = []
+        for c in table.columns:
+            text = format_cell(row.get(c), table.md_digits.get(c, 1))
+            if c in table.stderr and row.get(f"{c} ±") is not None and text:
+                text += f" ± {format_cell(row[f'{c} ±'], 1)}"
+            cells.append(esc(text))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"{note}  " for note in table.notes]

@@ -11,6 +11,9 @@
 * ``aggregate``: macro (mean over groups of the per-group mean; LAMA buckets, translation languages) or micro
   (plain mean; everything else). The paper's text (6.3) says micro for LAMA, its Table 8 caption and the code say
   macro: macro is the default for LAMA and translation.
+* ``bootstrap``: the standard error and the 95 % percentile interval of that average over seeded resamples of the
+  examples (within each group for a macro average, so every group stays present); the tables print it beside each
+  score, and the expected-number bands of the embedded default come from it (docs/paper-map.md §7).
 """
 
 from __future__ import annotations
@@ -126,3 +129,33 @@ def aggregate(scores: Sequence[float] | np.ndarray, groups: Sequence[Hashable] |
             raise ValueError("macro average needs the group of every score (n-gram bucket or language)")
         return macro_average(scores, groups)
     raise ValueError(f"average must be 'macro' or 'micro', not {average!r}")
+
+
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+
+
+def bootstrap(scores: Sequence[float] | np.ndarray, groups: Sequence[Hashable] | None = None,
+              average: str = "micro", n_resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict:
+    """Uncertainty of ``aggregate(scores, groups, average)`` from ``n_resamples`` seeded resamples of the examples
+    with replacement (macro: resampled within each group). Returns ``stderr`` (standard deviation of the resampled
+    averages) and ``ci95`` ([2.5, 97.5] percentiles), in the units of ``scores``."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.size == 0:
+        raise ValueError("cannot bootstrap zero scores")
+    rng = np.random.default_rng(seed)
+    if average == "micro":
+        stats = scores[rng.integers(0, scores.size, (n_resamples, scores.size))].mean(axis=1)
+    elif average == "macro":
+        if groups is None or len(groups) != scores.size:
+            raise ValueError("macro bootstrap needs the group of every score")
+        members: dict[Hashable, list[int]] = {}
+        for i, g in enumerate(groups):
+            members.setdefault(g, []).append(i)
+        per_group = [scores[np.asarray(m)][rng.integers(0, len(m), (n_resamples, len(m)))].mean(axis=1)
+                     for m in members.values()]
+        stats = np.mean(per_group, axis=0)
+    else:
+        raise ValueError(f"average must be 'macro' or 'micro', not {average!r}")
+    low, high = np.percentile(stats, [2.5, 97.5])
+    return {"stderr": float(stats.std(ddof=1)) if n_resamples > 1 else 0.0, "ci95": [float(low), float(high)]}

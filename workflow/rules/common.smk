@@ -2,6 +2,7 @@
 import importlib.util
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -47,6 +48,7 @@ EMBEDDED_PATHS = {
     "wikipedia_2022": "data/raw/embedded/wikipedia_2022.xml.bz2",
     "ccnews": "data/raw/embedded/cc_news",
     "translation_passages": "data/raw/embedded/translation_passages.jsonl",
+    "reviews": "data/raw/embedded/reviews.jsonl",
 }
 SOURCE_PATTERN = "|".join(re.escape(name) for name in config["sources"])
 
@@ -316,16 +318,56 @@ def evaluate_args(wildcards, input):
     return " ".join(args)
 
 
+def evaluation_wildcards(task, run):
+    """The wildcards of rule evaluate for one (task, run), for the input functions above."""
+    return SimpleNamespace(task=task, run=run)
+
+
+def planned_evaluations():
+    """(task, run) of every evaluation that the tables and figures read, in a stable order without repeats."""
+    files = (
+        metrics(EVAL["closed_set_tasks"], EVAL["closed_set_systems"])
+        + metrics(EVAL["open_set_tasks"], EVAL["open_set_systems"])
+        + table2_metrics()
+        + figure7_metrics()
+    )
+    pairs = [tuple(Path(f).with_suffix("").parts[-2:]) for f in files]
+    return list(dict.fromkeys(pairs))
+
+
+def evaluation_groups():
+    """Rule name -> the (task, run) pairs one job evaluates: those of one system reading the same artefacts of the
+    same corpora (registry `needs`), so that the model and the indexes load once; none unless
+    `evaluation.group_jobs` (then rule evaluate makes each file alone)."""
+    if not EVAL["group_jobs"]:
+        return {}
+    keyed = {}
+    for task, run in planned_evaluations():
+        wc = evaluation_wildcards(task, run)
+        system, needs = run_needs(wc)
+        corpora = tuple(run_corpora(wc)) if any(n != "encoder" for n in needs) else ()
+        keyed.setdefault((system.name, needs, corpora), []).append((task, run))
+    names = ["_".join(("evaluate", system, *corpora)) for system, _, corpora in keyed]
+    groups = {}
+    for name, ((system, needs, corpora), pairs) in zip(names, keyed.items()):
+        if names.count(name) > 1:  # same system and corpora, other artefacts (closed vs open set)
+            name = "_".join(("evaluate", system, *corpora, *needs))
+        groups[name] = pairs
+    return groups
+
+
 def n_samples_arg():
     return f"--n-samples {EVAL['max_examples']}" if EVAL["max_examples"] else ""
 
 
-def metrics(tasks, systems, corpus=None):
+def metrics(tasks, systems, corpus=None, control=False):
     """Metrics files of every (task, system) pair the system can answer (registry `applies`: a left-to-right LM
-    cannot score RTE, whose template has text after the mask); `corpus` selects the {system}@{corpus} evaluations."""
+    cannot score RTE, whose template has text after the mask); `corpus` selects the {system}@{corpus} evaluations,
+    `control` the negative control's (results/control/metrics)."""
     suffix = f"@{corpus}" if corpus else ""
+    root = "results/control/metrics" if control else "results/metrics"
     return [
-        f"results/metrics/{t}/{s}{suffix}.json"
+        f"{root}/{t}/{s}{suffix}.json"
         for t in tasks
         for s in systems
         if SYSTEMS[s].applies(TASKS[t]["family"] == "closed", TASKS[t]["template"])

@@ -1,5 +1,5 @@
-# Zero-shot evaluation per task and run (paper 4-6; docs/paper-map.md §4-§6): every system of the registry
-# npm.evaluation.systems through one harness, writing the predictions and metrics files of docs/data-contracts.md.
+# Zero-shot evaluation (paper 4-6; docs/paper-map.md §4-§6): every system of the registry npm.evaluation.systems
+# through one harness, writing per task and run the predictions and metrics files of docs/data-contracts.md.
 # `{run}` is `{system}` (the task's reference corpus, common.smk task_corpora) or `{system}@{corpus}` (another
 # corpus: TempLAMA's outdated 2019 corpus, Figure 7's subsampled corpora).
 
@@ -17,6 +17,49 @@ rule convert_smollm2:
         "npm-repro convert-smollm2 --out {output} > {log} 2>&1"
 
 
+EVALUATE_SHELL = (
+    "npm-repro evaluate --task {params.tasks} --system {params.system} {params.args} {params.n}"
+    " {params.settings} --tokenizer {params.tokenizer:q} --threads {threads}"
+    " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"
+)
+
+# The evaluations that the tables and figures read run in groups: one job per system and set of artefacts answers
+# every task that reads them, with the model and the indexes loaded once (rules evaluate_{group}, made in a loop;
+# Snakemake prefers these rules, whose outputs have no wildcards, over rule evaluate). Any other
+# results/metrics/{task}/{run}.json is one job of rule evaluate.
+for _name, _pairs in evaluation_groups().items():
+    _first = evaluation_wildcards(*_pairs[0])
+
+    rule:
+        name:
+            _name
+        input:
+            unpack(lambda wc, first=_first: evaluate_inputs(first)),
+        output:
+            predictions=[f"results/predictions/{t}/{r}.jsonl" for t, r in _pairs],
+            metrics=[f"results/metrics/{t}/{r}.json" for t, r in _pairs],
+        params:
+            tasks=" ".join(t for t, _ in _pairs),
+            system=split_run(_first.run)[0],
+            args=lambda wc, input, first=_first: evaluate_args(first, input),
+            n=n_samples_arg(),
+            settings=to_args(config.get("inference")),
+            tokenizer=config["model"]["tokenizer"],
+        threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
+        resources:
+            gpu=1,
+            mem_mb=64000,
+            runtime=720,
+        log:
+            f"logs/evaluate/{_name}.log",
+        benchmark:
+            f"results/benchmarks/rules/evaluate/{_name}.tsv"
+        conda:
+            "../envs/eval.yaml"
+        shell:
+            EVALUATE_SHELL
+
+
 rule evaluate:
     """One system on one task: the system's checkpoint and the corpus artefacts it reads come from the registry."""
     input:
@@ -27,12 +70,13 @@ rule evaluate:
     wildcard_constraints:
         run=rf"({'|'.join(SYSTEMS)})(@[A-Za-z0-9_]+)?",
     params:
+        tasks=lambda wc: wc.task,
         system=lambda wc: split_run(wc.run)[0],
         args=evaluate_args,  # input-dependent (not tracked by Snakemake's params trigger); config values below are
         n=n_samples_arg(),
         settings=to_args(config.get("inference")),
         tokenizer=config["model"]["tokenizer"],
-    threads: 1  # many small jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
+    threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
     resources:
         gpu=1,
         mem_mb=64000,
@@ -44,6 +88,50 @@ rule evaluate:
     conda:
         "../envs/eval.yaml"
     shell:
-        "npm-repro evaluate --task {wildcards.task} --system {params.system} {params.args} {params.n}"
-        " {params.settings} --tokenizer {params.tokenizer:q} --threads {threads}"
-        " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"
+        EVALUATE_SHELL
+
+
+rule evaluate_negative_control:
+    """Negative control (docs/expected-numbers.md): an NPM system with every datastore vector read for another
+    token's (`--negative-control shuffled_vectors`); `npm-repro check` must FAIL these cells."""
+    input:
+        unpack(evaluate_inputs),
+    output:
+        predictions="results/control/predictions/{task}/{run}.jsonl",
+        metrics="results/control/metrics/{task}/{run}.json",
+    wildcard_constraints:
+        run="npm|npm_single|npm_faiss",
+    params:
+        tasks=lambda wc: wc.task,
+        system=lambda wc: wc.run,
+        args=lambda wc, input: evaluate_args(wc, input) + " --negative-control shuffled_vectors",
+        n=n_samples_arg(),
+        settings=to_args(config.get("inference")),
+        tokenizer=config["model"]["tokenizer"],
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=64000,
+        runtime=720,
+    log:
+        "logs/evaluate_negative_control/{task}/{run}.log",
+    conda:
+        "../envs/eval.yaml"
+    shell:
+        EVALUATE_SHELL
+
+
+rule negative_control:
+    """`snakemake negative_control`: NPM's closed-set cells on shuffled vectors, checked against the expected bands;
+    fails unless the check FAILs them (a check that passes a broken NPM cannot tell right from wrong)."""
+    input:
+        metrics(EVAL["closed_set_tasks"], ["npm"], control=True),
+    output:
+        "results/control/check.txt",
+    log:
+        "logs/negative_control.log",
+    conda:
+        "../envs/report.yaml"
+    shell:
+        "npm-repro check --metrics-root results/control/metrics --runs npm --expect-fail > {output} 2> {log};"
+        " cat {output}"
