@@ -14,6 +14,7 @@ import pytest
 from npm.data import embedded
 from npm.data.embedded import (
     MARKER,
+    corpus_titles,
     derive_facts_2022,
     load_facts_2022,
     load_leads,
@@ -115,17 +116,26 @@ def test_topics_side_file_lists_title_topic_description(tmp_path, leads):
     prepare_embedded_wikipedia(out, max_articles=30)
     rows = (tmp_path / "w.xml.bz2.topics.tsv").read_text(encoding="utf-8").splitlines()
     assert rows[0] == "title\ttopic\tdescription"
-    titles = sorted(leads)[:30]
+    titles = corpus_titles(leads, 30)
     assert [r.split("\t") for r in rows[1:]] == [[t, leads[t]["topic"], leads[t]["description"]] for t in titles]
 
 
-def test_max_articles_keeps_the_first_titles_in_sorted_order(tmp_path, leads):
-    out = tmp_path / "w.xml.bz2"
-    summary = prepare_embedded_wikipedia(out, max_articles=25)
-    _, pages = read_pages(out)
-    assert summary["pages"] == 25
-    assert [p["title"] for p in pages] == sorted(leads)[:25]
-    assert [p["id"] for p in pages] == list(range(1, 26))
+def test_max_articles_keeps_the_fact_pages_then_the_first_titles_in_sorted_order(tmp_path, leads, facts):
+    fact_titles = sorted({f["title"] for key in ("changed", "unchanged") for f in facts[key]})
+    n = len(fact_titles) + 25
+    others = [t for t in sorted(leads) if t not in fact_titles][:25]
+    expected = sorted(fact_titles + others)
+    assert corpus_titles(leads, n) == expected and corpus_titles(leads, None) == sorted(leads)
+    assert corpus_titles(leads, 10) == fact_titles[:10]
+    assert set(corpus_titles(leads, 2000)) >= set(fact_titles) and len(corpus_titles(leads, 2000)) == 2000
+    for variant in ("2019", "2022"):
+        out = tmp_path / f"w{variant}.xml.bz2"
+        summary = prepare_embedded_wikipedia(out, max_articles=n, variant=variant)
+        _, pages = read_pages(out)
+        assert summary["pages"] == n
+        assert [p["title"] for p in pages] == expected
+        assert [p["id"] for p in pages] == list(range(1, n + 1))
+    assert summary["changed_facts"] == len(facts["changed"])
 
 
 def test_two_runs_are_byte_identical(tmp_path):
@@ -152,11 +162,25 @@ def test_unknown_variant_is_rejected(tmp_path):
 
 def test_committed_facts_follow_the_documented_rule(leads, facts):
     assert facts == derive_facts_2022(leads), "regenerate with npm.data.embedded.write_facts_file()"
-    assert 30 <= len(facts["changed"]) <= 60 and len(facts["unchanged"]) >= 30
+    assert 50 <= len(facts["changed"]) <= 100 and 50 <= len(facts["unchanged"]) <= 100
+    pages = [f["title"] for key in ("changed", "unchanged") for f in facts[key]]
+    assert len(pages) == len(set(pages))  # one fact per page
+    for key in ("changed", "unchanged"):
+        by_relation = {}
+        for f in facts[key]:
+            by_relation.setdefault(f["relation"], []).append(f["object_2019"])
+            assert f["object_2019"] in leads and f["subject"] in f["title"]
+            assert f["object_2019"] not in f["title"] and f["title"] not in f["object_2019"]
+        assert all(len(set(objs)) == len(objs) for objs in by_relation.values())
     for f in facts["changed"]:
         assert f["kind"] == "synthetic" and f["relation"] in facts["relations"]
-        assert f["object_2022"] != f["object_2019"]
-        assert f["fragment_2022"] == f["fragment_2019"][: -len(f["object_2019"])] + f["object_2022"]
+        assert f["object_2022"] != f["object_2019"] and f["object_2022"] in leads
+
+        def head(fragment, obj):  # the fragment without its object phrase (the object, after an optional "the ")
+            return fragment.removesuffix(obj).removesuffix("the ")
+
+        assert f["fragment_2022"].endswith(f["object_2022"])
+        assert head(f["fragment_2022"], f["object_2022"]) == head(f["fragment_2019"], f["object_2019"])
 
 
 def test_every_2019_fragment_occurs_exactly_once_in_its_lead(leads, facts):
@@ -189,14 +213,15 @@ def test_2022_variant_changes_exactly_the_listed_fragments(tmp_path, fact_leads,
         assert restored.replace(fact["fragment_2022"], fact["fragment_2019"]) == p19["text"]
     for f in facts["unchanged"]:
         text = next(p["text"] for p in pages_new if p["title"] == f["title"])
-        assert text.count(f["fragment_2019"]) == 1
+        body = text.split("\n", 1)[1] if text.startswith("{{Short description|") else text
+        assert body.count(f["fragment_2019"]) == 1
 
 
 def test_2022_variant_with_a_stale_fragment_is_a_clear_error(tmp_path, fact_leads, facts, monkeypatch):
     bad = json.loads(json.dumps(facts))
     bad["changed"][0]["fragment_2019"] = "capital and largest city is Atlantis"
     monkeypatch.setattr(embedded, "load_facts_2022", lambda path=None: bad)
-    with pytest.raises(ValueError, match=r"Abkhazia.*occurs 0 times.*exactly once"):
+    with pytest.raises(ValueError, match=re.escape(bad["changed"][0]["title"]) + r".*occurs 0 times.*exactly once"):
         prepare_embedded_wikipedia(tmp_path / "w.xml.bz2", variant="2022")
     assert not (tmp_path / "w.xml.bz2").exists()
 

