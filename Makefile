@@ -17,10 +17,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## make demo: install, then run the whole workflow on the embedded default (CPU, minutes), then the HTML report
+## make demo: install, then run the whole workflow on the embedded default (CPU, minutes), the HTML report, the
+## negative control (NPM on shuffled datastore vectors must FAIL its bands) and the expected-number check (OK per cell)
 demo: $(STAMP)
 	PATH=$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES)
 	PATH=$(BIN):$$PATH $(BIN)/snakemake --report results/report.html
+	PATH=$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) negative_control
+	$(BIN)/npm-repro check
 
 ## make test: install with the dev extras, then run the test suite
 test: $(STAMP)

@@ -17,7 +17,7 @@ import yaml
 from tests.workflow_api import ROOT
 
 BIN = Path(sys.executable).parent
-SMALL = {"embedded": {"max_articles": 40, "max_news": 20}}
+SMALL = {"embedded": {"max_articles": 40, "max_news": 20, "max_reviews": 20}}
 
 
 def snakemake(workdir: Path, overlay: dict, *args: str, background: bool = False):

@@ -68,7 +68,7 @@ def test_paper_config_does_not_inherit_embedded_sources(tmp_path):
 def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     """Data stages, a few pretraining steps of the three models, datastores, FAISS and BM25 indexes, every
     evaluation and baseline on 3 examples per task, the corpus-size ablation on two points, tables and figures."""
-    config = {"embedded": {"max_articles": 300, "max_news": 100},
+    config = {"embedded": {"max_articles": 300, "max_news": 100, "max_reviews": 50},
               "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2},
               "evaluation": {"max_examples": 3},
               "inference": {"max_new_tokens": 4, "passages": 2},
