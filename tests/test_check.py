@@ -72,3 +72,7 @@ def test_negative_control_mode_fails_only_when_everything_passes(tmp_path, capsy
     assert passed.value.code == 1 and "1 OK, 0 FAIL of 1 cells" in capsys.readouterr().out
     _metrics(runs, "agn", "npm", 25.0)
     assert main(argv) == 0 and "FAIL, as they must" in capsys.readouterr().out
+    (runs / "agn" / "npm.json").unlink()  # a control that did not run proves nothing
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "have no score (agn/npm)" in capsys.readouterr().out

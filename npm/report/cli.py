@@ -90,6 +90,10 @@ def run_check(args: argparse.Namespace) -> int:
     print(f"{len(verdicts) - failed} OK, {failed} FAIL of {len(verdicts)} cells ({args.expected} against "
           f"{args.metrics_root})")
     if args.expect_fail:
+        missing = [v.cell for v in verdicts if v.problem]
+        if missing:
+            print(f"negative control: {len(missing)} cell(s) have no score ({', '.join(missing)}): run them first")
+            raise SystemExit(1)
         if not failed:
             print("negative control: every cell passed, so the check cannot tell this run from a working one")
             raise SystemExit(1)
