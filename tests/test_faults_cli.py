@@ -169,6 +169,7 @@ SCHEMA_TO_CLI = {
     "sources.*.shards": ("shard-documents", "--shards"),
     "embedded.max_articles": ("prepare-embedded", "--max-articles"),
     "embedded.max_news": ("prepare-embedded", "--max-articles"),
+    "embedded.max_reviews": ("prepare-embedded", "--max-articles"),
     "evaluation.max_examples": ("evaluate", "--n-samples"),
     "ablation.percents[]": ("subsample-blocks", "--percent"),
     "training.steps": ("train", "--steps"),

@@ -545,3 +545,18 @@ def prepare_embedded_ccnews(out_dir: str | Path, max_articles: int | None = None
         tmp.write_text(readme, encoding="utf-8")
     return {"files": len(written), "articles": articles, "dates": [f"{d:%Y-%m-%d}" for d in by_date],
             "bytes": sum(p.stat().st_size for p in written), "source": NEWS_SOURCE}
+
+
+def load_pang_lee() -> list[tuple[int, str]]:
+    """(label 0 negative / 1 positive, sentence) of gensim's pang_lee_polarity.cor, in file order (cp1252)."""
+    path = _package_file("gensim", "test", "test_data", "pang_lee_polarity.cor")
+    out = []
+    # The rt-polarity sentences are Windows-1252 (e.g. 0x97 = an em dash), as the original release.
+    for line in path.read_bytes().decode("cp1252").splitlines():
+        if not line.strip():
+            continue
+        tag, _, text = line.partition(" ")
+        if tag not in ("__label__neg", "__label__pos"):
+            raise ValueError(f"{path}: unexpected label {tag!r}")
+        out.append((int(tag == "__label__pos"), text.strip()))
+    return out

@@ -103,7 +103,7 @@ def drug_reviews(path: str | Path | None = None) -> Iterator[dict]:
 
 def pang_lee_sentences() -> list[str]:
     """The 200 movie-review sentences of gensim's pang_lee_polarity.cor: the sentiment and Subj task inputs."""
-    from npm.tasks.embedded import load_pang_lee
+    from npm.data.embedded import load_pang_lee
 
     return [text for _, text in load_pang_lee()]
 

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from npm.data.embedded import _package_file, load_facts_2022, load_leads
 from npm.data.embedded import corpus_titles as wikipedia_titles
+from npm.data.embedded import load_facts_2022, load_leads, load_pang_lee
 from npm.io import atomic_path, write_jsonl
 
 CLOSED_TASKS = ("agn", "yahoo", "rte", "subj", "sst2", "mr", "rt", "cr", "amazon")
@@ -249,21 +249,6 @@ def _source_md(task: str, real: str, generated: str, licence: str, extra: str = 
             f"(docs/task-formats.md) by `prepare_embedded_tasks`, from packages installed from PyPI.\n\n"
             f"**Real:** {real}\n\n**GENERATED:** {generated}\n\n**Licence:** {licence}\n")
     return text + (f"\n{extra}\n" if extra else "")
-
-
-def load_pang_lee() -> list[tuple[int, str]]:
-    """(label 0 negative / 1 positive, sentence) of gensim's pang_lee_polarity.cor, in file order (cp1252)."""
-    path = _package_file("gensim", "test", "test_data", "pang_lee_polarity.cor")
-    out = []
-    # The rt-polarity sentences are Windows-1252 (e.g. 0x97 = an em dash), as the original release.
-    for line in path.read_bytes().decode("cp1252").splitlines():
-        if not line.strip():
-            continue
-        tag, _, text = line.partition(" ")
-        if tag not in ("__label__neg", "__label__pos"):
-            raise ValueError(f"{path}: unexpected label {tag!r}")
-        out.append((int(tag == "__label__pos"), text.strip()))
-    return out
 
 
 # --------------------------------------------------------------------------------------------- closed set
