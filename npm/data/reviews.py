@@ -42,6 +42,7 @@ import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from npm.data.embedded import load_pang_lee
 from npm.io import atomic_path, resolve_package_path, write_jsonl
 
 IMDB_PATH = "pypi:gensim/test/test_data/alldata-id-10.txt"
@@ -103,8 +104,6 @@ def drug_reviews(path: str | Path | None = None) -> Iterator[dict]:
 
 def pang_lee_sentences() -> list[str]:
     """The 200 movie-review sentences of gensim's pang_lee_polarity.cor: the sentiment and Subj task inputs."""
-    from npm.data.embedded import load_pang_lee
-
     return [text for _, text in load_pang_lee()]
 
 

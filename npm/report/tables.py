@@ -239,11 +239,11 @@ def _paper_vals(paper: Mapping, table: str, name: str | None) -> dict:
     return paper[table][name]
 
 
-def _scored(row: dict, label: str, rec: dict | None, value=None) -> None:
-    """``row[label]`` = the record's score (or ``value``) and ``row[f"{label} ±"]`` its bootstrap standard error
-    (metrics field ``stderr``; absent in files written before it existed)."""
-    row[label] = (rec["score"] if value is None else value) if rec else None
-    row[f"{label} ±"] = rec.get("stderr") if rec and value is None and _number(rec.get("stderr")) else None
+def _scored(row: dict, label: str, rec: dict | None) -> None:
+    """``row[label]`` = the record's score and ``row[f"{label} ±"]`` its bootstrap standard error (metrics field
+    ``stderr``; absent in files written before it existed)."""
+    row[label] = rec["score"] if rec else None
+    row[f"{label} ±"] = rec.get("stderr") if rec and _number(rec.get("stderr")) else None
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
