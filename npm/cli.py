@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=nonneg_float, default=0.01, help="AdamW weight decay")
     p.add_argument("--grad-clip", type=positive_float, default=2.0, help="gradient norm clipping threshold")
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16",
-                   help="mixed precision on GPU; CPU always runs fp32")
+                   help="mixed precision: fp16 | bf16 on GPU; on CPU bf16 where the CPU has it natively, else fp32")
     p.add_argument("--pool", choices=["all", "half"], default="half",
                    help="in-batch candidate pool of the contrastive loss (paper 3.2): all = the targets of every "
                         "GPU; half = those of this GPU's half of the world, as the original code")
@@ -397,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(a re-run keeps finished shards) and a job of its own in the workflow")
     p.add_argument("--max-length", type=nonneg_int, default=0, help="pad every block to this length (0 = per batch)")
     p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16",
-                   help="GPU autocast of the encoder; the vectors are stored as fp16 either way")
+                   help="autocast of the encoder: fp16 | bf16 on GPU; on CPU bf16 where native, else fp32; the "
+                        "vectors are stored as fp16 either way")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_embed)
 

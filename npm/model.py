@@ -118,6 +118,41 @@ def torch_device(name: str | None = None):
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU runs bf16 matrix products natively (oneDNN: AVX512-BF16 or AMX); without it, bf16 autocast on
+    CPU is emulated and slower than fp32."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def effective_precision(device, precision: str) -> str:
+    """The precision a job really runs at: ``precision`` (fp16 | bf16 | fp32) on CUDA; on CPU bf16 where the CPU has
+    it natively (``cpu_has_bf16``), else fp32 (fp16 autocast is a GPU feature). Runs record this value, so a result
+    says how it was computed and a checkpoint resumes only on a machine that computes the same way."""
+    import torch
+
+    if precision not in ("fp16", "bf16", "fp32"):
+        raise ValueError(f"precision must be fp16, bf16 or fp32, not {precision!r}")
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return precision
+    return "bf16" if kind == "cpu" and precision == "bf16" and cpu_has_bf16() else "fp32"
+
+
+def autocast(device, precision: str):
+    """The autocast context of ``effective_precision(device, precision)`` (a no-op at fp32)."""
+    import torch
+
+    effective = effective_precision(device, precision)
+    if effective == "fp32":
+        return torch.autocast(torch.device(device).type, enabled=False)
+    return torch.autocast(torch.device(device).type, dtype=torch.float16 if effective == "fp16" else torch.bfloat16)
+
+
 def encode(model, ids, attention):
     """Final-layer token vectors [B, L, h] (paper 3.1: the last hidden layer, not the LM head)."""
     return model(input_ids=ids, attention_mask=attention).last_hidden_state

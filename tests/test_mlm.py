@@ -27,7 +27,7 @@ from npm.io import read_jsonl, write_jsonl
 from npm.model import load_masked_lm, max_input_length
 from npm.tasks.registry import label_verbalizers
 from npm.training.collate import IGNORE_INDEX, collate_mlm
-from npm.training.loop import TrainConfig, mlm_generator, mlm_step_loss, train
+from npm.training.loop import MaskedTokensMLM, TrainConfig, mlm_generator, mlm_step_loss, train
 from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
 
 TIMEOUT_S = 120
@@ -189,6 +189,31 @@ def test_unknown_model_type_is_rejected(tmp_path, tiny_encoder, shards):
         train(config(tmp_path, tiny_encoder, shards, "run", model_type="clm"))
 
 
+def test_masked_tokens_mlm_has_the_full_heads_loss_and_gradients(tiny_mlm):
+    """The head on the selected tokens only gives AutoModelForMaskedLM's loss and the same gradients."""
+    from npm.model import load_tokenizer
+
+    tok = load_tokenizer(tiny_mlm)
+    full = load_masked_lm(tiny_mlm)
+    cheap = load_masked_lm(tiny_mlm)
+    full.eval(), cheap.eval()  # no dropout: both passes see the same activations
+    rows = [np.array([tok.cls_token_id, *range(2000, 2000 + n), tok.sep_token_id]) for n in (20, 13)]
+    batch = collate_mlm(rows, tok.mask_token_id, tok.all_special_ids, len(tok), mlm_generator(0, 0))
+    ref = full(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+    loss, stats = mlm_step_loss(MaskedTokensMLM(cheap), batch, torch.device("cpu"))
+    torch.testing.assert_close(loss, ref)
+    assert stats["queries"] == int((batch["labels"] != IGNORE_INDEX).sum()) > 0
+    ref.backward(), loss.backward()
+    grads = dict(full.named_parameters())
+    for name, p in cheap.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_masked_tokens_mlm_needs_one_head(tiny_encoder):
+    with pytest.raises(ValueError, match="one head module"):
+        MaskedTokensMLM(load_masked_lm(tiny_encoder, allow_new_head=True).base_model)
+
+
 # ------------------------------------------------------------------------------------------------ DDP
 
 def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str, encoder: str, shards) -> None:
@@ -203,7 +228,7 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str, encoder: st
                                        attention_probs_dropout_prob=0.0))
     rows = [np.array([tok.cls_token_id, *range(2000 + 10 * rank, 2010 + 13 * rank), tok.sep_token_id])] * 2
     batch = collate_mlm(rows, tok.mask_token_id, tok.all_special_ids, len(tok), mlm_generator(0, 0, rank))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)  # kept alive until backward has all-reduced
+    ddp = torch.nn.parallel.DistributedDataParallel(MaskedTokensMLM(model))  # alive until backward all-reduced
     loss, _ = mlm_step_loss(ddp, batch, torch.device("cpu"))
     loss.backward()
     torch.save({"batch": batch, "loss": loss.detach(), "grads": {k: p.grad.clone() for k, p in
@@ -231,7 +256,7 @@ def test_ddp_mlm_gradients_are_the_mean_of_the_ranks_and_train_runs(tmp_path, ti
                                      hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                                      max_position_embeddings=128, hidden_dropout_prob=0.0,
                                      attention_probs_dropout_prob=0.0))
-    losses = [mlm_step_loss(ref, res["batch"], torch.device("cpu"))[0] for res in results]
+    losses = [mlm_step_loss(MaskedTokensMLM(ref), res["batch"], torch.device("cpu"))[0] for res in results]
     torch.testing.assert_close(losses[0], results[0]["loss"])
     torch.stack(losses).mean().backward()
     for name, p in ref.named_parameters():

@@ -7,8 +7,9 @@ import pytest
 import torch
 from transformers import BertModel
 
+import npm.model
 from npm.io import save_npz
-from npm.model import load_tokenizer
+from npm.model import autocast, effective_precision, load_tokenizer
 from npm.training.loop import TrainConfig, train
 from tests.conftest import save_tiny_bert
 
@@ -125,3 +126,17 @@ def test_tokenizer_without_mask_token_is_rejected(tmp_path):
     PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="</s>").save_pretrained(tmp_path / "nomask")
     with pytest.raises(ValueError, match="no mask token"):
         load_tokenizer(str(tmp_path / "nomask"))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_effective_precision_is_what_the_device_really_runs(monkeypatch, native):
+    """GPU: as asked; CPU: bf16 only where the CPU has it natively (emulated bf16 is slower than fp32), fp16 never."""
+    monkeypatch.setattr(npm.model, "cpu_has_bf16", lambda: native)
+    assert [effective_precision("cuda", p) for p in ("fp16", "bf16", "fp32")] == ["fp16", "bf16", "fp32"]
+    assert effective_precision("cpu", "bf16") == ("bf16" if native else "fp32")
+    assert effective_precision("cpu", "fp16") == effective_precision("cpu", "fp32") == "fp32"
+    with autocast("cpu", "bf16"):
+        out = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert out.dtype == (torch.bfloat16 if native else torch.float32)
+    with pytest.raises(ValueError, match="precision must be"):
+        effective_precision("cpu", "fp8")

@@ -22,7 +22,6 @@ failed job loses only its own shard) and ``embed_corpus`` runs in one process:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -49,7 +48,7 @@ from npm.datastore.store import (
 )
 from npm.fingerprint import CorpusHasher, model_fingerprint, model_folder
 from npm.io import atomic_path, load_npz, preallocate, provenance, save_npz, write_json
-from npm.model import encode, load_encoder, load_tokenizer
+from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer
 
 SORT_WINDOW_BATCHES = 16  # blocks are sorted by length inside windows of this many batches (less padding)
 
@@ -192,14 +191,6 @@ def _remove_stale(root: Path, n_shards: int) -> None:
             f.unlink()
 
 
-def _autocast(device: str, precision: str):
-    import torch
-
-    if device.startswith("cuda") and precision in ("fp16", "bf16"):
-        return torch.autocast("cuda", dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 # ------------------------------------------------------------------------------------------------- steps
 
 
@@ -287,7 +278,7 @@ class _Encoder:
             raise ValueError(f"model {plan['model']!r} has hidden size {self.model.config.hidden_size}, the plan "
                              f"{plan['hidden_size']}")
         requested = precision or plan["precision"]
-        self.precision = requested if self.device.startswith("cuda") else "fp32"
+        self.precision = effective_precision(self.device, requested)
 
 
 def _embed_rows(encoder: _Encoder, arrays: dict, lengths: np.ndarray, blocks: tuple[int, int],
@@ -298,7 +289,7 @@ def _embed_rows(encoder: _Encoder, arrays: dict, lengths: np.ndarray, blocks: tu
     (b0, b1), (r0, _) = blocks, rows
     ro = arrays["row_offsets"]
     tokens = 0
-    with torch.inference_mode(), _autocast(encoder.device, encoder.precision):
+    with torch.inference_mode(), autocast(encoder.device, encoder.precision):
         for batch in plan_batches(lengths, b0, b1, batch_blocks):
             ids, attention, stored = batch_inputs(arrays, batch, max_length)
             states = encode(encoder.model, torch.from_numpy(ids).to(encoder.device),
@@ -419,7 +410,8 @@ def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: s
     ``batch_blocks`` blocks per encoder pass; ``shards`` vector shards (the unit of resumption and of the workflow's
     jobs). ``max_length``: pad every batch to this length (the original pads to 256); default: the batch's longest
     block. ``device``: default ``cuda`` when available. ``precision``: ``fp16`` / ``bf16`` autocast on CUDA, or
-    ``fp32``; CPU always runs fp32. ``tokenizer_name`` (default ``model_name``) gives the stop list.
+    ``fp32`` (``npm.model.effective_precision``: on CPU bf16 where native, else fp32). ``tokenizer_name`` (default
+    ``model_name``) gives the stop list.
     ``on_shard_done(k, info)`` is called after shard k is marked done. Returns counts, seconds and tokens/s.
     """
     if batch_blocks < 1:

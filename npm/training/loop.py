@@ -5,7 +5,8 @@ One step: each rank takes one batch line, encodes the masked view (queries) and 
 (targets) with the same encoder, both with gradient; the targets of every rank form the candidate pool
 (all ranks, or this rank's half of the world as the original); the loss is the multi-positive InfoNCE of
 ``npm.training.loss``. AdamW (weight decay on all parameters), linear warm-up then linear decay to zero
-(transformers' scheduler), gradient clipping, mixed precision on GPU.
+(transformers' scheduler), gradient clipping, mixed precision (``npm.model.effective_precision``: on a GPU, and
+bf16 on a CPU that has it natively).
 
 Resumable: every ``checkpoint_every`` steps a checkpoint folder (``save_pretrained`` weights plus
 optimiser, scheduler, RNG and data-position state) is written under a temporary name and renamed, so a
@@ -46,7 +47,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from npm.fingerprint import file_fingerprint, model_fingerprint, tokenizer_fingerprint
 from npm.io import atomic_dir, folder_lock, write_json, write_summary
-from npm.model import encode, load_encoder, load_tokenizer, max_input_length
+from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
 from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
 from npm.training.data import BatchLines
 from npm.training.gather import candidate_pool
@@ -80,7 +81,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     grad_clip: float = 2.0
-    precision: str = "bf16"  # on GPU: bf16 | fp16 | fp32; CPU always runs fp32
+    precision: str = "bf16"  # bf16 | fp16 | fp32 on GPU; on CPU bf16 where native, else fp32 (effective_precision)
     pool: str = "half"  # "all" ranks or this rank's "half" of the world (paper-map §2.4)
     pad_to: int | None = None  # None: longest row of the batch; the original pads to 320
     mlm_ratio: float = 0.15  # model_type "mlm": share of non-special tokens selected (BERT's 15%)
@@ -109,12 +110,13 @@ def _init_distributed() -> tuple[int, int, torch.device]:
 def run_record(cfg: TrainConfig, world: int, device: torch.device) -> dict:
     """What a checkpoint's weights depend on, and the run id (sha256 of it) naming its run folder.
 
-    Settings of ``RESULT_FIELDS``, the schedule horizon, the effective precision (CPU runs fp32) and the world size
-    (it deals the batch lines to ranks); the content fingerprints of the encoder, the tokenizer and every training
-    file. Paths and names are recorded for the reader but not hashed: the same files elsewhere are the same run."""
+    Settings of ``RESULT_FIELDS``, the schedule horizon, the effective precision (``effective_precision``) and the
+    world size (it deals the batch lines to ranks); the content fingerprints of the encoder, the tokenizer and every
+    training file. Paths and names are recorded for the reader but not hashed:
+    the same files elsewhere are the same run."""
     settings = {name: getattr(cfg, name) for name in RESULT_FIELDS}
     settings.update(betas=list(cfg.betas), schedule_steps=cfg.schedule_steps or cfg.steps, world_size=world,
-                    precision=cfg.precision if device.type == "cuda" else "fp32")
+                    precision=effective_precision(device, cfg.precision))
     tokenizer = cfg.tokenizer or cfg.encoder
     hashed = {"settings": settings, "encoder_fingerprint": model_fingerprint(cfg.encoder),
               "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
@@ -248,12 +250,33 @@ def _encode_both(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return vectors[:rows, :lq], vectors[rows:, :lt]
 
 
+class MaskedTokensMLM(torch.nn.Module):
+    """A masked LM whose vocabulary head runs on the selected tokens only; the loss is ``AutoModelForMaskedLM``'s
+    (mean cross-entropy over the tokens whose label is not ``IGNORE_INDEX``), but the head's cost falls from every
+    position to the 15 % that are scored: with MiniLM's 30,522-word head on 384 dimensions the full head costs more
+    than the encoder. The wrapped model keeps the parameters (``save_pretrained`` saves it as before)."""
+
+    def __init__(self, mlm):
+        super().__init__()
+        heads = [m for m in mlm.children() if m is not mlm.base_model]
+        if len(heads) != 1:
+            raise ValueError(f"{type(mlm).__name__}: expected one head module beside the base model, found "
+                             f"{[type(m).__name__ for m in heads]}")
+        self.encoder, self.head = mlm.base_model, heads[0]
+
+    def forward(self, input_ids, attention_mask, labels):
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        chosen = labels != IGNORE_INDEX
+        return torch.nn.functional.cross_entropy(self.head(hidden[chosen]).float(), labels[chosen])
+
+
 def mlm_step_loss(model, batch: dict, device) -> tuple[torch.Tensor, dict]:
     """Masked-LM cross-entropy of one ``collate_mlm`` batch (MLM baseline): mean over the selected tokens of
-    -log softmax(vocabulary logits)[original id] (``AutoModelForMaskedLM``'s loss; one forward, DDP-safe)."""
+    -log softmax(vocabulary logits)[original id]. ``model`` is a ``MaskedTokensMLM`` (or its DDP wrapper: one
+    forward, DDP-safe)."""
     batch = {k: v.to(device) for k, v in batch.items()}
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-    return out.loss, {"queries": int((batch["labels"] != IGNORE_INDEX).sum())}
+    loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    return loss, {"queries": int((batch["labels"] != IGNORE_INDEX).sum())}
 
 
 def mlm_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
@@ -342,10 +365,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         log.info("resuming from %s (step %d)", ckpt, step)
     else:
         log.info("starting run %s in %s", record["run_id"][:16], run_dir)
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    use_amp = device.type == "cuda" and cfg.precision in ("bf16", "fp16")
-    amp_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and cfg.precision == "fp16")
+    trainee = MaskedTokensMLM(model) if cfg.model_type == "mlm" else model
+    ddp = torch.nn.parallel.DistributedDataParallel(trainee) if world > 1 else trainee
+    precision = effective_precision(device, cfg.precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     run = _wandb(cfg, rank)
     log_path = run_dir / "train_log.csv"
     writer = log_file = None
@@ -376,7 +399,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
                 raise ValueError(f"{where}: {e}") from None
         else:
             batch = collate(sequences, spans, tokenizer.mask_token_id, cfg.pad_to)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+        with autocast(device, precision):
             try:
                 loss, stats = step_loss(ddp, batch, cfg.model_type, cfg.pool, device)
             except ValueError as e:
