@@ -27,6 +27,7 @@ include: "workflow/rules/corpus.smk"
 include: "workflow/rules/index.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/replug.smk"
 
 
 report: "workflow/report/workflow.rst"

@@ -457,10 +457,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_convert_smollm2)
 
     from npm.evaluation.cli import add_cli as add_evaluation_cli
+    from npm.replug.cli import add_cli as add_replug_cli
     from npm.report.cli import add_check_cli
     from npm.report.cli import add_cli as add_report_cli
 
     add_evaluation_cli(sub)
+    add_replug_cli(sub)
     add_report_cli(sub)
     add_check_cli(sub)
     for command in sub.choices.values():  # a subcommand registered elsewhere with the plain formatter

@@ -67,12 +67,15 @@ def test_paper_config_does_not_inherit_embedded_sources(tmp_path):
 @pytest.mark.slow
 def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     """Data stages, a few pretraining steps of the three models, datastores, FAISS and BM25 indexes, every
-    evaluation and baseline on 3 examples per task, the corpus-size ablation on two points, tables and figures."""
+    evaluation and baseline on 3 examples per task, the corpus-size ablation on two points, REPLUG's bits per byte
+    on two short texts, tables and figures."""
     config = {"embedded": {"max_articles": 300, "max_news": 100, "max_reviews": 50},
               "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2},
               "evaluation": {"max_examples": 3},
               "inference": {"max_new_tokens": 4, "passages": 2},
-              "ablation": {"percents": [50, 100], "tasks": ["lama_trex"]}}
+              "ablation": {"percents": [50, 100], "tasks": ["lama_trex"]},
+              "replug": {"n_texts": 2, "max_chars": 300, "k": [1, 2], "context_len": 16, "pred_len": 16,
+                         "doc_len": 16}}
     run_workflow(tmp_path, targets=["all"], config=config)
     for corpus, shards in [("enwiki", 2), ("enwiki_excerpt", 1), ("cc_news", 1)]:
         for shard in range(shards):
@@ -117,10 +120,10 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
         "npm", "npm_single", "mlm", "lm", "lm_pmi"}
     assert (tmp_path / "results/metrics/templama_changed/npm@enwiki.json").exists()
     assert (tmp_path / "results/metrics/lama_trex/npm@enwiki_p50.json").exists()
-    for table in ["table1", "table2", "table3", "table4", "table8"]:
+    for table in ["table1", "table2", "table3", "table4", "table8", "replug_lm"]:
         csv_lines = (tmp_path / f"results/tables/{table}.csv").read_text().splitlines()
         assert len(csv_lines) >= 2 and (tmp_path / f"results/tables/{table}.md").exists(), table
-    for figure in ["figure6", "figure7", "figure8"]:
+    for figure in ["figure6", "figure7", "figure8", "replug_k"]:
         assert (tmp_path / f"results/figures/{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (tmp_path / f"results/figures/{figure}.pdf").read_bytes()[:4] == b"%PDF"
     assert "git_commit" in (tmp_path / "results/config.yaml").read_text()

@@ -13,8 +13,8 @@ cache per (example, passage) row; it stops at EOS or the first "\\n" and returns
 :func:`npm.baselines.lm.greedy_generate`. :func:`replug_continuations` decodes several examples at once: their k
 passages each are rows of one left-padded batch (cost: k LM rows per example and step, paper-map §R2.2).
 
-Not implemented here: LSR retriever training, the code's answer voting and concatenation modes, LM evaluation in
-bits per byte (paper-map §R5.2).
+:func:`mix_logprobs` mixes teacher-forced token log-probabilities the same way (the language-modelling evaluation,
+``npm.replug.lm_eval``). Not implemented here: LSR retriever training, the code's answer voting (paper-map §R5.2).
 """
 
 from __future__ import annotations
@@ -65,6 +65,20 @@ def mix_next_token(logits_per_passage, weights):
         raise ValueError(f"expected logits [k, V] and weights [k], got {tuple(logits.shape)} and {tuple(w.shape)}")
     log_p = torch.log_softmax(logits, dim=-1) + torch.log(w)[:, None]
     return torch.logsumexp(log_p, dim=0).exp()
+
+
+def mix_logprobs(logprobs, weights) -> np.ndarray:
+    """The REPLUG mixture of teacher-forced scores: log sum_d w_d p_d(y_t), float64 [T] from per-document token
+    log-probabilities [k, T] and weights [k] (summing to 1), in log space (logsumexp of log p + log w), so that very
+    negative log-probabilities stay finite."""
+    lp = np.asarray(logprobs, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if lp.ndim != 2 or w.shape != (lp.shape[0],):
+        raise ValueError(f"expected log-probabilities [k, T] and weights [k], got {lp.shape} and {w.shape}")
+    with np.errstate(divide="ignore"):
+        x = lp + np.log(w)[:, None]
+    top = x.max(axis=0)
+    return top + np.log(np.exp(x - top).sum(axis=0))
 
 
 def replug_generate(model, tokenizer, prompt: str, passages: Sequence[str], scores, temperature: float = 1.0,

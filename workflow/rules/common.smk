@@ -400,9 +400,10 @@ def speed_metrics():
 
 
 def report_targets():
-    """Every table and figure of the report (rule report)."""
-    tables = ["table1", "table2", "table3", "table4", "table8"]
-    figures = ["figure6", "figure7", "figure8"]
+    """Every table and figure of the report (rule report), with REPLUG's (rule replug_report) when config has a
+    `replug` section."""
+    tables = ["table1", "table2", "table3", "table4", "table8"] + (["replug_lm"] if config.get("replug") else [])
+    figures = ["figure6", "figure7", "figure8"] + (["replug_k"] if config.get("replug") else [])
     return [f"results/tables/{t}.csv" for t in tables] + [f"results/figures/{f}.pdf" for f in figures]
 
 

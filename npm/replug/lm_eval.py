@@ -1,0 +1,206 @@
+"""Language-modelling evaluation with the REPLUG ensemble: bits per byte and token perplexity (Shi et al. 2023,
+section 6.1 / Table 1 and Figure 4; docs/paper-map.md §R3).
+
+A text is tokenized with the LM's tokenizer and scored in rolling windows (``windows``): window w predicts the tokens
+[a, a + pred_len) given the ``context_len`` tokens before a; the retrieval stride is ``pred_len`` (one retrieval per
+window) and the query is the text of that context. Every token of the text is predicted: the first one from the LM's
+begin-of-text token (its BOS, else its EOS as a document separator). Each row below is one teacher-forced LM pass
+whose per-token log-probabilities of the window's tokens are kept (``target_logprobs``):
+
+* ``none``: [bos] + context + target, the plain LM;
+* ``retrieved`` (the top ``k_max`` documents of the retriever): [bos] + document + context + target, the document
+  cut to its first ``doc_len`` LM tokens and prepended without separator (the authors' code);
+* ``random`` (``k_max`` corpus blocks drawn with the seed, none of the retrieved ones): the same with random
+  documents, the control of the paper's Figure 4.
+
+Every k <= k_max and every weighting is then arithmetic over the kept rows (``mixture``): REPLUG's
+log p(y_t) = logsumexp_d (log p_d(y_t) + log lambda_d) over the top k documents, lambda = softmax(scores / temperature)
+(paper: temperature 1; ``weighting="uniform"``: 1/k, the older code); random documents are mixed uniformly. The
+first window has no preceding context, hence no query: every system scores it without retrieval (the authors' code,
+paper-map §R3). Bits per byte = total negative log-likelihood / ln 2 / the UTF-8 bytes of the texts; token perplexity
+= exp(mean negative log-likelihood per LM token).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from npm.baselines.replug import mix_logprobs, mixture_weights
+
+
+def windows(n_tokens: int, context_len: int, pred_len: int) -> list[tuple[int, int, int]]:
+    """(context start, start, end) of the rolling windows over ``n_tokens`` tokens: window w predicts
+    [start, end) = [w * pred_len, min(n, (w + 1) * pred_len)) given [max(0, start - context_len), start)."""
+    if pred_len < 1 or context_len < 0:
+        raise ValueError(f"pred_len must be >= 1 and context_len >= 0, got {pred_len} and {context_len}")
+    return [(max(0, a - context_len), a, min(n_tokens, a + pred_len)) for a in range(0, n_tokens, pred_len)]
+
+
+def begin_token(tokenizer) -> int:
+    """The id every scored text starts from: the tokenizer's BOS, else its EOS (GPT-2 style document separator)."""
+    for tid in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if tid is not None:
+            return int(tid)
+    raise ValueError("the LM tokenizer has neither a BOS nor an EOS token to start a text from")
+
+
+def target_logprobs(model, prefixes: Sequence[Sequence[int]], target: Sequence[int], pad_id: int,
+                    batch_size: int = 8) -> np.ndarray:
+    """float64 [len(prefixes), len(target)]: log p(target_j | prefix + target[:j]) for each prefix, teacher-forced.
+
+    The rows prefix + target are left-padded into batches (positions count from each row's first real token, so a
+    padded row scores as it would alone); only the last len(target) + 1 positions' logits are computed."""
+    import torch
+
+    from npm.baselines.lm import left_pad, model_device
+
+    target = [int(t) for t in target]
+    if not target:
+        raise ValueError("empty target: nothing to score")
+    if any(len(p) == 0 for p in prefixes):
+        raise ValueError("every row needs a prefix of at least one token (the begin-of-text token)")
+    n_t = len(target)
+    device = model_device(model)
+    out = np.zeros((len(prefixes), n_t), dtype=np.float64)
+    want = torch.tensor(target, device=device)
+    for a in range(0, len(prefixes), batch_size):
+        rows = [list(map(int, p)) + target for p in prefixes[a:a + batch_size]]
+        ids, mask, positions = (t.to(device) for t in left_pad(rows, pad_id))
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           logits_to_keep=n_t + 1).logits[:, -(n_t + 1):-1, :]
+            logp = torch.log_softmax(logits.double(), dim=-1)
+            out[a:a + len(rows)] = logp.gather(-1, want.expand(len(rows), n_t)[..., None])[..., 0].cpu().numpy()
+    return out
+
+
+def score_texts(model, tokenizer, texts: Sequence[str], search: Callable[[str, int], tuple[np.ndarray, np.ndarray]],
+                block_text: Callable[[int], str], n_blocks: int, k_max: int, context_len: int = 128,
+                pred_len: int = 128, doc_len: int = 128, seed: int = 0, batch_size: int = 8,
+                progress: bool = True) -> dict:
+    """Per-token log-probabilities of every row kind over ``texts`` (see the module docstring).
+
+    ``search(query, k) -> (block ids, scores)`` best first (``DenseBlockSearcher.search`` / ``Bm25Searcher.search``);
+    ``block_text(block)`` the text of a corpus block, of ``n_blocks``. Returns numpy arrays over the N scored tokens:
+    ``none`` [N], ``retrieved`` / ``random`` [k_max, N] (a first window repeats ``none``), ``scores`` [N, k_max] (the
+    retrieval scores of the token's window; NaN in first windows), ``window`` [N] (global window index), ``text``
+    [N] (index into ``texts``), and ``n_bytes`` (UTF-8 bytes of all texts), ``n_windows``, ``doc_ids`` [n_windows,
+    k_max] (-1 in first windows)."""
+    if k_max < 1:
+        raise ValueError(f"k must be >= 1, got {k_max}")
+    if 2 * k_max > n_blocks:
+        raise ValueError(f"k = {k_max} retrieved + {k_max} random documents need {2 * k_max} corpus blocks; the "
+                         f"corpus has {n_blocks}: lower k or use a larger corpus")
+    if not texts or any(not t or not t.strip() for t in texts):
+        raise ValueError("empty evaluation text: every text must hold at least one character to score")
+    bos = begin_token(tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else bos
+    rng = np.random.default_rng(seed)
+    parts: dict[str, list] = {"none": [], "retrieved": [], "random": [], "scores": [], "window": [], "text": []}
+    doc_ids = []
+    plan = [(i, w) for i, t in enumerate(texts)
+            for w in windows(len(tokenizer(t, add_special_tokens=False)["input_ids"]), context_len, pred_len)]
+    encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    for g, (i, (c, a, e)) in enumerate(tqdm(plan, desc="REPLUG LM eval", unit="window", disable=not progress or None)):
+        ids = encoded[i]
+        context, target = [bos] + ids[c:a], ids[a:e]
+        if a == 0:  # no preceding context: no query, no retrieval (the authors' code)
+            lp = target_logprobs(model, [context], target, pad, batch_size)
+            none = lp[0]
+            ret = rnd = np.repeat(lp, k_max, axis=0)
+            scores, found = np.full(k_max, np.nan), np.full(k_max, -1)
+        else:
+            found, scores = search(tokenizer.decode(ids[c:a]), k_max)
+            if len(found) < k_max:
+                raise ValueError(f"text {i}, window at token {a}: the retriever found {len(found)} documents, "
+                                 f"fewer than k = {k_max}")
+            others = np.setdiff1d(np.arange(n_blocks), found)
+            random_ids = rng.choice(others, size=k_max, replace=False)
+            docs = [tokenizer(block_text(int(b)), add_special_tokens=False)["input_ids"][:doc_len]
+                    for b in [*found, *random_ids]]
+            lp = target_logprobs(model, [context] + [[bos] + d + ids[c:a] for d in docs], target, pad, batch_size)
+            none, ret, rnd = lp[0], lp[1:1 + k_max], lp[1 + k_max:]
+        n = len(target)
+        parts["none"].append(none)
+        parts["retrieved"].append(ret)
+        parts["random"].append(rnd)
+        parts["scores"].append(np.repeat(np.asarray(scores, np.float64)[None, :k_max], n, axis=0))
+        parts["window"].append(np.full(n, g))
+        parts["text"].append(np.full(n, i))
+        doc_ids.append(np.asarray(found, np.int64)[:k_max])
+    return {"none": np.concatenate(parts["none"]), "retrieved": np.concatenate(parts["retrieved"], axis=1),
+            "random": np.concatenate(parts["random"], axis=1), "scores": np.concatenate(parts["scores"]),
+            "window": np.concatenate(parts["window"]), "text": np.concatenate(parts["text"]),
+            "n_bytes": sum(len(t.encode("utf-8")) for t in texts), "n_windows": len(plan),
+            "doc_ids": np.stack(doc_ids)}
+
+
+def mixture(scored: dict, kind: str, k: int, weighting: str = "softmax", temperature: float = 1.0) -> np.ndarray:
+    """float64 [N]: per-token log-probabilities of a system over ``score_texts``'s rows.
+
+    ``kind``: ``none`` (the plain LM), ``retrieved`` (REPLUG over the top k, weights ``mixture_weights`` of the
+    window's top-k scores), ``random`` (k random documents, uniform weights). First windows (no retrieval) keep the
+    plain LM's log-probabilities."""
+    if kind == "none":
+        return scored["none"].copy()
+    if kind not in ("retrieved", "random"):
+        raise ValueError(f"kind must be none, retrieved or random, not {kind!r}")
+    rows = scored[kind]
+    if not 1 <= k <= rows.shape[0]:
+        raise ValueError(f"k must be in 1..{rows.shape[0]} (the documents scored per window), got {k}")
+    out = scored["none"].copy()
+    for w in np.unique(scored["window"]):
+        at = scored["window"] == w
+        s = scored["scores"][at][0, :k]
+        if np.isnan(s).any():
+            continue
+        weights = mixture_weights(s, temperature, weighting if kind == "retrieved" else "uniform").numpy()
+        out[at] = mix_logprobs(rows[:k, at], weights)
+    return out
+
+
+def bits_per_byte(logprobs: np.ndarray, n_bytes: int) -> float:
+    """-sum(log p) / ln 2 / n_bytes: the bits the LM needs per UTF-8 byte of the text (REPLUG Table 1)."""
+    if n_bytes < 1:
+        raise ValueError("no bytes to score")
+    return float(-np.sum(logprobs) / math.log(2) / n_bytes)
+
+
+def token_perplexity(logprobs: np.ndarray) -> float:
+    """exp(mean negative log-likelihood per LM token)."""
+    return float(np.exp(-np.mean(logprobs)))
+
+
+def summarize(scored: dict, texts: Sequence[str], ks: Sequence[int], weighting: str = "softmax",
+              temperature: float = 1.0, n_resamples: int = 1000, seed: int = 0) -> list[dict]:
+    """One row per system of REPLUG's Table 1 / Figure 4: the plain LM (k = 0), REPLUG and random documents at each
+    k of ``ks``: bits per byte, token perplexity, and the bits-per-byte 95 % interval and the paired gain over the
+    plain LM from ``n_resamples`` seeded resamples of the texts (bits per byte of a resample = its summed
+    negative log-likelihood over its summed bytes)."""
+    n_bytes = np.array([len(t.encode("utf-8")) for t in texts], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(texts), (n_resamples, len(texts)))
+    text_of = scored["text"]
+
+    def per_text_bits(lp: np.ndarray) -> np.ndarray:
+        return -np.bincount(text_of, weights=lp, minlength=len(texts)) / math.log(2)
+
+    base_bits = per_text_bits(scored["none"])
+    base = base_bits[picks].sum(axis=1) / n_bytes[picks].sum(axis=1)
+    rows = []
+    for kind, k in [("none", 0)] + [(kind, k) for kind in ("retrieved", "random") for k in ks]:
+        lp = mixture(scored, kind, k, weighting, temperature) if k else scored["none"]
+        bits = per_text_bits(lp)
+        resampled = bits[picks].sum(axis=1) / n_bytes[picks].sum(axis=1)
+        bpb = bits_per_byte(lp, int(n_bytes.sum()))
+        rows.append({"system": {"none": "lm", "retrieved": "replug", "random": "random_docs"}[kind], "k": int(k),
+                     "bpb": bpb, "bpb_ci95": [float(x) for x in np.percentile(resampled, [2.5, 97.5])],
+                     "perplexity": token_perplexity(lp),
+                     "gain_pct": 100.0 * (1.0 - bpb / bits_per_byte(scored["none"], int(n_bytes.sum()))),
+                     "gain_pct_ci95": [float(x) for x in np.percentile(100.0 * (1.0 - resampled / base), [2.5, 97.5])],
+                     "tokens": int(len(lp))})
+    return rows

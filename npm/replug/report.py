@@ -1,0 +1,85 @@
+"""REPLUG's Table 1 and Figure 4 in our world, from ``npm-repro replug eval-lm``'s results (docs/paper-map.md §R3).
+
+* ``lm_table``: bits per byte of the plain LM, REPLUG at each k and k random documents, with the 95 % interval over
+  resampled texts and the gain over the plain LM; beside them the paper's GPT-2 Small row (117 M parameters, the
+  paper's closest LM to the embedded default's SmolLM2-135M; Pile bits per byte, REPLUG with 10 documents).
+* ``k_figure``: bits per byte against k for REPLUG and random documents, the plain LM as a line (the paper's
+  Figure 4 shape: random documents are no better than none, retrieved ones improve with k).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from npm.report.figures import _pyplot, save_figure
+from npm.report.tables import Table
+
+# Shi et al. 2023, Table 1, GPT-2 Small (117M): Pile bits per byte; REPLUG ensembles 10 documents.
+PAPER_GPT2_SMALL = {"lm": (1.33, None), "replug": (1.26, 5.3), "replug_lsr": (1.21, 9.0)}
+NAMES = {"lm": "LM", "replug": "+ REPLUG", "random_docs": "+ random documents"}
+
+
+def load_results(path: str | os.PathLike) -> dict:
+    """The results JSON of ``npm-repro replug eval-lm``, checked for its rows."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; run `npm-repro replug eval-lm` (rule replug_eval_lm) first")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    rows = results.get("rows") if isinstance(results, dict) else None
+    if not rows or not all({"system", "k", "bpb", "bpb_ci95", "gain_pct"} <= set(r) for r in rows):
+        raise ValueError(f"{path}: not a `replug eval-lm` results file (rows with system, k, bpb, bpb_ci95, gain_pct)")
+    return results
+
+
+def lm_table(path: str | os.PathLike) -> Table:
+    results = load_results(path)
+    rows = []
+    for r in results["rows"]:
+        paper_bpb, paper_gain = PAPER_GPT2_SMALL.get(r["system"], (None, None))
+        rows.append({"_system": f"{r['system']}@{r['k']}", "System": NAMES.get(r["system"], r["system"]),
+                     "k": r["k"], "Bits/byte": r["bpb"],
+                     "95% interval": f"[{r['bpb_ci95'][0]:.3f}, {r['bpb_ci95'][1]:.3f}]",
+                     "Gain %": r["gain_pct"] if r["k"] else None,
+                     "Gain % interval": (f"[{r['gain_pct_ci95'][0]:.1f}, {r['gain_pct_ci95'][1]:.1f}]"
+                                         if r["k"] else None),
+                     "Perplexity": r.get("perplexity"),
+                     "Bits/byte (paper)": paper_bpb if r["system"] == "lm" or r["k"] == 10 else None,
+                     "Gain % (paper)": paper_gain if r["k"] == 10 else None})
+    notes = [f"LM {results['lm']}; retriever {results['retriever']} over {results.get('corpus') or 'the corpus'} "
+             f"({results['corpus_blocks']} blocks); {results['n_texts']} texts, {results['n_bytes']} bytes, "
+             f"{results['n_windows']} windows.",
+             "Intervals: 95 % over 1,000 seeded resamples of the texts. Paper: REPLUG Table 1, GPT-2 Small (117M) on "
+             "the Pile with 10 documents; REPLUG LSR (1.21, 9.0 %) is not trained here yet."]
+    return Table(name="replug_lm", title="REPLUG language modelling: bits per byte (lower is better)",
+                 columns=["System", "k", "Bits/byte", "95% interval", "Gain %", "Gain % interval", "Perplexity",
+                          "Bits/byte (paper)", "Gain % (paper)"], rows=rows, notes=notes,
+                 md_digits={"Bits/byte": 4, "Bits/byte (paper)": 2})
+
+
+def k_figure(path: str | os.PathLike, out: str | os.PathLike) -> dict:
+    """Bits per byte against k (REPLUG and random documents) with the plain LM as a horizontal line."""
+    results = load_results(path)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    drawn = {}
+    for system, style in (("replug", "o-"), ("random_docs", "s--")):
+        pts = sorted((r["k"], r["bpb"], r["bpb_ci95"]) for r in results["rows"] if r["system"] == system)
+        if pts:
+            ks, ys, ci = zip(*pts, strict=True)
+            err = [[y - c[0] for y, c in zip(ys, ci, strict=True)], [c[1] - y for y, c in zip(ys, ci, strict=True)]]
+            ax.errorbar(ks, ys, yerr=err, fmt=style, capsize=3, label=NAMES[system].lstrip("+ "))
+            drawn[system] = dict(zip(ks, ys, strict=True))
+    base = next(r["bpb"] for r in results["rows"] if r["system"] == "lm")
+    ax.axhline(base, color="grey", linestyle=":", label="no retrieval")
+    drawn["lm"] = base
+    ax.set_xlabel("documents ensembled (k)")
+    ax.set_ylabel("bits per byte")
+    ax.set_title("REPLUG Figure 4 shape")
+    ax.legend(fontsize=8)
+    save_figure(fig, out)
+    return drawn
