@@ -84,11 +84,11 @@ def test_mix_logprobs_k1_uniform_mean_and_very_negative_values():
 
 def test_k1_replug_equals_the_single_document_prepend_and_first_window_is_plain(lm):
     model, tok = lm
-    scored = score_texts(model, tok, [TEXT], scripted_search, DOCS.__getitem__, len(DOCS), k_max=2,
+    scored = score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
                          context_len=8, pred_len=10, doc_len=6, progress=False)
     ids = tok(TEXT, add_special_tokens=False)["input_ids"]
     bos = begin_token(tok)
-    one = mixture(scored, "retrieved", 1)
+    one = mixture(scored, "replug", 1)
     none = mixture(scored, "none", 1)
     assert len(one) == len(ids) == len(none)
     first = scored["window"] == 0
@@ -98,26 +98,25 @@ def test_k1_replug_equals_the_single_document_prepend_and_first_window_is_plain(
         at = slice(a, e)
         np.testing.assert_allclose(one[at], manual_logprobs(model, [bos] + doc + ids[c:e], e - a), atol=1e-5)
         np.testing.assert_allclose(none[at], manual_logprobs(model, [bos] + ids[c:e], e - a), atol=1e-5)
-    assert scored["doc_ids"][0].tolist() == [-1, -1] and scored["doc_ids"][1].tolist() == [0, 1]
-    random_docs = scored["random"]
-    assert random_docs.shape == (2, len(ids))
+    assert scored["doc_ids"]["replug"][0].tolist() == [-1, -1] and scored["doc_ids"]["replug"][1].tolist() == [0, 1]
+    assert scored["rows"]["random"].shape == (2, len(ids))
 
 
 def test_equal_scores_give_the_uniform_mean(lm):
     model, tok = lm
-    scored = score_texts(model, tok, [TEXT], lambda q, k: (np.arange(k), np.full(k, 0.3)), DOCS.__getitem__,
+    scored = score_texts(model, tok, [TEXT], {"replug": lambda q, k: (np.arange(k), np.full(k, 0.3))}, DOCS.__getitem__,
                          len(DOCS), k_max=3, context_len=8, pred_len=12, doc_len=6, progress=False)
-    np.testing.assert_allclose(mixture(scored, "retrieved", 3), mixture(scored, "retrieved", 3, "uniform"))
+    np.testing.assert_allclose(mixture(scored, "replug", 3), mixture(scored, "replug", 3, "uniform"))
     later = scored["window"] > 0
-    expected = np.log(np.exp(scored["retrieved"][:, later]).mean(axis=0))
-    np.testing.assert_allclose(mixture(scored, "retrieved", 3)[later], expected)
+    expected = np.log(np.exp(scored["rows"]["replug"][:, later]).mean(axis=0))
+    np.testing.assert_allclose(mixture(scored, "replug", 3)[later], expected)
 
 
 def test_bits_per_byte_counts_utf8_bytes_not_characters(lm):
     model, tok = lm
     text = "Zoë met the café owner in Kraków — 東京."
     assert len(text.encode("utf-8")) == len(text) + 9
-    scored = score_texts(model, tok, [text], scripted_search, DOCS.__getitem__, len(DOCS), k_max=1,
+    scored = score_texts(model, tok, [text], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=1,
                          context_len=4, pred_len=5, doc_len=4, progress=False)
     assert scored["n_bytes"] == len(text.encode("utf-8"))
     lp = np.full(7, math.log(0.5))  # 7 tokens at p = 1/2: 7 bits
@@ -131,20 +130,22 @@ def test_bits_per_byte_counts_utf8_bytes_not_characters(lm):
 def test_bad_input_is_a_clear_error(lm):
     model, tok = lm
     with pytest.raises(ValueError, match="empty evaluation text"):
-        score_texts(model, tok, ["  "], scripted_search, DOCS.__getitem__, len(DOCS), k_max=1, progress=False)
+        score_texts(model, tok, ["  "], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=1,
+                    progress=False)
     with pytest.raises(ValueError, match="corpus has 6"):
-        score_texts(model, tok, [TEXT], scripted_search, DOCS.__getitem__, len(DOCS), k_max=4, progress=False)
-    scored = score_texts(model, tok, [TEXT], scripted_search, DOCS.__getitem__, len(DOCS), k_max=2,
+        score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=4,
+                    progress=False)
+    scored = score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
                          context_len=8, pred_len=40, progress=False)
     with pytest.raises(ValueError, match="k must be in 1..2"):
-        mixture(scored, "retrieved", 3)
+        mixture(scored, "replug", 3)
 
 
 # ------------------------------------------------------------------------------------------------ texts, CLI, report
 
 def test_texts_take_body_sections_of_articles_whose_lead_is_in_the_corpus(tmp_path):
     from npm.io import write_jsonl
-    from npm.replug.texts import lm_eval_texts
+    from npm.replug.texts import lm_eval_texts, lsr_queries
 
     body = "Fire crews fought the blaze for three days. " * 20
     write_jsonl(tmp_path / "articles.jsonl", [
@@ -159,6 +160,11 @@ def test_texts_take_body_sections_of_articles_whose_lead_is_in_the_corpus(tmp_pa
     assert len(texts[0]["text"]) <= 300
     with pytest.raises(ValueError, match="only 1 articles"):
         lm_eval_texts(tmp_path / "articles.jsonl", tmp_path / "corpus.jsonl", 2, min_chars=100)
+    write_jsonl(tmp_path / "texts.jsonl", texts)
+    queries = lsr_queries(tmp_path / "articles.jsonl", tmp_path / "corpus.jsonl", tmp_path / "texts.jsonl", 3,
+                          chars=200)
+    assert {q["title"] for q in queries} == {"Perth"}  # Sydney is an evaluation text; Hobart has no body
+    assert all(len(q["text"]) <= 200 and q["source_doc"] is None for q in queries)  # Perth's lead: not in corpus
 
 
 def test_eval_lm_cli_writes_rows_table_and_figure(tmp_path):
@@ -177,10 +183,12 @@ def test_eval_lm_cli_writes_rows_table_and_figure(tmp_path):
     args = ["replug", "eval-lm", "--lm", lm, "--texts", str(tmp_path / "texts.jsonl"), "--blocks",
             str(tmp_path / "blocks.npz"), "--encoder", encoder, "--context-len", "8", "--pred-len", "12",
             "--threads", "1", "--out", str(out)]
-    assert cli_main(args + ["--k", "1", "2"]) == 0
+    assert cli_main(args + ["--k", "1", "2", "--lsr-encoder", encoder]) == 0
     results = json.loads(out.read_text())
     rows = {(r["system"], r["k"]): r for r in results["rows"]}
-    assert set(rows) == {("lm", 0), ("replug", 1), ("replug", 2), ("random_docs", 1), ("random_docs", 2)}
+    assert set(rows) == {("lm", 0), ("replug", 1), ("replug", 2), ("replug_lsr", 1), ("replug_lsr", 2),
+                         ("random_docs", 1), ("random_docs", 2)}
+    assert rows[("replug_lsr", 2)]["bpb"] == pytest.approx(rows[("replug", 2)]["bpb"])  # the same encoder twice
     for r in rows.values():
         assert r["bpb_ci95"][0] <= r["bpb"] <= r["bpb_ci95"][1] and r["perplexity"] > 1
     assert rows[("lm", 0)]["gain_pct"] == 0.0 and results["provenance"]["git_commit"]

@@ -82,7 +82,7 @@ def test_slurm_profile_reads_site_settings_from_the_environment():
     # A rule that passes --threads {threads} (npm.threads) gets as many threads as SLURM CPUs (inside a job the
     # jobstep executor runs with --cores all, so {threads} is the set-threads value).
     threads = dict(s.split("=") for s in plain["set-threads"])
-    assert threads == {"evaluate": "8", "replug_eval_lm": "8"}
+    assert threads == {"evaluate": "8", "replug_eval_lm": "8", "replug_train_lsr": "8"}
     assert any(s.startswith("evaluate:") and "cpus_per_task=8" in s for s in plain["set-resources"]) or \
         "evaluate:cpus_per_task=8" in plain["set-resources"]
     # The GPU partition falls back to the CPU one.

@@ -68,14 +68,16 @@ def test_paper_config_does_not_inherit_embedded_sources(tmp_path):
 def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     """Data stages, a few pretraining steps of the three models, datastores, FAISS and BM25 indexes, every
     evaluation and baseline on 3 examples per task, the corpus-size ablation on two points, REPLUG's bits per byte
-    on two short texts, tables and figures."""
+    on two short texts with a two-step LSR retriever, tables and figures."""
     config = {"embedded": {"max_articles": 300, "max_news": 100, "max_reviews": 50},
               "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2},
               "evaluation": {"max_examples": 3},
               "inference": {"max_new_tokens": 4, "passages": 2},
               "ablation": {"percents": [50, 100], "tasks": ["lama_trex"]},
               "replug": {"n_texts": 2, "max_chars": 300, "k": [1, 2], "context_len": 16, "pred_len": 16,
-                         "doc_len": 16}}
+                         "doc_len": 16,
+                         "lsr": {"n_queries": 4, "chars": 200, "steps": 2, "batch_size": 2, "k": 2, "refresh_every": 1,
+                                 "x_len": 8, "y_len": 8, "doc_len": 16, "checkpoint_every": 1}}}
     run_workflow(tmp_path, targets=["all"], config=config)
     for corpus, shards in [("enwiki", 2), ("enwiki_excerpt", 1), ("cc_news", 1)]:
         for shard in range(shards):

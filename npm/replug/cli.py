@@ -1,5 +1,6 @@
-"""``npm-repro replug texts | eval-lm | report``: REPLUG's language-modelling evaluation (Shi et al. 2023, 6.1,
-Table 1 and Figure 4; docs/paper-map.md §R3). Register with ``add_cli(subparsers)``."""
+"""``npm-repro replug texts | queries | train-lsr | eval-lm | report``: REPLUG as its own system (Shi et al.
+2023): LSR retriever training (section 4) and the language-modelling evaluation (6.1, Table 1 and Figure 4);
+docs/paper-map.md §R2.3, §R3. Register with ``add_cli(subparsers)``."""
 
 from __future__ import annotations
 
@@ -35,23 +36,29 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
     if not texts:
         raise ValueError(f"{args.texts}: no evaluation text")
     blocks = BlockTexts(args.blocks)
+    searches = {}
     if args.retriever == "dense":
         if not args.encoder:
             raise ValueError("--retriever dense needs --encoder (the retriever's encoder, whose tokenizer made the "
                              "blocks)")
         from npm.baselines.dense import DenseBlockSearcher
 
-        searcher = DenseBlockSearcher(args.encoder, args.blocks, score=args.score)
+        searches["replug"] = DenseBlockSearcher(args.encoder, args.blocks, score=args.score).search
     else:
         if not args.bm25:
             raise ValueError("--retriever bm25 needs --bm25 DIR (the corpus's BM25 index)")
         from npm.datastore.bm25 import Bm25Searcher
 
-        searcher = Bm25Searcher(args.bm25, corpus_fingerprint=blocks.corpus_fingerprint, blocks=args.blocks)
+        searches["replug"] = Bm25Searcher(args.bm25, corpus_fingerprint=blocks.corpus_fingerprint,
+                                          blocks=args.blocks).search
+    if args.lsr_encoder:
+        from npm.baselines.dense import DenseBlockSearcher
+
+        searches["replug_lsr"] = DenseBlockSearcher(args.lsr_encoder, args.blocks, score=args.score).search
     model, tokenizer = load_causal_lm(args.lm)
     start = time.perf_counter()
     k_max = max(args.k)
-    scored = score_texts(model, tokenizer, texts, searcher.search, blocks, len(blocks), k_max,
+    scored = score_texts(model, tokenizer, texts, searches, blocks, len(blocks), k_max,
                          context_len=args.context_len, pred_len=args.pred_len, doc_len=args.doc_len, seed=args.seed,
                          batch_size=args.batch_size)
     rows = summarize(scored, texts, sorted(set(args.k)), args.weighting, args.temperature, seed=args.seed)
@@ -64,6 +71,31 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
                           "texts": str(args.texts), "n_texts": len(texts), "n_windows": scored["n_windows"],
                           "n_bytes": scored["n_bytes"], "corpus_blocks": len(blocks), "seconds": round(seconds, 2),
                           "threads": threads, "provenance": provenance(settings)})
+    return 0
+
+
+def cmd_queries(args: argparse.Namespace) -> int:
+    from npm.io import write_jsonl
+    from npm.replug.texts import lsr_queries
+
+    records = lsr_queries(args.articles, args.corpus, args.exclude, args.n_queries, args.chars, args.seed)
+    write_jsonl(args.out, records)
+    log.info("%d LSR training queries -> %s", len(records), args.out)
+    return 0
+
+
+def cmd_train_lsr(args: argparse.Namespace) -> int:
+    from npm.replug.lsr import LsrConfig, train_lsr
+    from npm.threads import set_threads
+
+    set_threads(args.threads)
+    cfg = LsrConfig(encoder=args.encoder, lm=args.lm, blocks=list(args.blocks), queries=str(args.queries),
+                    out_dir=str(args.out), checkpoint_dir=str(args.checkpoint_dir), steps=args.steps,
+                    batch_size=args.batch_size, k=args.k, gamma=args.gamma, beta=args.beta, lm_score=args.lm_score,
+                    kl=args.kl, lr=args.lr, warmup_ratio=args.warmup_ratio, refresh_every=args.refresh_every,
+                    x_len=args.x_len, y_len=args.y_len, doc_len=args.doc_len, score=args.score,
+                    checkpoint_every=args.checkpoint_every, seed=args.seed)
+    log.info("LSR: %s", train_lsr(cfg))
     return 0
 
 
@@ -113,6 +145,8 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--score", choices=["cosine", "ip"], default="cosine",
                    help="dense score: cosine (paper) or raw inner product (authors' code)")
     e.add_argument("--bm25", default=None, help="BM25 index folder (--retriever bm25)")
+    e.add_argument("--lsr-encoder", default=None,
+                   help="an LSR-trained retriever (train-lsr): adds the REPLUG LSR rows (dense, same --score)")
     e.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 10],
                    help="documents per window (REPLUG: 10); the largest is retrieved, smaller k reuse its top")
     e.add_argument("--context-len", type=int, default=128, help="tokens of preceding context (the query)")
@@ -126,6 +160,52 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=None, help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
     e.add_argument("--out", type=Path, required=True, help="results JSON to write")
     e.set_defaults(func=cmd_eval_lm)
+
+    q = sub.add_parser("queries", help="LSR training queries: body text of articles outside the evaluation texts",
+                       description="Writes JSONL {id, title, text, source_doc}: passages of --chars characters from "
+                                   "the body sections of --articles, none from an article of --exclude (the "
+                                   "evaluation texts); source_doc = the corpus document of the same article, which "
+                                   "LSR never retrieves for it (npm.replug.texts).", formatter_class=fmt)
+    q.add_argument("--articles", type=Path, required=True, help="documents JSONL(.gz) with lead + body units")
+    q.add_argument("--corpus", type=Path, required=True, help="documents JSONL(.gz) of the retrieval corpus")
+    q.add_argument("--exclude", type=Path, required=True, help="evaluation texts JSONL (their articles are left out)")
+    q.add_argument("--n-queries", type=int, default=64, help="queries to write")
+    q.add_argument("--chars", type=int, default=800, help="characters per query passage (x then y)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the passage choice")
+    q.add_argument("--out", type=Path, required=True, help="queries JSONL to write")
+    q.set_defaults(func=cmd_queries)
+
+    t = sub.add_parser("train-lsr", help="REPLUG LSR: train the dense retriever from the frozen LM's preferences",
+                       description="KL between the retrieval distribution softmax(s / gamma) over the top k blocks "
+                                   "and the LM's softmax(log p(y | d o x) / beta); only the retriever learns; the "
+                                   "corpus is re-embedded every --refresh-every steps (npm.replug.lsr). Resumable.",
+                       formatter_class=fmt)
+    t.add_argument("--encoder", required=True, help="retriever to start from (its tokenizer made the blocks)")
+    t.add_argument("--lm", required=True, help="the frozen causal LM")
+    t.add_argument("--blocks", nargs="+", required=True, help="retrieval corpus blocks .npz files, in order")
+    t.add_argument("--queries", type=Path, required=True, help="queries JSONL (npm-repro replug queries)")
+    t.add_argument("--out", type=Path, required=True, help="trained retriever folder (save_pretrained)")
+    t.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with resumable checkpoints")
+    t.add_argument("--steps", type=int, default=25_000, help="optimiser steps (paper: 25k)")
+    t.add_argument("--batch-size", type=int, default=64, help="queries per step (paper: 64)")
+    t.add_argument("--k", type=int, default=20, help="retrieved blocks per query (paper: 20)")
+    t.add_argument("--gamma", type=float, default=0.1, help="retrieval temperature (paper: 0.1)")
+    t.add_argument("--beta", type=float, default=0.1, help="LM-score temperature (paper: 0.1)")
+    t.add_argument("--lm-score", choices=["sum", "mean"], default="sum",
+                   help="log p(y | d o x) summed (paper, read as a log-probability) or averaged over y's tokens")
+    t.add_argument("--kl", choices=["retriever_lm", "lm_retriever"], default="retriever_lm",
+                   help="KL(P_R || Q) (paper) or KL(Q || P_R) (authors' code)")
+    t.add_argument("--lr", type=float, default=2e-5, help="Adam learning rate (paper: 2e-5)")
+    t.add_argument("--warmup-ratio", type=float, default=0.1, help="share of the steps of linear warm-up")
+    t.add_argument("--refresh-every", type=int, default=3_000, help="re-embed the corpus every N steps (paper: 3k)")
+    t.add_argument("--x-len", type=int, default=128, help="LM tokens of the query x (paper: 128)")
+    t.add_argument("--y-len", type=int, default=128, help="LM tokens of the continuation y (paper: 128)")
+    t.add_argument("--doc-len", type=int, default=128, help="LM tokens kept of each document")
+    t.add_argument("--score", choices=["cosine", "ip"], default="cosine", help="retrieval score (paper: cosine)")
+    t.add_argument("--checkpoint-every", type=int, default=1_000, help="checkpoint every N steps")
+    t.add_argument("--seed", type=int, default=0, help="seed of torch and python")
+    t.add_argument("--threads", type=int, default=None, help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
+    t.set_defaults(func=cmd_train_lsr)
 
     r = sub.add_parser("report", help="the bits-per-byte table (CSV + MD) and the k figure (PDF + PNG)",
                        description="REPLUG's Table 1 (bits per byte, gain over the plain LM, the paper's GPT-2 Small "

@@ -8,8 +8,9 @@ begin-of-text token (its BOS, else its EOS as a document separator). Each row be
 whose per-token log-probabilities of the window's tokens are kept (``target_logprobs``):
 
 * ``none``: [bos] + context + target, the plain LM;
-* ``retrieved`` (the top ``k_max`` documents of the retriever): [bos] + document + context + target, the document
-  cut to its first ``doc_len`` LM tokens and prepended without separator (the authors' code);
+* one set per retriever (``replug``; ``replug_lsr`` with the LSR-trained one), its top ``k_max`` documents:
+  [bos] + document + context + target, the document cut to its first ``doc_len`` LM tokens and prepended without
+  separator (the authors' code);
 * ``random`` (``k_max`` corpus blocks drawn with the seed, none of the retrieved ones): the same with random
   documents, the control of the paper's Figure 4.
 
@@ -24,7 +25,7 @@ paper-map §R3). Bits per byte = total negative log-likelihood / ln 2 / the UTF-
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -78,20 +79,24 @@ def target_logprobs(model, prefixes: Sequence[Sequence[int]], target: Sequence[i
     return out
 
 
-def score_texts(model, tokenizer, texts: Sequence[str], search: Callable[[str, int], tuple[np.ndarray, np.ndarray]],
+def score_texts(model, tokenizer, texts: Sequence[str],
+                searches: Mapping[str, Callable[[str, int], tuple[np.ndarray, np.ndarray]]],
                 block_text: Callable[[int], str], n_blocks: int, k_max: int, context_len: int = 128,
                 pred_len: int = 128, doc_len: int = 128, seed: int = 0, batch_size: int = 8,
                 progress: bool = True) -> dict:
     """Per-token log-probabilities of every row kind over ``texts`` (see the module docstring).
 
-    ``search(query, k) -> (block ids, scores)`` best first (``DenseBlockSearcher.search`` / ``Bm25Searcher.search``);
-    ``block_text(block)`` the text of a corpus block, of ``n_blocks``. Returns numpy arrays over the N scored tokens:
-    ``none`` [N], ``retrieved`` / ``random`` [k_max, N] (a first window repeats ``none``), ``scores`` [N, k_max] (the
-    retrieval scores of the token's window; NaN in first windows), ``window`` [N] (global window index), ``text``
-    [N] (index into ``texts``), and ``n_bytes`` (UTF-8 bytes of all texts), ``n_windows``, ``doc_ids`` [n_windows,
-    k_max] (-1 in first windows)."""
+    ``searches``: system name -> ``search(query, k) -> (block ids, scores)`` best first (``DenseBlockSearcher.search``
+    / ``Bm25Searcher.search``; e.g. ``replug`` and ``replug_lsr``); ``block_text(block)`` the text of a corpus block,
+    of ``n_blocks``. Returns, over the N scored tokens: ``none`` [N]; ``rows[name]`` [k_max, N] for each search and
+    ``random`` (a first window repeats ``none``); ``scores[name]`` [N, k_max] (the retrieval scores of the token's
+    window; NaN in first windows); ``window`` [N] (global window index), ``text`` [N] (index into ``texts``),
+    ``n_bytes`` (UTF-8 bytes of all texts), ``n_windows``, ``doc_ids[name]`` [n_windows, k_max] (-1 in first
+    windows)."""
     if k_max < 1:
         raise ValueError(f"k must be >= 1, got {k_max}")
+    if not searches:
+        raise ValueError("no retriever given")
     if 2 * k_max > n_blocks:
         raise ValueError(f"k = {k_max} retrieved + {k_max} random documents need {2 * k_max} corpus blocks; the "
                          f"corpus has {n_blocks}: lower k or use a larger corpus")
@@ -100,65 +105,76 @@ def score_texts(model, tokenizer, texts: Sequence[str], search: Callable[[str, i
     bos = begin_token(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else bos
     rng = np.random.default_rng(seed)
-    parts: dict[str, list] = {"none": [], "retrieved": [], "random": [], "scores": [], "window": [], "text": []}
-    doc_ids = []
-    plan = [(i, w) for i, t in enumerate(texts)
-            for w in windows(len(tokenizer(t, add_special_tokens=False)["input_ids"]), context_len, pred_len)]
+    names = list(searches)
+    none, window_of, text_of = [], [], []
+    rows: dict[str, list] = {n: [] for n in [*names, "random"]}
+    scores: dict[str, list] = {n: [] for n in names}
+    doc_ids: dict[str, list] = {n: [] for n in names}
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    plan = [(i, w) for i, ids in enumerate(encoded) for w in windows(len(ids), context_len, pred_len)]
     for g, (i, (c, a, e)) in enumerate(tqdm(plan, desc="REPLUG LM eval", unit="window", disable=not progress or None)):
         ids = encoded[i]
         context, target = [bos] + ids[c:a], ids[a:e]
+        n = len(target)
         if a == 0:  # no preceding context: no query, no retrieval (the authors' code)
             lp = target_logprobs(model, [context], target, pad, batch_size)
-            none = lp[0]
-            ret = rnd = np.repeat(lp, k_max, axis=0)
-            scores, found = np.full(k_max, np.nan), np.full(k_max, -1)
+            none.append(lp[0])
+            for name in rows:
+                rows[name].append(np.repeat(lp, k_max, axis=0))
+            for name in names:
+                scores[name].append(np.full((n, k_max), np.nan))
+                doc_ids[name].append(np.full(k_max, -1))
         else:
-            found, scores = search(tokenizer.decode(ids[c:a]), k_max)
-            if len(found) < k_max:
-                raise ValueError(f"text {i}, window at token {a}: the retriever found {len(found)} documents, "
-                                 f"fewer than k = {k_max}")
-            others = np.setdiff1d(np.arange(n_blocks), found)
-            random_ids = rng.choice(others, size=k_max, replace=False)
+            query = tokenizer.decode(ids[c:a])
+            found = {}
+            for name in names:
+                blocks, s = searches[name](query, k_max)
+                if len(blocks) < k_max:
+                    raise ValueError(f"text {i}, window at token {a}: retriever {name} found {len(blocks)} documents, "
+                                     f"fewer than k = {k_max}")
+                found[name] = np.asarray(blocks[:k_max], np.int64)
+                scores[name].append(np.repeat(np.asarray(s[:k_max], np.float64)[None, :], n, axis=0))
+                doc_ids[name].append(found[name])
+            taken = np.unique(np.concatenate(list(found.values())))
+            found["random"] = rng.choice(np.setdiff1d(np.arange(n_blocks), taken), size=k_max, replace=False)
+            order = [*names, "random"]
             docs = [tokenizer(block_text(int(b)), add_special_tokens=False)["input_ids"][:doc_len]
-                    for b in [*found, *random_ids]]
+                    for name in order for b in found[name]]
             lp = target_logprobs(model, [context] + [[bos] + d + ids[c:a] for d in docs], target, pad, batch_size)
-            none, ret, rnd = lp[0], lp[1:1 + k_max], lp[1 + k_max:]
-        n = len(target)
-        parts["none"].append(none)
-        parts["retrieved"].append(ret)
-        parts["random"].append(rnd)
-        parts["scores"].append(np.repeat(np.asarray(scores, np.float64)[None, :k_max], n, axis=0))
-        parts["window"].append(np.full(n, g))
-        parts["text"].append(np.full(n, i))
-        doc_ids.append(np.asarray(found, np.int64)[:k_max])
-    return {"none": np.concatenate(parts["none"]), "retrieved": np.concatenate(parts["retrieved"], axis=1),
-            "random": np.concatenate(parts["random"], axis=1), "scores": np.concatenate(parts["scores"]),
-            "window": np.concatenate(parts["window"]), "text": np.concatenate(parts["text"]),
-            "n_bytes": sum(len(t.encode("utf-8")) for t in texts), "n_windows": len(plan),
-            "doc_ids": np.stack(doc_ids)}
+            none.append(lp[0])
+            for j, name in enumerate(order):
+                rows[name].append(lp[1 + j * k_max:1 + (j + 1) * k_max])
+        window_of.append(np.full(n, g))
+        text_of.append(np.full(n, i))
+    return {"none": np.concatenate(none), "rows": {n: np.concatenate(r, axis=1) for n, r in rows.items()},
+            "scores": {n: np.concatenate(s) for n, s in scores.items()}, "window": np.concatenate(window_of),
+            "text": np.concatenate(text_of), "n_bytes": sum(len(t.encode("utf-8")) for t in texts),
+            "n_windows": len(plan), "doc_ids": {n: np.stack(d) for n, d in doc_ids.items()}}
 
 
 def mixture(scored: dict, kind: str, k: int, weighting: str = "softmax", temperature: float = 1.0) -> np.ndarray:
     """float64 [N]: per-token log-probabilities of a system over ``score_texts``'s rows.
 
-    ``kind``: ``none`` (the plain LM), ``retrieved`` (REPLUG over the top k, weights ``mixture_weights`` of the
-    window's top-k scores), ``random`` (k random documents, uniform weights). First windows (no retrieval) keep the
+    ``kind``: ``none`` (the plain LM), a retriever's name (REPLUG over its top k, weights ``mixture_weights`` of the
+    window's top-k scores) or ``random`` (k random documents, uniform weights). First windows (no retrieval) keep the
     plain LM's log-probabilities."""
     if kind == "none":
         return scored["none"].copy()
-    if kind not in ("retrieved", "random"):
-        raise ValueError(f"kind must be none, retrieved or random, not {kind!r}")
-    rows = scored[kind]
+    if kind not in scored["rows"]:
+        raise ValueError(f"kind must be none or one of {sorted(scored['rows'])}, not {kind!r}")
+    rows = scored["rows"][kind]
     if not 1 <= k <= rows.shape[0]:
         raise ValueError(f"k must be in 1..{rows.shape[0]} (the documents scored per window), got {k}")
+    some_scores = next(iter(scored["scores"].values()))
     out = scored["none"].copy()
     for w in np.unique(scored["window"]):
         at = scored["window"] == w
-        s = scored["scores"][at][0, :k]
-        if np.isnan(s).any():
+        if np.isnan(some_scores[at][0]).any():  # a first window: no retrieval
             continue
-        weights = mixture_weights(s, temperature, weighting if kind == "retrieved" else "uniform").numpy()
+        if kind == "random":
+            weights = mixture_weights(np.zeros(k), weighting="uniform").numpy()
+        else:
+            weights = mixture_weights(scored["scores"][kind][at][0, :k], temperature, weighting).numpy()
         out[at] = mix_logprobs(rows[:k, at], weights)
     return out
 
@@ -177,10 +193,10 @@ def token_perplexity(logprobs: np.ndarray) -> float:
 
 def summarize(scored: dict, texts: Sequence[str], ks: Sequence[int], weighting: str = "softmax",
               temperature: float = 1.0, n_resamples: int = 1000, seed: int = 0) -> list[dict]:
-    """One row per system of REPLUG's Table 1 / Figure 4: the plain LM (k = 0), REPLUG and random documents at each
-    k of ``ks``: bits per byte, token perplexity, and the bits-per-byte 95 % interval and the paired gain over the
-    plain LM from ``n_resamples`` seeded resamples of the texts (bits per byte of a resample = its summed
-    negative log-likelihood over its summed bytes)."""
+    """One row per system of REPLUG's Table 1 / Figure 4: the plain LM (k = 0), each retriever's REPLUG and random
+    documents at each k of ``ks``: bits per byte, token perplexity, and the bits-per-byte 95 % interval and the
+    paired gain over the plain LM from ``n_resamples`` seeded resamples of the texts (bits per byte of a resample =
+    its summed negative log-likelihood over its summed bytes)."""
     n_bytes = np.array([len(t.encode("utf-8")) for t in texts], dtype=np.float64)
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(texts), (n_resamples, len(texts)))
@@ -192,12 +208,12 @@ def summarize(scored: dict, texts: Sequence[str], ks: Sequence[int], weighting: 
     base_bits = per_text_bits(scored["none"])
     base = base_bits[picks].sum(axis=1) / n_bytes[picks].sum(axis=1)
     rows = []
-    for kind, k in [("none", 0)] + [(kind, k) for kind in ("retrieved", "random") for k in ks]:
+    for kind, k in [("none", 0)] + [(kind, k) for kind in scored["rows"] for k in ks]:
         lp = mixture(scored, kind, k, weighting, temperature) if k else scored["none"]
         bits = per_text_bits(lp)
         resampled = bits[picks].sum(axis=1) / n_bytes[picks].sum(axis=1)
         bpb = bits_per_byte(lp, int(n_bytes.sum()))
-        rows.append({"system": {"none": "lm", "retrieved": "replug", "random": "random_docs"}[kind], "k": int(k),
+        rows.append({"system": {"none": "lm", "random": "random_docs"}.get(kind, kind), "k": int(k),
                      "bpb": bpb, "bpb_ci95": [float(x) for x in np.percentile(resampled, [2.5, 97.5])],
                      "perplexity": token_perplexity(lp),
                      "gain_pct": 100.0 * (1.0 - bpb / bits_per_byte(scored["none"], int(n_bytes.sum()))),

@@ -18,7 +18,7 @@ from npm.report.tables import Table
 
 # Shi et al. 2023, Table 1, GPT-2 Small (117M): Pile bits per byte; REPLUG ensembles 10 documents.
 PAPER_GPT2_SMALL = {"lm": (1.33, None), "replug": (1.26, 5.3), "replug_lsr": (1.21, 9.0)}
-NAMES = {"lm": "LM", "replug": "+ REPLUG", "random_docs": "+ random documents"}
+NAMES = {"lm": "LM", "replug": "+ REPLUG", "replug_lsr": "+ REPLUG LSR", "random_docs": "+ random documents"}
 
 
 def load_results(path: str | os.PathLike) -> dict:
@@ -54,7 +54,7 @@ def lm_table(path: str | os.PathLike) -> Table:
              f"({results['corpus_blocks']} blocks); {results['n_texts']} texts, {results['n_bytes']} bytes, "
              f"{results['n_windows']} windows.",
              "Intervals: 95 % over 1,000 seeded resamples of the texts. Paper: REPLUG Table 1, GPT-2 Small (117M) on "
-             "the Pile with 10 documents; REPLUG LSR (1.21, 9.0 %) is not trained here yet."]
+             "the Pile with 10 documents (REPLUG and REPLUG LSR)."]
     return Table(name="replug_lm", title="REPLUG language modelling: bits per byte (lower is better)",
                  columns=["System", "k", "Bits/byte", "95% interval", "Gain %", "Gain % interval", "Perplexity",
                           "Bits/byte (paper)", "Gain % (paper)"], rows=rows, notes=notes,
@@ -67,7 +67,7 @@ def k_figure(path: str | os.PathLike, out: str | os.PathLike) -> dict:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     drawn = {}
-    for system, style in (("replug", "o-"), ("random_docs", "s--")):
+    for system, style in (("replug", "o-"), ("replug_lsr", "^-"), ("random_docs", "s--")):
         pts = sorted((r["k"], r["bpb"], r["bpb_ci95"]) for r in results["rows"] if r["system"] == system)
         if pts:
             ks, ys, ci = zip(*pts, strict=True)

@@ -48,3 +48,31 @@ def lm_eval_texts(articles: str | os.PathLike, corpus: str | os.PathLike, n_text
                          f"of >= {min_chars} characters; {n_texts} texts were asked for")
     picked = np.random.default_rng(seed).choice(len(eligible), size=n_texts, replace=False)
     return sorted((eligible[i] for i in picked), key=lambda r: r["title"])
+
+
+def lsr_queries(articles: str | os.PathLike, corpus: str | os.PathLike, exclude: str | os.PathLike, n_queries: int,
+                chars: int = 800, seed: int = 0) -> list[dict]:
+    """LSR training queries (REPLUG 4: training text disjoint from the evaluation text): ``n_queries`` records
+    {id, title, text, source_doc} of ``chars`` characters each (ending at a space), cut from the body sections of
+    the articles of ``articles`` that are not among the evaluation texts ``exclude`` (JSONL with ``title``).
+    ``source_doc`` is the id of the corpus document of the same article (its lead), or null: LSR never retrieves a
+    query's own document (REPLUG keeps training queries and corpus documents disjoint)."""
+    if n_queries < 1 or chars < 50:
+        raise ValueError(f"n_queries must be >= 1 and chars >= 50, got {n_queries} and {chars}")
+    ids = {doc["title"]: str(doc["id"]) for doc in read_jsonl(corpus)}
+    skip = {r["title"] for r in read_jsonl(exclude)}
+    pool = []
+    for doc in read_jsonl(articles):
+        if doc["title"] in skip:
+            continue
+        for u, unit in enumerate(doc["units"][1:], 1):
+            for p, a in enumerate(range(0, len(unit) - chars + 1, chars)):
+                text = unit[a:a + chars]
+                text = text[:text.rfind(" ")] if " " in text else text
+                pool.append({"id": f"{doc['id']}-{u}-{p}", "title": doc["title"], "text": text,
+                             "source_doc": ids.get(doc["title"])})
+    if len(pool) < n_queries:
+        raise ValueError(f"{articles}: only {len(pool)} passages of {chars} characters outside the evaluation texts; "
+                         f"{n_queries} queries were asked for")
+    picked = np.sort(np.random.default_rng(seed).choice(len(pool), size=n_queries, replace=False))
+    return [pool[i] for i in picked]

@@ -23,12 +23,71 @@ rule replug_texts:
         " --max-chars {params.r[max_chars]} --seed {params.seed} --out {output} > {log} 2>&1"
 
 
+rule replug_queries:
+    """LSR training queries: body-text passages of the articles that are not evaluation texts."""
+    input:
+        articles=lambda wc: f"data/docs/{REPLUG['texts_from']}.jsonl.gz",
+        corpus=lambda wc: f"data/docs/{REPLUG['corpus']}.jsonl.gz",
+        exclude="data/replug/texts.jsonl",
+    output:
+        "data/replug/lsr_queries.jsonl",
+    params:
+        lsr=lambda wc: REPLUG["lsr"],
+        seed=config["seed"],
+    log:
+        "logs/replug/queries.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro replug queries --articles {input.articles} --corpus {input.corpus} --exclude {input.exclude}"
+        " --n-queries {params.lsr[n_queries]} --chars {params.lsr[chars]} --seed {params.seed} --out {output}"
+        " > {log} 2>&1"
+
+
+rule replug_train_lsr:
+    """REPLUG LSR: the dense retriever trained from the frozen LM's preferences (resumable; checkpoints in
+    results/checkpoints/replug_lsr/run-{id})."""
+    input:
+        queries="data/replug/lsr_queries.jsonl",
+        blocks=lambda wc: corpus_blocks(REPLUG["corpus"]),
+        lm=lambda wc: model_input("lm"),
+    output:
+        directory("results/models/replug_lsr"),
+    params:
+        lsr=lambda wc: REPLUG["lsr"],
+        r=REPLUG,
+        lm=lambda wc: model_name("lm"),
+        encoder=config["model"]["encoder"],
+        seed=config["seed"],
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=1440,
+    log:
+        "logs/replug/train_lsr.log",
+    benchmark:
+        "results/benchmarks/rules/replug_train_lsr.tsv"
+    conda:
+        "../envs/eval.yaml"
+    shell:
+        "npm-repro replug train-lsr --encoder {params.encoder:q} --lm {params.lm:q} --blocks {input.blocks}"
+        " --queries {input.queries} --out {output} --checkpoint-dir results/checkpoints/replug_lsr"
+        " --steps {params.lsr[steps]} --batch-size {params.lsr[batch_size]} --k {params.lsr[k]}"
+        " --gamma {params.lsr[gamma]} --beta {params.lsr[beta]} --lm-score {params.lsr[lm_score]} --kl {params.lsr[kl]}"
+        " --lr {params.lsr[lr]} --warmup-ratio {params.lsr[warmup_ratio]} --refresh-every {params.lsr[refresh_every]}"
+        " --x-len {params.lsr[x_len]} --y-len {params.lsr[y_len]} --doc-len {params.lsr[doc_len]}"
+        " --score {params.r[score]} --checkpoint-every {params.lsr[checkpoint_every]} --seed {params.seed}"
+        " --threads {threads} > {log} 2>&1"
+
+
 rule replug_eval_lm:
-    """Bits per byte of the plain LM, REPLUG at each k and k random documents (one LM pass per window and row)."""
+    """Bits per byte of the plain LM, REPLUG (untrained and LSR retriever) at each k and k random documents."""
     input:
         texts="data/replug/texts.jsonl",
         blocks=lambda wc: corpus_blocks(REPLUG["corpus"]),
         lm=lambda wc: model_input("lm"),
+        lsr="results/models/replug_lsr",
     output:
         "results/replug/lm_eval.json",
     params:
@@ -51,7 +110,7 @@ rule replug_eval_lm:
     shell:
         "npm-repro replug eval-lm --lm {params.lm:q} --texts {input.texts} --blocks {input.blocks}"
         " --corpus {params.r[corpus]} --retriever dense --encoder {params.encoder:q} --score {params.r[score]}"
-        " --k {params.k} --context-len {params.r[context_len]} --pred-len {params.r[pred_len]}"
+        " --lsr-encoder {input.lsr} --k {params.k} --context-len {params.r[context_len]} --pred-len {params.r[pred_len]}"
         " --doc-len {params.r[doc_len]} --weighting {params.r[weighting]} --temperature {params.r[temperature]}"
         " --seed {params.seed} --threads {threads} --out {output} > {log} 2>&1"
 
