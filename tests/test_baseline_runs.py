@@ -222,6 +222,9 @@ def test_dense_retriever_finds_a_block_by_its_own_text(world, tmp_path):
     metrics, preds, _ = run(world, "nq", "replug", tmp_path, retriever="dense", encoder=encoder, passages=2,
                             bm25=None, corpus=None)
     assert metrics["retrieval"] == "dense" and all(len(p["passages"]) == 2 for p in preds)
+    # REPLUG LSR: the same ensemble over its own (LSR-trained) dense retriever, whatever inference.retriever says
+    lsr, lsr_preds, _ = run(world, "nq", "replug_lsr", tmp_path, encoder=encoder, passages=2, bm25=None, corpus=None)
+    assert lsr["retrieval"] == "dense" and [p["prediction"] for p in lsr_preds] == [p["prediction"] for p in preds]
 
 
 # ------------------------------------------------------------------------------------------------ errors, CLI

@@ -83,8 +83,8 @@ def _batches(n: int, size: int):
 
 
 class DecoderScorer:
-    """Systems lm, lm_pmi, bm25_lm and replug of ``npm.evaluation.systems``: one causal LM, optionally a retriever
-    over the corpus's blocks (``system.options``: ``retrieval``, ``ensemble``, ``pmi``)."""
+    """Systems lm, lm_pmi, bm25_lm, replug and replug_lsr of ``npm.evaluation.systems``: one causal LM, optionally a
+    retriever over the corpus's blocks (``system.options``: ``retrieval``, ``ensemble``, ``pmi``, ``retriever``)."""
 
     def __init__(self, system, inputs, settings):
         from npm.baselines.lm import load_causal_lm
@@ -96,9 +96,10 @@ class DecoderScorer:
         self.model.to(self.device)
         self.texts = self.searcher = None
         retrieves = bool(self.options.get("retrieval"))
+        retriever = self.options.get("retriever", settings.retriever)  # replug_lsr: always its dense retriever
         if retrieves:
             self.texts = BlockTexts(inputs.blocks)
-            if settings.retriever == "bm25":
+            if retriever == "bm25":
                 from npm.datastore.bm25 import Bm25Searcher
 
                 (bm25,) = inputs.bm25
@@ -109,12 +110,14 @@ class DecoderScorer:
             else:
                 from npm.baselines.dense import DenseBlockSearcher
 
+                if not inputs.encoder:
+                    raise ValueError(f"{system.name} retrieves with a dense encoder: give --encoder")
                 self.searcher = DenseBlockSearcher(inputs.encoder, inputs.blocks, device=self.device)
         corpus = inputs.corpus or (Path(inputs.bm25[0]).name if retrieves and inputs.bm25 else None)
         self.info = {
             "model": str(inputs.model), "corpus": corpus if retrieves else None,
             "corpus_tokens": self.texts.tokens if retrieves else None,
-            "retrieval": settings.retriever if retrieves else None,
+            "retrieval": retriever if retrieves else None,
             "parameters": int(sum(p.numel() for p in self.model.parameters())), "device": str(self.device),
             "passages": settings.passages if retrieves else None,
         }

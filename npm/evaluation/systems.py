@@ -76,6 +76,7 @@ class System:
     left_to_right: bool = False  # scores what follows the prompt: templates with text after the mask do not apply
     lm_label: str | None = None  # the row label with the decoder's name, "{lm}" standing for it
     options: Mapping = field(default_factory=dict)  # fixed arguments of the scorer
+    retriever_encoder: str = "npm"  # the dense retriever's encoder: the NPM model, or "replug_lsr" (LSR-trained)
 
     def needs(self, closed: bool, retriever: str = "bm25") -> tuple[str, ...]:
         """The artefacts one task family needs; REPLUG-style retrieval with ``retriever="dense"`` reads the blocks
@@ -143,6 +144,10 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("replug", "REPLUG", "REPLUG's ensemble: one LM pass per passage, next-token distributions mixed by "
            "retrieval score (Shi et al. 2023, 3.2)", model="lm", closed=None, open=("bm25", "blocks"),
            load=_decoder, lm_label="REPLUG ({lm})", options={"retrieval": True, "ensemble": True}),
+    System("replug_lsr", "REPLUG LSR", "REPLUG's ensemble over the dense retriever trained by LSR from the LM's "
+           "preferences (Shi et al. 2023, 4; rule replug_train_lsr)", model="lm", closed=None,
+           open=("encoder", "blocks"), load=_decoder, lm_label="REPLUG LSR ({lm})",
+           options={"retrieval": True, "ensemble": True, "retriever": "dense"}, retriever_encoder="replug_lsr"),
 )}
 
 

@@ -285,6 +285,15 @@ def run_needs(wildcards):
     return system, system.needs(TASKS[wildcards.task]["family"] == "closed", INFERENCE.retriever)
 
 
+def retriever_encoder(system, as_input=False):
+    """The dense retriever's encoder of a system (registry `retriever_encoder`): the NPM model, or a retriever trained
+    here, results/models/{name} (REPLUG LSR: rule replug_train_lsr); ``as_input``: as a Snakemake input (nothing
+    for a hub id)."""
+    if system.retriever_encoder != "npm":
+        return f"results/models/{system.retriever_encoder}"
+    return model_input("npm") if as_input else model_name("npm")
+
+
 def evaluate_inputs(wildcards):
     """The system's checkpoint and the reference corpus's artefacts it reads (registry `needs`), plus the task sets."""
     system, needs = run_needs(wildcards)
@@ -299,7 +308,7 @@ def evaluate_inputs(wildcards):
     if "blocks" in needs:
         inputs["blocks"] = [b for corpus in corpora for b in corpus_blocks(corpus)]
     if "encoder" in needs:
-        inputs["encoder"] = model_input("npm")
+        inputs["encoder"] = retriever_encoder(system, as_input=True)
     return inputs
 
 
@@ -312,7 +321,7 @@ def evaluate_args(wildcards, input):
             paths = [str(Path(p).parent) for p in input[name]] if name == "datastore" else input[name]
             args += [f"--{name}", *paths]
     if "encoder" in needs:
-        args.append(f"--encoder {model_name('npm')}")
+        args.append(f"--encoder {retriever_encoder(system)}")
     if any(name != "encoder" for name in needs):
         args.append(f"--corpus {'+'.join(run_corpora(wildcards))}")
     return " ".join(args)
