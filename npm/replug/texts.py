@@ -68,6 +68,8 @@ def lsr_queries(articles: str | os.PathLike, corpus: str | os.PathLike, exclude:
         for u, unit in enumerate(doc["units"][1:], 1):
             for p, a in enumerate(range(0, len(unit) - chars + 1, chars)):
                 text = unit[a:a + chars]
+                if a and " " in text:  # start and end at word boundaries
+                    text = text[text.find(" ") + 1:]
                 text = text[:text.rfind(" ")] if " " in text else text
                 pool.append({"id": f"{doc['id']}-{u}-{p}", "title": doc["title"], "text": text,
                              "source_doc": ids.get(doc["title"])})

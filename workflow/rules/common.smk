@@ -287,7 +287,7 @@ def run_needs(wildcards):
 
 def retriever_encoder(system, as_input=False):
     """The dense retriever's encoder of a system (registry `retriever_encoder`): the NPM model, or a retriever trained
-    here, results/models/{name} (REPLUG LSR: rule replug_train_lsr); ``as_input``: as a Snakemake input (nothing
+    here, results/models/{name} (REPLUG LSR: made by replug_train_lsr); ``as_input``: as a Snakemake input (nothing
     for a hub id)."""
     if system.retriever_encoder != "npm":
         return f"results/models/{system.retriever_encoder}"

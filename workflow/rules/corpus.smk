@@ -53,6 +53,7 @@ rule embed_shard:
         mem_mb=32000,
         runtime=720,
         cpus_per_task=8,
+    priority: 5  # on the NPM evaluations' path: before the decoder baselines that can wait
     log:
         "logs/embed_shard/{model}/{corpus}/shard{shard}.log",
     benchmark:

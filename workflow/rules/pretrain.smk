@@ -24,6 +24,7 @@ rule pretrain:
         mem_mb=64000,
         runtime=4320,
         cpus_per_task=8,
+    priority: 10  # the head of the longest chain (pretrain -> embed -> evaluate): start it before the decoders
     log:
         "logs/pretrain/{model}.log",
     benchmark:
