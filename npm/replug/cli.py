@@ -109,6 +109,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _article_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--articles", type=Path, required=True, help="documents JSONL(.gz) with lead + body units")
+    p.add_argument("--corpus", type=Path, required=True, help="documents JSONL(.gz) of the retrieval corpus")
+
+
+def _seed_out_args(p: argparse.ArgumentParser, out_help: str) -> None:
+    p.add_argument("--seed", type=int, default=0, help="seed of the choice")
+    p.add_argument("--out", type=Path, required=True, help=out_help)
+
+
 def add_cli(subparsers) -> argparse.ArgumentParser:
     """Register ``replug`` (with ``texts`` and ``eval-lm``) on an ``argparse`` subparsers object."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -122,13 +132,11 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                        description="Writes JSONL {id, title, text, source}: one real body section per article of "
                                    "--articles whose title has a document in --corpus (npm.replug.texts).",
                        formatter_class=fmt)
-    t.add_argument("--articles", type=Path, required=True, help="documents JSONL(.gz) with lead + body units")
-    t.add_argument("--corpus", type=Path, required=True, help="documents JSONL(.gz) of the retrieval corpus")
+    _article_args(t)
     t.add_argument("--n-texts", type=int, default=8, help="texts to write")
     t.add_argument("--max-chars", type=int, default=2000, help="cut each section at a sentence end before this")
     t.add_argument("--min-chars", type=int, default=500, help="shortest body section that qualifies")
-    t.add_argument("--seed", type=int, default=0, help="seed of the article choice")
-    t.add_argument("--out", type=Path, required=True, help="texts JSONL to write")
+    _seed_out_args(t, "texts JSONL to write")
     t.set_defaults(func=cmd_texts)
 
     e = sub.add_parser("eval-lm", help="bits per byte of the LM, REPLUG and random documents at each k",
@@ -166,13 +174,11 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                                    "the body sections of --articles, none from an article of --exclude (the "
                                    "evaluation texts); source_doc = the corpus document of the same article, which "
                                    "LSR never retrieves for it (npm.replug.texts).", formatter_class=fmt)
-    q.add_argument("--articles", type=Path, required=True, help="documents JSONL(.gz) with lead + body units")
-    q.add_argument("--corpus", type=Path, required=True, help="documents JSONL(.gz) of the retrieval corpus")
+    _article_args(q)
     q.add_argument("--exclude", type=Path, required=True, help="evaluation texts JSONL (their articles are left out)")
     q.add_argument("--n-queries", type=int, default=64, help="queries to write")
     q.add_argument("--chars", type=int, default=800, help="characters per query passage (x then y)")
-    q.add_argument("--seed", type=int, default=0, help="seed of the passage choice")
-    q.add_argument("--out", type=Path, required=True, help="queries JSONL to write")
+    _seed_out_args(q, "queries JSONL to write")
     q.set_defaults(func=cmd_queries)
 
     t = sub.add_parser("train-lsr", help="REPLUG LSR: train the dense retriever from the frozen LM's preferences",

@@ -9,10 +9,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from npm.io import read_json
 from npm.report.figures import _pyplot, save_figure
 from npm.report.tables import Table
 
@@ -26,10 +26,7 @@ def load_results(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; run `npm-repro replug eval-lm` (rule replug_eval_lm) first")
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    results = read_json(path, "run `npm-repro replug eval-lm` again")
     rows = results.get("rows") if isinstance(results, dict) else None
     if not rows or not all({"system", "k", "bpb", "bpb_ci95", "gain_pct"} <= set(r) for r in rows):
         raise ValueError(f"{path}: not a `replug eval-lm` results file (rows with system, k, bpb, bpb_ci95, gain_pct)")
