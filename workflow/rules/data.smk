@@ -2,6 +2,11 @@
 # raw dumps -> documents -> document shards -> 256-token blocks -> document-grouped batches -> masked batches.
 
 
+# Pretraining waits for these short jobs (documents -> blocks -> masked batches): they run before any long job that is
+# ready at the same time (decoder baselines, REPLUG), so that pretraining, the head of the longest chain, starts first.
+DATA_PRIORITY = 10
+
+
 rule download_source:
     """Fetch a raw source from its public URL (paper scale); resumes partial downloads, verifies sha256."""
     output:
@@ -46,6 +51,7 @@ rule prepare_embedded_wikipedia:
         topics="data/raw/embedded/wikipedia_{variant}.xml.bz2.topics.tsv",
     params:
         max_articles=config["embedded"]["max_articles"] or 0,
+    priority: DATA_PRIORITY
     log:
         "logs/prepare_embedded_wikipedia/{variant}.log",
     conda:
@@ -61,6 +67,7 @@ rule prepare_embedded_ccnews:
         directory("data/raw/embedded/cc_news"),
     params:
         max_news=config["embedded"]["max_news"] or 0,
+    priority: DATA_PRIORITY
     log:
         "logs/prepare_embedded_ccnews.log",
     conda:
@@ -129,6 +136,7 @@ rule extract_documents:
         summary="data/docs/{corpus}.summary.json",
     params:
         format=lambda wc: source(wc.corpus)["format"],
+    priority: DATA_PRIORITY
     log:
         "logs/extract_documents/{corpus}.log",
     benchmark:
@@ -151,6 +159,7 @@ rule shard_documents:
         shuffle=lambda wc: "--shuffle" if source(wc.corpus).get("shuffle", True) else "--no-shuffle",
         seed=config["seed"],
         buffer=config["data"]["shuffle_buffer"],
+    priority: DATA_PRIORITY
     log:
         "logs/shard_documents/{corpus}.log",
     conda:
@@ -172,6 +181,7 @@ rule tokenize_blocks:
     params:
         tokenizer=config["model"]["tokenizer"],
         max_len=config["data"]["max_seq_length"],
+    priority: DATA_PRIORITY
     log:
         "logs/tokenize_blocks/{corpus}/shard{shard}.log",
     benchmark:
@@ -214,6 +224,7 @@ rule batch_blocks:
     params:
         batch_size=config["data"]["batch_size"],
         batching=lambda wc: source(wc.corpus).get("batching", "rollover"),
+    priority: DATA_PRIORITY
     log:
         "logs/batch_blocks/{corpus}/shard{shard}.log",
     conda:
@@ -233,6 +244,7 @@ rule mask_batches:
         summary="data/masked/{corpus}/shard{shard}.{mode}.summary.json",
     params:
         m=config["masking"],
+    priority: DATA_PRIORITY
     log:
         "logs/mask_batches/{corpus}/shard{shard}.{mode}.log",
     benchmark:
