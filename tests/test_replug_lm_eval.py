@@ -17,6 +17,7 @@ from npm.replug.lm_eval import (
     bits_per_byte,
     mixture,
     score_texts,
+    summarize,
     target_logprobs,
     token_perplexity,
     windows,
@@ -201,3 +202,22 @@ def test_eval_lm_cli_writes_rows_table_and_figure(tmp_path):
     assert json.loads(out.read_text()) == results  # the failed run left the good output alone
     (tmp_path / "empty.jsonl").write_text('{"id": "x", "title": "X", "text": " "}\n')
     assert cli_main([*args[:5], str(tmp_path / "empty.jsonl"), *args[6:], "--k", "1"]) == 1
+
+
+def test_concatenation_mode_k1_is_the_single_document_and_k2_one_joined_pass(lm):
+    """The authors' ensemble = 0 mode (NPM's baseline): the top k documents joined, cut to doc_len, one pass."""
+    model, tok = lm
+    scored = score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
+                         context_len=8, pred_len=10, doc_len=6, concat_ks=[1, 2], progress=False)
+    np.testing.assert_allclose(scored["concat"][1], mixture(scored, "replug", 1), atol=1e-6)
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    docs = [tok(d, add_special_tokens=False)["input_ids"][:6] for d in DOCS[:2]]
+    joined = (docs[0] + docs[1])[:6]
+    c, a, e = windows(len(ids), 8, 10)[1]
+    row = manual_logprobs(model, [begin_token(tok)] + joined + ids[c:e], e - a)
+    np.testing.assert_allclose(scored["concat"][2][a:e], row, atol=1e-5)
+    rows = summarize(scored, [TEXT], [1, 2])
+    assert [(r["system"], r["k"]) for r in rows if r["system"] == "concat"] == [("concat", 1), ("concat", 2)]
+    with pytest.raises(ValueError, match="k must be"):
+        score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
+                    concat_ks=[3], progress=False)

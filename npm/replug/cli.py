@@ -60,7 +60,7 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
     k_max = max(args.k)
     scored = score_texts(model, tokenizer, texts, searches, blocks, len(blocks), k_max,
                          context_len=args.context_len, pred_len=args.pred_len, doc_len=args.doc_len, seed=args.seed,
-                         batch_size=args.batch_size)
+                         batch_size=args.batch_size, concat_ks=sorted(set(args.k)) if args.concat else ())
     rows = summarize(scored, texts, sorted(set(args.k)), args.weighting, args.temperature, seed=args.seed)
     seconds = time.perf_counter() - start
     for r in rows:
@@ -163,6 +163,9 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--weighting", choices=["softmax", "uniform"], default="softmax",
                    help="softmax of the retrieval scores (paper) or uniform (older code)")
     e.add_argument("--temperature", type=float, default=1.0, help="softmax(score / temperature); paper: 1")
+    e.add_argument("--concat", action="store_true",
+                   help="also the authors' ensemble = 0 mode (NPM's baseline): the top k documents concatenated, "
+                        "cut to --doc-len tokens in all, in one pass (rows concat)")
     e.add_argument("--seed", type=int, default=0, help="seed of the random documents and the bootstrap")
     e.add_argument("--batch-size", type=int, default=8, help="LM rows per forward pass")
     e.add_argument("--threads", type=int, default=None, help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")

@@ -83,7 +83,7 @@ def score_texts(model, tokenizer, texts: Sequence[str],
                 searches: Mapping[str, Callable[[str, int], tuple[np.ndarray, np.ndarray]]],
                 block_text: Callable[[int], str], n_blocks: int, k_max: int, context_len: int = 128,
                 pred_len: int = 128, doc_len: int = 128, seed: int = 0, batch_size: int = 8,
-                progress: bool = True) -> dict:
+                concat_ks: Sequence[int] = (), progress: bool = True) -> dict:
     """Per-token log-probabilities of every row kind over ``texts`` (see the module docstring).
 
     ``searches``: system name -> ``search(query, k) -> (block ids, scores)`` best first (``DenseBlockSearcher.search``
@@ -92,8 +92,10 @@ def score_texts(model, tokenizer, texts: Sequence[str],
     ``random`` (a first window repeats ``none``); ``scores[name]`` [N, k_max] (the retrieval scores of the token's
     window; NaN in first windows); ``window`` [N] (global window index), ``text`` [N] (index into ``texts``),
     ``n_bytes`` (UTF-8 bytes of all texts), ``n_windows``, ``doc_ids[name]`` [n_windows, k_max] (-1 in first
-    windows)."""
-    if k_max < 1:
+    windows). ``concat_ks``: also the authors' ``ensemble = 0`` mode (NPM's retrieve-and-generate baseline), one pass
+    over the first retriever's top k documents concatenated, best first, cut to ``doc_len`` tokens in all, for each k
+    given: ``concat[k]`` [N]."""
+    if k_max < 1 or any(not 1 <= k <= k_max for k in concat_ks):
         raise ValueError(f"k must be >= 1, got {k_max}")
     if not searches:
         raise ValueError("no retriever given")
@@ -110,6 +112,7 @@ def score_texts(model, tokenizer, texts: Sequence[str],
     rows: dict[str, list] = {n: [] for n in [*names, "random"]}
     scores: dict[str, list] = {n: [] for n in names}
     doc_ids: dict[str, list] = {n: [] for n in names}
+    concat: dict[int, list] = {k: [] for k in concat_ks}
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     plan = [(i, w) for i, ids in enumerate(encoded) for w in windows(len(ids), context_len, pred_len)]
     for g, (i, (c, a, e)) in enumerate(tqdm(plan, desc="REPLUG LM eval", unit="window", disable=not progress or None)):
@@ -121,6 +124,8 @@ def score_texts(model, tokenizer, texts: Sequence[str],
             none.append(lp[0])
             for name in rows:
                 rows[name].append(np.repeat(lp, k_max, axis=0))
+            for k in concat:
+                concat[k].append(lp[0])
             for name in names:
                 scores[name].append(np.full((n, k_max), np.nan))
                 doc_ids[name].append(np.full(k_max, -1))
@@ -140,16 +145,21 @@ def score_texts(model, tokenizer, texts: Sequence[str],
             order = [*names, "random"]
             docs = [tokenizer(block_text(int(b)), add_special_tokens=False)["input_ids"][:doc_len]
                     for name in order for b in found[name]]
-            lp = target_logprobs(model, [context] + [[bos] + d + ids[c:a] for d in docs], target, pad, batch_size)
+            joined = [[t for d in docs[:k] for t in d][:doc_len] for k in concat]  # the first retriever's top k
+            lp = target_logprobs(model, [context] + [[bos] + d + ids[c:a] for d in docs + joined], target, pad,
+                                 batch_size)
             none.append(lp[0])
             for j, name in enumerate(order):
                 rows[name].append(lp[1 + j * k_max:1 + (j + 1) * k_max])
+            for j, k in enumerate(concat):
+                concat[k].append(lp[1 + len(docs) + j])
         window_of.append(np.full(n, g))
         text_of.append(np.full(n, i))
     return {"none": np.concatenate(none), "rows": {n: np.concatenate(r, axis=1) for n, r in rows.items()},
             "scores": {n: np.concatenate(s) for n, s in scores.items()}, "window": np.concatenate(window_of),
             "text": np.concatenate(text_of), "n_bytes": sum(len(t.encode("utf-8")) for t in texts),
-            "n_windows": len(plan), "doc_ids": {n: np.stack(d) for n, d in doc_ids.items()}}
+            "n_windows": len(plan), "doc_ids": {n: np.stack(d) for n, d in doc_ids.items()},
+            "concat": {k: np.concatenate(v) for k, v in concat.items()}}
 
 
 def mixture(scored: dict, kind: str, k: int, weighting: str = "softmax", temperature: float = 1.0) -> np.ndarray:
@@ -208,12 +218,17 @@ def summarize(scored: dict, texts: Sequence[str], ks: Sequence[int], weighting: 
     base_bits = per_text_bits(scored["none"])
     base = base_bits[picks].sum(axis=1) / n_bytes[picks].sum(axis=1)
     rows = []
-    for kind, k in [("none", 0)] + [(kind, k) for kind in scored["rows"] for k in ks]:
-        lp = mixture(scored, kind, k, weighting, temperature) if k else scored["none"]
+    systems = [("none", 0)] + [(kind, k) for kind in scored["rows"] for k in ks]
+    systems += [("concat", k) for k in sorted(scored.get("concat", {}))]
+    for kind, k in systems:
+        if kind == "concat":
+            lp = scored["concat"][k]
+        else:
+            lp = mixture(scored, kind, k, weighting, temperature) if k else scored["none"]
         bits = per_text_bits(lp)
         resampled = bits[picks].sum(axis=1) / n_bytes[picks].sum(axis=1)
         bpb = bits_per_byte(lp, int(n_bytes.sum()))
-        rows.append({"system": {"none": "lm", "random": "random_docs"}.get(kind, kind), "k": int(k),
+        rows.append({"system": {"none": "lm", "random": "random_docs", "concat": "concat"}.get(kind, kind), "k": int(k),
                      "bpb": bpb, "bpb_ci95": [float(x) for x in np.percentile(resampled, [2.5, 97.5])],
                      "perplexity": token_perplexity(lp),
                      "gain_pct": 100.0 * (1.0 - bpb / bits_per_byte(scored["none"], int(n_bytes.sum()))),

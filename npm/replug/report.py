@@ -18,7 +18,8 @@ from npm.report.tables import Table
 
 # Shi et al. 2023, Table 1, GPT-2 Small (117M): Pile bits per byte; REPLUG ensembles 10 documents.
 PAPER_GPT2_SMALL = {"lm": (1.33, None), "replug": (1.26, 5.3), "replug_lsr": (1.21, 9.0)}
-NAMES = {"lm": "LM", "replug": "+ REPLUG", "replug_lsr": "+ REPLUG LSR", "random_docs": "+ random documents"}
+NAMES = {"lm": "LM", "replug": "+ REPLUG", "replug_lsr": "+ REPLUG LSR", "random_docs": "+ random documents",
+         "concat": "+ documents concatenated"}
 
 
 def load_results(path: str | os.PathLike) -> dict:

@@ -95,6 +95,7 @@ rule replug_eval_lm:
         lm=lambda wc: model_name("lm"),
         encoder=config["model"]["encoder"],
         k=lambda wc: " ".join(str(k) for k in REPLUG["k"]),
+        concat=lambda wc: "--concat" if REPLUG.get("concat") else "",
         seed=config["seed"],
     threads: 1
     resources:
@@ -112,7 +113,7 @@ rule replug_eval_lm:
         " --corpus {params.r[corpus]} --retriever dense --encoder {params.encoder:q} --score {params.r[score]}"
         " --lsr-encoder {input.lsr} --k {params.k} --context-len {params.r[context_len]} --pred-len {params.r[pred_len]}"
         " --doc-len {params.r[doc_len]} --weighting {params.r[weighting]} --temperature {params.r[temperature]}"
-        " --seed {params.seed} --threads {threads} --out {output} > {log} 2>&1"
+        " {params.concat} --seed {params.seed} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule replug_report:
