@@ -47,6 +47,11 @@ BASE = {
     "build-bm25-index": ["build-bm25-index", "--blocks", "b", "--out", "o"],
     "predict": ["predict", "--model", "m", "--datastore", "d", "Paris is the capital of <mask>."],
     "evaluate": ["evaluate", "--task", "nq", "--system", "npm", "--model", "m"],
+    "replug texts": ["replug", "texts", "--articles", "a", "--corpus", "c", "--out", "o"],
+    "replug queries": ["replug", "queries", "--articles", "a", "--corpus", "c", "--exclude", "e", "--out", "o"],
+    "replug eval-lm": ["replug", "eval-lm", "--lm", "m", "--texts", "t", "--blocks", "b", "--out", "o"],
+    "replug train-lsr": ["replug", "train-lsr", "--encoder", "e", "--lm", "m", "--blocks", "b", "--queries", "q",
+                         "--out", "o", "--checkpoint-dir", "c"],
 }
 
 
@@ -194,6 +199,18 @@ SCHEMA_TO_CLI = {
     "masking.max_ngram_repeats": ("mask-batches", "--max-ngram-repeats"),
     "masking.min_masked_ratio": ("mask-batches", "--min-masked-ratio"),
     "masking.punct_keep_prob": ("mask-batches", "--punct-keep-prob"),
+    "replug.n_texts": ("replug texts", "--n-texts"),
+    "replug.max_chars": ("replug texts", "--max-chars"),
+    "replug.k[]": ("replug eval-lm", "--k"),
+    "replug.context_len": ("replug eval-lm", "--context-len"),
+    "replug.pred_len": ("replug eval-lm", "--pred-len"),
+    "replug.doc_len": ("replug eval-lm", "--doc-len"),
+    "replug.temperature": ("replug eval-lm", "--temperature"),
+    "replug.lsr.n_queries": ("replug queries", "--n-queries"),
+    "replug.lsr.chars": ("replug queries", "--chars"),
+    **{f"replug.lsr.{key}": ("replug train-lsr", f"--{key.replace('_', '-')}")
+       for key in ("steps", "batch_size", "k", "gamma", "beta", "lr", "warmup_ratio", "refresh_every", "x_len",
+                   "y_len", "doc_len", "checkpoint_every")},
 }
 NO_CLI_OPTION = {"training.gpus_per_node"}  # read by the Snakefile (torchrun), not by an npm-repro option
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

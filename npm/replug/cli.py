@@ -9,6 +9,8 @@ import logging
 import time
 from pathlib import Path
 
+from npm.settings import bounded, positive_float, positive_int, unit_interval
+
 log = logging.getLogger("npm-repro.replug")
 
 
@@ -29,8 +31,6 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
     from npm.replug.lm_eval import score_texts, summarize
     from npm.threads import set_threads
 
-    if not args.k or min(args.k) < 1:
-        raise ValueError(f"--k takes positive document counts, got {args.k}")
     threads = set_threads(args.threads)
     texts = [r["text"] for r in read_jsonl(args.texts)]
     if not texts:
@@ -133,9 +133,10 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                                    "--articles whose title has a document in --corpus (npm.replug.texts).",
                        formatter_class=fmt)
     _article_args(t)
-    t.add_argument("--n-texts", type=int, default=8, help="texts to write")
-    t.add_argument("--max-chars", type=int, default=2000, help="cut each section at a sentence end before this")
-    t.add_argument("--min-chars", type=int, default=500, help="shortest body section that qualifies")
+    t.add_argument("--n-texts", type=positive_int, default=8, help="texts to write")
+    t.add_argument("--max-chars", type=bounded(int, minimum=100), default=2000,
+                   help="cut each section at a sentence end before this")
+    t.add_argument("--min-chars", type=positive_int, default=500, help="shortest body section that qualifies")
     _seed_out_args(t, "texts JSONL to write")
     t.set_defaults(func=cmd_texts)
 
@@ -155,20 +156,21 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--bm25", default=None, help="BM25 index folder (--retriever bm25)")
     e.add_argument("--lsr-encoder", default=None,
                    help="an LSR-trained retriever (train-lsr): adds the REPLUG LSR rows (dense, same --score)")
-    e.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 10],
+    e.add_argument("--k", type=positive_int, nargs="+", default=[1, 2, 4, 8, 10],
                    help="documents per window (REPLUG: 10); the largest is retrieved, smaller k reuse its top")
-    e.add_argument("--context-len", type=int, default=128, help="tokens of preceding context (the query)")
-    e.add_argument("--pred-len", type=int, default=128, help="tokens predicted per window (retrieval stride)")
-    e.add_argument("--doc-len", type=int, default=128, help="LM tokens kept of each prepended document")
+    e.add_argument("--context-len", type=positive_int, default=128, help="tokens of preceding context (the query)")
+    e.add_argument("--pred-len", type=positive_int, default=128, help="tokens predicted per window (retrieval stride)")
+    e.add_argument("--doc-len", type=positive_int, default=128, help="LM tokens kept of each prepended document")
     e.add_argument("--weighting", choices=["softmax", "uniform"], default="softmax",
                    help="softmax of the retrieval scores (paper) or uniform (older code)")
-    e.add_argument("--temperature", type=float, default=1.0, help="softmax(score / temperature); paper: 1")
+    e.add_argument("--temperature", type=positive_float, default=1.0, help="softmax(score / temperature); paper: 1")
     e.add_argument("--concat", action="store_true",
                    help="also the authors' ensemble = 0 mode (NPM's baseline): the top k documents concatenated, "
                         "cut to --doc-len tokens in all, in one pass (rows concat)")
     e.add_argument("--seed", type=int, default=0, help="seed of the random documents and the bootstrap")
-    e.add_argument("--batch-size", type=int, default=8, help="LM rows per forward pass")
-    e.add_argument("--threads", type=int, default=None, help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
+    e.add_argument("--batch-size", type=positive_int, default=8, help="LM rows per forward pass")
+    e.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
     e.add_argument("--out", type=Path, required=True, help="results JSON to write")
     e.set_defaults(func=cmd_eval_lm)
 
@@ -179,8 +181,9 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                                    "LSR never retrieves for it (npm.replug.texts).", formatter_class=fmt)
     _article_args(q)
     q.add_argument("--exclude", type=Path, required=True, help="evaluation texts JSONL (their articles are left out)")
-    q.add_argument("--n-queries", type=int, default=64, help="queries to write")
-    q.add_argument("--chars", type=int, default=800, help="characters per query passage (x then y)")
+    q.add_argument("--n-queries", type=positive_int, default=64, help="queries to write")
+    q.add_argument("--chars", type=bounded(int, minimum=50), default=800,
+                   help="characters per query passage (x then y)")
     _seed_out_args(q, "queries JSONL to write")
     q.set_defaults(func=cmd_queries)
 
@@ -195,25 +198,27 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--queries", type=Path, required=True, help="queries JSONL (npm-repro replug queries)")
     t.add_argument("--out", type=Path, required=True, help="trained retriever folder (save_pretrained)")
     t.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with resumable checkpoints")
-    t.add_argument("--steps", type=int, default=25_000, help="optimiser steps (paper: 25k)")
-    t.add_argument("--batch-size", type=int, default=64, help="queries per step (paper: 64)")
-    t.add_argument("--k", type=int, default=20, help="retrieved blocks per query (paper: 20)")
-    t.add_argument("--gamma", type=float, default=0.1, help="retrieval temperature (paper: 0.1)")
-    t.add_argument("--beta", type=float, default=0.1, help="LM-score temperature (paper: 0.1)")
+    t.add_argument("--steps", type=positive_int, default=25_000, help="optimiser steps (paper: 25k)")
+    t.add_argument("--batch-size", type=positive_int, default=64, help="queries per step (paper: 64)")
+    t.add_argument("--k", type=positive_int, default=20, help="retrieved blocks per query (paper: 20)")
+    t.add_argument("--gamma", type=positive_float, default=0.1, help="retrieval temperature (paper: 0.1)")
+    t.add_argument("--beta", type=positive_float, default=0.1, help="LM-score temperature (paper: 0.1)")
     t.add_argument("--lm-score", choices=["sum", "mean"], default="sum",
                    help="log p(y | d o x) summed (paper, read as a log-probability) or averaged over y's tokens")
     t.add_argument("--kl", choices=["retriever_lm", "lm_retriever"], default="retriever_lm",
                    help="KL(P_R || Q) (paper) or KL(Q || P_R) (authors' code)")
-    t.add_argument("--lr", type=float, default=2e-5, help="Adam learning rate (paper: 2e-5)")
-    t.add_argument("--warmup-ratio", type=float, default=0.1, help="share of the steps of linear warm-up")
-    t.add_argument("--refresh-every", type=int, default=3_000, help="re-embed the corpus every N steps (paper: 3k)")
-    t.add_argument("--x-len", type=int, default=128, help="LM tokens of the query x (paper: 128)")
-    t.add_argument("--y-len", type=int, default=128, help="LM tokens of the continuation y (paper: 128)")
-    t.add_argument("--doc-len", type=int, default=128, help="LM tokens kept of each document")
+    t.add_argument("--lr", type=positive_float, default=2e-5, help="Adam learning rate (paper: 2e-5)")
+    t.add_argument("--warmup-ratio", type=unit_interval, default=0.1, help="share of the steps of linear warm-up")
+    t.add_argument("--refresh-every", type=positive_int, default=3_000,
+                   help="re-embed the corpus every N steps (paper: 3k)")
+    t.add_argument("--x-len", type=positive_int, default=128, help="LM tokens of the query x (paper: 128)")
+    t.add_argument("--y-len", type=positive_int, default=128, help="LM tokens of the continuation y (paper: 128)")
+    t.add_argument("--doc-len", type=positive_int, default=128, help="LM tokens kept of each document")
     t.add_argument("--score", choices=["cosine", "ip"], default="cosine", help="retrieval score (paper: cosine)")
-    t.add_argument("--checkpoint-every", type=int, default=1_000, help="checkpoint every N steps")
+    t.add_argument("--checkpoint-every", type=positive_int, default=1_000, help="checkpoint every N steps")
     t.add_argument("--seed", type=int, default=0, help="seed of torch and python")
-    t.add_argument("--threads", type=int, default=None, help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
+    t.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
     t.set_defaults(func=cmd_train_lsr)
 
     r = sub.add_parser("report", help="the bits-per-byte table (CSV + MD) and the k figure (PDF + PNG)",
