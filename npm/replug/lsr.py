@@ -116,45 +116,40 @@ class Retriever:
         self.n_blocks = len(self.block_offsets) - 1
         self.index = None
 
-    def _pool(self, rows: list[np.ndarray]) -> torch.Tensor:
+    def _pool(self, ids, attention) -> torch.Tensor:
         from npm.baselines.dense import mean_pool
         from npm.model import encode
 
-        width = max(len(r) for r in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        att = torch.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.as_tensor(r)
-            att[i, :len(r)] = 1
-        ids, att = ids.to(self.device), att.to(self.device)
+        ids, att = torch.as_tensor(ids).to(self.device), torch.as_tensor(attention).long().to(self.device)
         v = mean_pool(encode(self.model, ids, att), att).float()
         return torch.nn.functional.normalize(v, dim=-1) if self.score == "cosine" else v
 
-    def block_ids(self, block: int) -> np.ndarray:
-        return self.input_ids[self.block_offsets[block]:self.block_offsets[block + 1]]
-
     def encode_blocks(self, blocks) -> torch.Tensor:
         """Vectors [n, h] of corpus blocks, with gradient (the retrieved documents of a step)."""
-        return self._pool([self.block_ids(int(b)) for b in blocks])
+        from npm.data.blocks import pad_blocks
+
+        blocks = np.asarray(blocks, dtype=np.int64)
+        width = int(max(1, np.diff(self.block_offsets)[blocks].max()))
+        return self._pool(*pad_blocks(self.input_ids, self.block_offsets, blocks, width))
 
     def encode_queries(self, texts: list[str], max_tokens: int = 256) -> torch.Tensor:
         """Vectors [n, h] of query texts, with gradient."""
-        rows = [np.asarray(self.tokenizer(t, truncation=True, max_length=max_tokens)["input_ids"]) for t in texts]
-        return self._pool(rows)
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_tokens, return_tensors="pt")
+        return self._pool(enc["input_ids"], enc["attention_mask"])
 
     def refresh(self, batch_blocks: int = 64) -> np.ndarray:
-        """Re-embed every block with the current encoder and rebuild the index; returns the vectors [n, h]."""
+        """Re-embed every block with the current encoder (``npm.baselines.dense.block_vectors``, in eval mode) and
+        rebuild the index; returns the vectors [n, h]."""
         import faiss
+
+        from npm.baselines.dense import block_vectors
 
         was_training = self.model.training
         self.model.eval()
-        vecs = np.zeros((self.n_blocks, self.model.config.hidden_size), np.float32)
-        order = np.argsort(np.diff(self.block_offsets), kind="stable")
-        with torch.inference_mode():
-            for a in range(0, self.n_blocks, batch_blocks):
-                take = order[a:a + batch_blocks]
-                vecs[take] = self.encode_blocks(take).cpu().numpy()
+        vecs = block_vectors(self.model, self.blocks, batch_blocks, self.device)
         self.model.train(was_training)
+        if self.score == "cosine":
+            faiss.normalize_L2(vecs)
         self.index = faiss.IndexFlatIP(vecs.shape[1])
         self.index.add(vecs)
         return vecs
