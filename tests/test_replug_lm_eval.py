@@ -218,6 +218,6 @@ def test_concatenation_mode_k1_is_the_single_document_and_k2_one_joined_pass(lm)
     np.testing.assert_allclose(scored["concat"][2][a:e], row, atol=1e-5)
     rows = summarize(scored, [TEXT], [1, 2])
     assert [(r["system"], r["k"]) for r in rows if r["system"] == "concat"] == [("concat", 1), ("concat", 2)]
-    with pytest.raises(ValueError, match="k must be"):
+    with pytest.raises(ValueError, match="concatenation k must be in 1..2"):
         score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
                     concat_ks=[3], progress=False)

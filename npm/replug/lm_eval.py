@@ -89,14 +89,17 @@ def score_texts(model, tokenizer, texts: Sequence[str],
     ``searches``: system name -> ``search(query, k) -> (block ids, scores)`` best first (``DenseBlockSearcher.search``
     / ``Bm25Searcher.search``; e.g. ``replug`` and ``replug_lsr``); ``block_text(block)`` the text of a corpus block,
     of ``n_blocks``. Returns, over the N scored tokens: ``none`` [N]; ``rows[name]`` [k_max, N] for each search and
-    ``random`` (a first window repeats ``none``); ``scores[name]`` [N, k_max] (the retrieval scores of the token's
-    window; NaN in first windows); ``window`` [N] (global window index), ``text`` [N] (index into ``texts``),
+    ``random`` (a first window repeats ``none``); ``scores[name]`` [n_windows, k_max] (each window's retrieval
+    scores; NaN in first windows); ``window`` [N] (global window index of each token), ``text`` [N] (index into
+    ``texts``),
     ``n_bytes`` (UTF-8 bytes of all texts), ``n_windows``, ``doc_ids[name]`` [n_windows, k_max] (-1 in first
     windows). ``concat_ks``: also the authors' ``ensemble = 0`` mode (NPM's retrieve-and-generate baseline), one pass
     over the first retriever's top k documents concatenated, best first, cut to ``doc_len`` tokens in all, for each k
     given: ``concat[k]`` [N]."""
-    if k_max < 1 or any(not 1 <= k <= k_max for k in concat_ks):
+    if k_max < 1:
         raise ValueError(f"k must be >= 1, got {k_max}")
+    if any(not 1 <= k <= k_max for k in concat_ks):
+        raise ValueError(f"concatenation k must be in 1..{k_max}, got {list(concat_ks)}")
     if not searches:
         raise ValueError("no retriever given")
     if 2 * k_max > n_blocks:
@@ -127,7 +130,7 @@ def score_texts(model, tokenizer, texts: Sequence[str],
             for k in concat:
                 concat[k].append(lp[0])
             for name in names:
-                scores[name].append(np.full((n, k_max), np.nan))
+                scores[name].append(np.full(k_max, np.nan))
                 doc_ids[name].append(np.full(k_max, -1))
         else:
             query = tokenizer.decode(ids[c:a])
@@ -138,7 +141,7 @@ def score_texts(model, tokenizer, texts: Sequence[str],
                     raise ValueError(f"text {i}, window at token {a}: retriever {name} found {len(blocks)} documents, "
                                      f"fewer than k = {k_max}")
                 found[name] = np.asarray(blocks[:k_max], np.int64)
-                scores[name].append(np.repeat(np.asarray(s[:k_max], np.float64)[None, :], n, axis=0))
+                scores[name].append(np.asarray(s[:k_max], np.float64))
                 doc_ids[name].append(found[name])
             taken = np.unique(np.concatenate(list(found.values())))
             found["random"] = rng.choice(np.setdiff1d(np.arange(n_blocks), taken), size=k_max, replace=False)
@@ -156,7 +159,7 @@ def score_texts(model, tokenizer, texts: Sequence[str],
         window_of.append(np.full(n, g))
         text_of.append(np.full(n, i))
     return {"none": np.concatenate(none), "rows": {n: np.concatenate(r, axis=1) for n, r in rows.items()},
-            "scores": {n: np.concatenate(s) for n, s in scores.items()}, "window": np.concatenate(window_of),
+            "scores": {n: np.stack(s) for n, s in scores.items()}, "window": np.concatenate(window_of),
             "text": np.concatenate(text_of), "n_bytes": sum(len(t.encode("utf-8")) for t in texts),
             "n_windows": len(plan), "doc_ids": {n: np.stack(d) for n, d in doc_ids.items()},
             "concat": {k: np.concatenate(v) for k, v in concat.items()}}
@@ -175,16 +178,16 @@ def mixture(scored: dict, kind: str, k: int, weighting: str = "softmax", tempera
     rows = scored["rows"][kind]
     if not 1 <= k <= rows.shape[0]:
         raise ValueError(f"k must be in 1..{rows.shape[0]} (the documents scored per window), got {k}")
-    some_scores = next(iter(scored["scores"].values()))
+    window_scores = next(iter(scored["scores"].values()))
     out = scored["none"].copy()
     for w in np.unique(scored["window"]):
-        at = scored["window"] == w
-        if np.isnan(some_scores[at][0]).any():  # a first window: no retrieval
+        if np.isnan(window_scores[w]).any():  # a first window: no retrieval
             continue
+        at = scored["window"] == w
         if kind == "random":
             weights = mixture_weights(np.zeros(k), weighting="uniform").numpy()
         else:
-            weights = mixture_weights(scored["scores"][kind][at][0, :k], temperature, weighting).numpy()
+            weights = mixture_weights(scored["scores"][kind][w, :k], temperature, weighting).numpy()
         out[at] = mix_logprobs(rows[:k, at], weights)
     return out
 
