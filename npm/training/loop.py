@@ -112,8 +112,8 @@ def run_record(cfg: TrainConfig, world: int, device: torch.device) -> dict:
 
     Settings of ``RESULT_FIELDS``, the schedule horizon, the effective precision (``effective_precision``) and the
     world size (it deals the batch lines to ranks); the content fingerprints of the encoder, the tokenizer and every
-    training file. Paths and names are recorded for the reader but not hashed:
-    the same files elsewhere are the same run."""
+    training file. Paths and names are recorded for the reader but not hashed: the same files elsewhere are the
+    same run."""
     settings = {name: getattr(cfg, name) for name in RESULT_FIELDS}
     settings.update(betas=list(cfg.betas), schedule_steps=cfg.schedule_steps or cfg.steps, world_size=world,
                     precision=effective_precision(device, cfg.precision))
@@ -367,7 +367,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         log.info("starting run %s in %s", record["run_id"][:16], run_dir)
     trainee = MaskedTokensMLM(model) if cfg.model_type == "mlm" else model
     ddp = torch.nn.parallel.DistributedDataParallel(trainee) if world > 1 else trainee
-    precision = effective_precision(device, cfg.precision)
+    precision = record["settings"]["precision"]  # the precision the run id records (effective_precision)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     run = _wandb(cfg, rank)
     log_path = run_dir / "train_log.csv"
