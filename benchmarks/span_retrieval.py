@@ -33,7 +33,7 @@ import torch
 from npm.boundaries import PUNCT_START, PUNCT_TOKEN, SPACE_BEFORE, SPECIAL
 from npm.datastore.embed import embed_corpus
 from npm.datastore.store import STORED, load_datastore
-from npm.io import atomic_path, provenance
+from npm.io import provenance, write_json
 from npm.model import encode, load_encoder, load_tokenizer
 
 KS = (1, 10, 100)
@@ -116,13 +116,11 @@ def main() -> None:
             row = measure(label, ds, model, tokenizer.mask_token_id, words, 2 if args.kind == "npm" else 1)
         results.append({"path": path, **row})
         print(json.dumps(results[-1]), flush=True)
-    device = "cpu"
-    summary = {"benchmark": "span_retrieval", "device": device, "machine": platform.processor() or platform.machine(),
+    summary = {"benchmark": "span_retrieval", "device": "cpu", "machine": platform.processor() or platform.machine(),
                "kind": args.kind, "blocks": args.blocks, "results": results,
                "provenance": provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})}
-    out_path = args.out_dir / f"span_retrieval-{device}.json"
-    with atomic_path(out_path) as tmp_out:
-        tmp_out.write_text(json.dumps(summary, indent=2) + "\n")
+    out_path = args.out_dir / "span_retrieval-cpu.json"
+    write_json(out_path, summary)
     print(f"wrote {out_path}")
 
 
