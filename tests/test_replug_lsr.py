@@ -118,3 +118,65 @@ def test_train_lsr_cli_and_its_errors(world, tmp_path):
     before = (tmp_path / "out" / "model.safetensors").read_bytes()
     assert cli_main(args + ["--k", "7"]) == 1  # larger than the corpus: a clear error
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == before  # the good output is untouched
+
+
+# ------------------------------------------------------------------------------------------------ the index
+
+@pytest.fixture(scope="module")
+def textless_world(world):
+    """The six documents plus one unit of 63 words that splits into a 64-token block and a block holding only the
+    end token: a block without surface text, which no retriever may return (it has nothing to prepend)."""
+    root = world["root"]
+    write_jsonl(root / "docs_split.jsonl", [{"id": f"d{i // 2}", "units": [t]} for i, t in enumerate(DOCS)]
+                + [{"id": "long", "units": [" ".join(["the"] * 63)]}])
+    build_blocks(root / "docs_split.jsonl", root / "blocks_split.npz", WORDPIECE, max_seq_length=64)
+    return [str(root / "blocks_split.npz")]
+
+
+def test_the_trained_and_the_searching_retriever_index_the_same_blocks_with_text(world, textless_world):
+    from npm.baselines.dense import DenseBlockSearcher
+    from npm.data.blocks import load_blocks
+
+    has_text = np.diff(load_blocks(textless_world[0], text=True)["text_offsets"]) > 0
+    assert not has_text.all()  # the world really has a block without text
+    with_text = set(np.flatnonzero(has_text).tolist())
+    retriever = Retriever(world["encoder"], textless_world)
+    retriever.refresh()
+    q = retriever.encode_queries([DOCS[0]]).detach().numpy()
+    assert set(retriever.search(q, len(with_text), [None])[0].tolist()) == with_text
+    with pytest.raises(ValueError, match="larger than the corpus"):
+        retriever.search(q, len(with_text) + 1, [None])
+    searcher = DenseBlockSearcher(world["encoder"], textless_world)
+    assert len(searcher) == len(with_text)
+    assert set(searcher.search(DOCS[0], len(with_text) + 1)[0].tolist()) == with_text
+
+
+def test_the_dense_index_comes_from_a_factory_string_with_clear_errors(world):
+    from npm.baselines.dense import DenseBlockSearcher
+
+    flat = DenseBlockSearcher(world["encoder"], world["blocks"])
+    ivf = DenseBlockSearcher(world["encoder"], world["blocks"], index="IVF4,Flat")  # nlist cut to what 6 blocks allow
+    assert ivf.index_info["factory"] == "IVF4,Flat" and ivf.index_info["nlist"] == 1
+    for query in DOCS:
+        (a, sa), (b, sb) = flat.search(query, 3), ivf.search(query, 3)
+        assert a.tolist() == b.tolist() and np.allclose(sa, sb, atol=1e-6)  # one list probed: exact, exact scores
+    with pytest.raises(ValueError, match="use factory 'Flat'"):
+        DenseBlockSearcher(world["encoder"], world["blocks"], index="PQ4")  # too few blocks to train a PQ
+    with pytest.raises(ValueError, match="FAISS rejected the factory string"):
+        DenseBlockSearcher(world["encoder"], world["blocks"], index="NoSuchIndex")
+    retriever = Retriever(world["encoder"], world["blocks"], index="IVF4,Flat")
+    retriever.refresh()
+    q = retriever.encode_queries([DOCS[3]]).detach().numpy()
+    assert retriever.search(q, 3, [None]).tolist() == flat.search(DOCS[3], 3)[0][None].tolist()
+
+
+def test_blocks_of_another_tokenizer_are_refused(world, tmp_path):
+    from npm.baselines.dense import DenseBlockSearcher
+    from npm.data.blocks import load_blocks
+
+    arrays = dict(np.load(world["blocks"][0], allow_pickle=False))
+    arrays["input_ids"] = arrays["input_ids"].astype(np.int64) + 100_000  # ids no MiniLM-sized vocabulary has
+    np.savez(tmp_path / "other.npz", **arrays)
+    load_blocks(tmp_path / "other.npz")
+    with pytest.raises(ValueError, match="another tokenizer"):
+        DenseBlockSearcher(world["encoder"], [str(tmp_path / "other.npz")])

@@ -261,6 +261,14 @@ def load_blocks(path: str | Path, text: bool = False) -> dict[str, np.ndarray]:
     return arrays
 
 
+def check_vocabulary(path: str | Path, input_ids: np.ndarray, vocab_size: int) -> None:
+    """A ValueError naming ``path`` when its blocks hold a token id outside an encoder's ``vocab_size`` ids."""
+    max_id = int(input_ids.max()) if len(input_ids) else -1
+    if max_id >= vocab_size:
+        raise ValueError(f"{path} holds token id {max_id}, but the encoder's vocabulary has {vocab_size} ids: "
+                         "the blocks were made with another tokenizer")
+
+
 def _take_ranges(values: np.ndarray, offsets: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows ``offsets[b]:offsets[b+1]`` of ``values`` for every ``b`` in ``keep`` (in order), and new offsets."""
     lengths = offsets[keep + 1] - offsets[keep]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npm.data.blocks import load_blocks, pad_blocks
+from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.store import (
     EMBEDDINGS,
     FORMAT_VERSION,
@@ -73,10 +73,8 @@ def gather_tokens(blocks_paths: Sequence[str | Path], stopword_ids: np.ndarray |
         ids, flags, bo = blocks["input_ids"], blocks["flags"].astype(np.uint8), blocks["block_offsets"]
         if len(bo) < 2 or bo[0] != 0 or bo[-1] != len(ids) or np.any(np.diff(bo) < 0):
             raise ValueError(f"{path}: block_offsets do not cover input_ids; rebuild the blocks file")
-        max_id = int(ids.max()) if len(ids) else -1
-        if vocab_size is not None and max_id >= vocab_size:
-            raise ValueError(f"{path} holds token id {max_id}, but the encoder's vocabulary has {vocab_size} ids: "
-                             "the blocks were made with another tokenizer")
+        if vocab_size is not None:
+            check_vocabulary(path, ids, vocab_size)
         mask = stored_mask(ids, flags, bo, stopword_ids)
         flags = flags | (mask.astype(np.uint8) * np.uint8(STORED))
         counts = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])[bo]

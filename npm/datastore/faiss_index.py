@@ -276,14 +276,16 @@ def _iter_chunks(shards: list[tuple[Path, int]], dim: int, chunk: int) -> Iterat
         del mm
 
 
+def _sample_rows(ntotal: int, n: int, seed: int) -> np.ndarray:
+    """At most ``n`` of ``ntotal`` rows drawn with ``default_rng(seed)``, in order (all rows if fewer)."""
+    if ntotal <= n:
+        return np.arange(ntotal, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).choice(ntotal, size=n, replace=False)).astype(np.int64)
+
+
 def _train_sample(shards: list[tuple[Path, int]], dim: int, n: int, seed: int) -> np.ndarray:
     """At most ``n`` rows drawn with ``default_rng(seed)`` (all rows in order if fewer), upcast to fp32."""
-    ntotal = sum(r for _, r in shards)
-    if ntotal <= n:
-        rows = np.arange(ntotal, dtype=np.int64)
-    else:
-        rows = np.sort(np.random.default_rng(seed).choice(ntotal, size=n, replace=False)).astype(np.int64)
-    return memmap_vectors(shards, dim)(rows)
+    return memmap_vectors(shards, dim)(_sample_rows(sum(r for _, r in shards), n, seed))
 
 
 # --------------------------------------------------------------------------------------------- factory strings
@@ -572,6 +574,31 @@ def build_faiss_index(
     log.info("FAISS %s (%s) over %d vectors -> %s in %.1fs", effective, metric, ntotal, out_path,
              record["build_seconds"])
     return record
+
+
+def index_vectors(vectors: np.ndarray, factory: str = "Flat", metric: str = "ip", train_sample: int = 1_000_000,
+                  seed: int = 1, nprobe: int = 8, ef_search: int = 128) -> tuple[object, dict]:
+    """An in-memory FAISS index over ``vectors`` float32 [n, d] (FAISS id = row), for a corpus small enough to embed
+    on the fly (REPLUG's dense block retriever, ``npm.baselines.dense``); nothing is written.
+
+    The factory string is checked and adapted to the training sample exactly as :func:`build_faiss_index` does (PQ M
+    and sample size, IVF nlist reduced, polysemous training off; the same errors), trained on a ``default_rng(seed)``
+    sample of at most ``train_sample`` rows, filled in row order, and given ``nprobe`` / ``efSearch``. Returns
+    ``(index, record)`` with the record's factory, effective factory, metric, ntotal and search parameters."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    if x.ndim != 2 or not len(x):
+        raise ValueError(f"no vectors to index (shape {x.shape})")
+    n, dim = x.shape
+    n_train = min(train_sample, n)
+    effective, info = _check_factory(factory, dim, n_train)
+    index = _make_index(effective, dim, metric)
+    _disable_polysemous_training(index)
+    if not index.is_trained:
+        index.train(x[_sample_rows(n, n_train, seed)])
+    index.add(x)
+    params = _apply_search_params(index, nprobe, ef_search)
+    return index, {"factory": factory, "factory_effective": effective, "metric": metric, "ntotal": n,
+                   "params": params, **info}
 
 
 # --------------------------------------------------------------------------------------------- load and search

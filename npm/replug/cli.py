@@ -43,7 +43,7 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
                              "blocks)")
         from npm.baselines.dense import DenseBlockSearcher
 
-        searches["replug"] = DenseBlockSearcher(args.encoder, args.blocks, score=args.score).search
+        searches["replug"] = DenseBlockSearcher(args.encoder, args.blocks, score=args.score, index=args.index).search
     else:
         if not args.bm25:
             raise ValueError("--retriever bm25 needs --bm25 DIR (the corpus's BM25 index)")
@@ -54,7 +54,8 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
     if args.lsr_encoder:
         from npm.baselines.dense import DenseBlockSearcher
 
-        searches["replug_lsr"] = DenseBlockSearcher(args.lsr_encoder, args.blocks, score=args.score).search
+        searches["replug_lsr"] = DenseBlockSearcher(args.lsr_encoder, args.blocks, score=args.score,
+                                                    index=args.index).search
     model, tokenizer = load_causal_lm(args.lm)
     start = time.perf_counter()
     k_max = max(args.k)
@@ -93,7 +94,7 @@ def cmd_train_lsr(args: argparse.Namespace) -> int:
                     out_dir=str(args.out), checkpoint_dir=str(args.checkpoint_dir), steps=args.steps,
                     batch_size=args.batch_size, k=args.k, gamma=args.gamma, beta=args.beta, lm_score=args.lm_score,
                     kl=args.kl, lr=args.lr, warmup_ratio=args.warmup_ratio, refresh_every=args.refresh_every,
-                    x_len=args.x_len, y_len=args.y_len, doc_len=args.doc_len, score=args.score,
+                    x_len=args.x_len, y_len=args.y_len, doc_len=args.doc_len, score=args.score, index=args.index,
                     checkpoint_every=args.checkpoint_every, seed=args.seed)
     log.info("LSR: %s", train_lsr(cfg))
     return 0
@@ -112,6 +113,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _article_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--articles", type=Path, required=True, help="documents JSONL(.gz) with lead + body units")
     p.add_argument("--corpus", type=Path, required=True, help="documents JSONL(.gz) of the retrieval corpus")
+
+
+def _index_arg(p: argparse.ArgumentParser) -> None:
+    from npm.baselines.dense import DEFAULT_INDEX
+
+    p.add_argument("--index", default=DEFAULT_INDEX,
+                   help="FAISS factory string of the dense index over the blocks: Flat (exact, REPLUG) or e.g. "
+                        "IVF1024,Flat / HNSW32 for a large corpus")
 
 
 def _seed_out_args(p: argparse.ArgumentParser, out_help: str) -> None:
@@ -153,6 +162,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--encoder", default=None, help="dense retriever's encoder (the tokenizer of the blocks)")
     e.add_argument("--score", choices=["cosine", "ip"], default="cosine",
                    help="dense score: cosine (paper) or raw inner product (authors' code)")
+    _index_arg(e)
     e.add_argument("--bm25", default=None, help="BM25 index folder (--retriever bm25)")
     e.add_argument("--lsr-encoder", default=None,
                    help="an LSR-trained retriever (train-lsr): adds the REPLUG LSR rows (dense, same --score)")
@@ -215,6 +225,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--y-len", type=positive_int, default=128, help="LM tokens of the continuation y (paper: 128)")
     t.add_argument("--doc-len", type=positive_int, default=128, help="LM tokens kept of each document")
     t.add_argument("--score", choices=["cosine", "ip"], default="cosine", help="retrieval score (paper: cosine)")
+    _index_arg(t)
     t.add_argument("--checkpoint-every", type=positive_int, default=1_000, help="checkpoint every N steps")
     t.add_argument("--seed", type=int, default=0, help="seed of torch and python")
     t.add_argument("--threads", type=positive_int, default=None,

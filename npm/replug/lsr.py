@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from npm.baselines.dense import DEFAULT_INDEX
 from npm.io import atomic_dir, folder_lock, read_jsonl, write_json
 
 log = logging.getLogger("npm-repro.replug.lsr")
@@ -64,6 +65,7 @@ class LsrConfig:
     y_len: int = 128
     doc_len: int = 128
     score: str = "cosine"
+    index: str = DEFAULT_INDEX  # FAISS factory string of the stale index (REPLUG: exact)
     checkpoint_every: int = 1_000
     seed: int = 0
     extra: dict = field(default_factory=dict)
@@ -91,15 +93,18 @@ def lsr_loss(retriever_scores: torch.Tensor, lm_scores: torch.Tensor, gamma: flo
 # ------------------------------------------------------------------------------------------------ the retriever
 
 class Retriever:
-    """The trainable dual encoder (one shared encoder, mean pooling) and a FAISS index of stale block vectors."""
+    """The trainable dual encoder (one shared encoder, mean pooling) and a FAISS index of stale block vectors
+    (``npm.baselines.dense.BlockIndex`` from the factory string ``index``: the blocks with surface text)."""
 
-    def __init__(self, encoder: str, blocks: list[str], score: str = "cosine", device=None):
+    def __init__(self, encoder: str, blocks: list[str], score: str = "cosine", index: str = DEFAULT_INDEX,
+                 device=None):
+        from npm.baselines.dense import blocks_with_text
         from npm.data.blocks import load_blocks
         from npm.model import load_encoder, load_tokenizer
 
         if score not in ("cosine", "ip"):
             raise ValueError(f"score must be cosine or ip, not {score!r}")
-        self.score, self.blocks = score, [str(b) for b in blocks]
+        self.score, self.factory, self.blocks = score, index, [str(b) for b in blocks]
         self.device = torch.device(device or "cpu")
         self.model = load_encoder(encoder).to(self.device)
         self.tokenizer = load_tokenizer(encoder)
@@ -114,6 +119,7 @@ class Retriever:
         self.block_offsets = np.asarray(offsets, dtype=np.int64)
         self.block_docs = np.concatenate(docs).astype(str)  # the document id of every global block
         self.n_blocks = len(self.block_offsets) - 1
+        self.has_text = blocks_with_text(self.blocks)
         self.index = None
 
     def _pool(self, ids, attention) -> torch.Tensor:
@@ -139,35 +145,35 @@ class Retriever:
 
     def refresh(self, batch_blocks: int = 64) -> np.ndarray:
         """Re-embed every block with the current encoder (``npm.baselines.dense.block_vectors``, in eval mode) and
-        rebuild the index; returns the vectors [n, h]."""
-        import faiss
-
-        from npm.baselines.dense import block_vectors
+        rebuild the index; returns the vectors [n_blocks, h]."""
+        from npm.baselines.dense import BlockIndex, block_vectors
 
         was_training = self.model.training
         self.model.eval()
         vecs = block_vectors(self.model, self.blocks, batch_blocks, self.device)
         self.model.train(was_training)
-        if self.score == "cosine":
-            faiss.normalize_L2(vecs)
-        self.index = faiss.IndexFlatIP(vecs.shape[1])
-        self.index.add(vecs)
+        self.index = BlockIndex(vecs, self.has_text, self.score, self.factory)
         return vecs
 
     def search(self, q: np.ndarray, k: int, exclude_docs: list[str | None]) -> np.ndarray:
         """Top-``k`` block ids [n, k] of query vectors ``q`` in the (stale) index, no block of ``exclude_docs[i]``."""
         if self.index is None:
             raise RuntimeError("search before refresh(): the index is built by refresh()")
-        own = [np.flatnonzero(self.block_docs == d) if d is not None else np.zeros(0, np.int64) for d in exclude_docs]
-        if k + max(len(o) for o in own) > self.n_blocks:
-            raise ValueError(f"k = {k} is larger than the corpus ({self.n_blocks} blocks, minus a query's own "
-                             "document)")
+        own = [np.flatnonzero((self.block_docs == d) & self.has_text) if d is not None else np.zeros(0, np.int64)
+               for d in exclude_docs]
         depth = k + max(len(o) for o in own)
-        _, found = self.index.search(np.ascontiguousarray(q, dtype=np.float32), depth)
+        if depth > len(self.index):
+            raise ValueError(f"k = {k} is larger than the corpus ({len(self.index)} blocks with text, minus a "
+                             "query's own document)")
+        found, _ = self.index.search(q, depth)
         out = []
         for row, mine in zip(found, own, strict=True):
             mine = set(mine.tolist())
-            out.append([b for b in row.tolist() if b not in mine][:k])
+            kept = [b for b in row.tolist() if b >= 0 and b not in mine][:k]
+            if len(kept) < k:
+                raise RuntimeError(f"the index {self.factory!r} returned {len(kept)} blocks for k = {k}: an IVF "
+                                   "index probes too few lists (use more lists per probe or 'Flat')")
+            out.append(kept)
         return np.asarray(out, dtype=np.int64)
 
 
@@ -177,7 +183,8 @@ def lm_scorer(lm, lm_tokenizer, block_text, doc_len: int, reduce: str = "sum", c
     """``scores(query, blocks) -> (score_LM per block, n computed)`` with score_LM(d) = log p(y | d o x) of the frozen
     LM (summed or averaged over y's tokens, teacher-forced, no gradient), the document cut to its first ``doc_len``
     LM tokens; cached per (query id, block) in ``cache``."""
-    from npm.replug.lm_eval import begin_token, target_logprobs
+    from npm.baselines.lm import target_logprobs
+    from npm.replug.lm_eval import begin_token
 
     bos = begin_token(lm_tokenizer)
     pad = lm_tokenizer.pad_token_id if lm_tokenizer.pad_token_id is not None else bos
@@ -263,7 +270,7 @@ def _train(cfg: LsrConfig, root: Path, progress: bool) -> dict:
     for p in lm.parameters():
         p.requires_grad_(False)
     texts = BlockTexts(cfg.blocks)
-    retriever = Retriever(cfg.encoder, cfg.blocks, cfg.score)
+    retriever = Retriever(cfg.encoder, cfg.blocks, cfg.score, cfg.index)
     queries = load_queries(cfg.queries, lm_tok, cfg.x_len, cfg.y_len)
     optimizer = torch.optim.Adam(retriever.model.parameters(), lr=cfg.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * cfg.steps), cfg.steps)

@@ -4,6 +4,19 @@
 REPLUG = config.get("replug") or {}
 
 
+use rule tokenize_blocks as replug_tokenize_blocks with:
+    output:
+        blocks="data/replug/blocks/{corpus}/shard{shard}.npz",
+        summary="data/replug/blocks/{corpus}/shard{shard}.summary.json",
+    params:
+        tokenizer=REPLUG_ENCODER,
+        max_len=config["data"]["max_seq_length"],
+    log:
+        "logs/replug/tokenize_blocks/{corpus}/shard{shard}.log",
+    benchmark:
+        "results/benchmarks/rules/replug_tokenize_blocks/{corpus}/shard{shard}.tsv"
+
+
 rule replug_texts:
     """Evaluation texts: a body section of each chosen article whose lead is in the retrieval corpus."""
     input:
@@ -49,7 +62,7 @@ rule replug_train_lsr:
     results/checkpoints/replug_lsr/run-{id})."""
     input:
         queries="data/replug/lsr_queries.jsonl",
-        blocks=lambda wc: corpus_blocks(REPLUG["corpus"]),
+        blocks=lambda wc: replug_blocks(REPLUG["corpus"]),
         lm=lambda wc: model_input("lm"),
     output:
         directory("results/models/replug_lsr"),
@@ -57,7 +70,7 @@ rule replug_train_lsr:
         lsr=lambda wc: REPLUG["lsr"],
         r=REPLUG,
         lm=lambda wc: model_name("lm"),
-        encoder=config["model"]["encoder"],
+        encoder=REPLUG_ENCODER,
         seed=config["seed"],
     threads: 1
     resources:
@@ -77,7 +90,8 @@ rule replug_train_lsr:
         " --gamma {params.lsr[gamma]} --beta {params.lsr[beta]} --lm-score {params.lsr[lm_score]} --kl {params.lsr[kl]}"
         " --lr {params.lsr[lr]} --warmup-ratio {params.lsr[warmup_ratio]} --refresh-every {params.lsr[refresh_every]}"
         " --x-len {params.lsr[x_len]} --y-len {params.lsr[y_len]} --doc-len {params.lsr[doc_len]}"
-        " --score {params.r[score]} --checkpoint-every {params.lsr[checkpoint_every]} --seed {params.seed}"
+        " --score {params.r[score]} --index {params.r[index]:q} --checkpoint-every {params.lsr[checkpoint_every]}"
+        " --seed {params.seed}"
         " --threads {threads} > {log} 2>&1"
 
 
@@ -85,7 +99,7 @@ rule replug_eval_lm:
     """Bits per byte of the plain LM, REPLUG (untrained and LSR retriever) at each k and k random documents."""
     input:
         texts="data/replug/texts.jsonl",
-        blocks=lambda wc: corpus_blocks(REPLUG["corpus"]),
+        blocks=lambda wc: replug_blocks(REPLUG["corpus"]),
         lm=lambda wc: model_input("lm"),
         lsr="results/models/replug_lsr",
     output:
@@ -93,7 +107,7 @@ rule replug_eval_lm:
     params:
         r=REPLUG,
         lm=lambda wc: model_name("lm"),
-        encoder=config["model"]["encoder"],
+        encoder=REPLUG_ENCODER,
         k=lambda wc: " ".join(str(k) for k in REPLUG["k"]),
         concat=lambda wc: "--concat" if REPLUG.get("concat") else "",
         seed=config["seed"],
@@ -111,6 +125,7 @@ rule replug_eval_lm:
     shell:
         "npm-repro replug eval-lm --lm {params.lm:q} --texts {input.texts} --blocks {input.blocks}"
         " --corpus {params.r[corpus]} --retriever dense --encoder {params.encoder:q} --score {params.r[score]}"
+        " --index {params.r[index]:q}"
         " --lsr-encoder {input.lsr} --k {params.k} --context-len {params.r[context_len]} --pred-len {params.r[pred_len]}"
         " --doc-len {params.r[doc_len]} --weighting {params.r[weighting]} --temperature {params.r[temperature]}"
         " {params.concat} --seed {params.seed} --threads {threads} --out {output} > {log} 2>&1"
