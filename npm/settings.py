@@ -48,6 +48,11 @@ class Settings:
                                       "REPLUG's dense mean-pooled encoder (needs --encoder)", choices=("bm25", "dense"))
     replug_temperature: float = _setting(1.0, "REPLUG ensemble weights softmax(score / T); the paper uses T = 1",
                                          minimum=0, exclusive=True)
+    replug_ensemble: str = _setting("mixture", "REPLUG open set: the paper's token-level mixture of the passages' "
+                                               "next-token distributions (3.2), or `vote`, the authors' QA code: each "
+                                               "passage decodes its own answer, weighted by softmax(score / T) x "
+                                               "exp(mean answer-token log-prob), the heaviest answer wins",
+                                    choices=("mixture", "vote"))
     max_new_tokens: int = _setting(30, "greedy decoding length of the decoder baselines (original code: 30)",
                                    minimum=1)
     skip_blank_lines: bool = _setting(False, "decoder answer = the first non-empty generated line (instruction-tuned "

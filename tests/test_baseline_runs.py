@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from npm.baselines.decoder import BlockTexts
-from npm.baselines.lm import first_line, greedy_continuations, load_causal_lm, open_set_prompt
+from npm.baselines.lm import (
+    clean_passage,
+    first_line,
+    greedy_continuations,
+    load_causal_lm,
+    open_set_prompt,
+    prepend_passages,
+)
 from npm.baselines.pmi import DOMAIN_PREMISES
 from npm.cli import build_parser
 from npm.cli import main as cli_main
@@ -164,6 +171,36 @@ def test_replug_weights_are_softmax_of_scores_over_temperature(world, tmp_path):
         expected = torch.softmax(torch.tensor(p["passage_scores"], dtype=torch.float64) / 2.0, 0)
         assert np.allclose(p["passage_weights"], expected.numpy(), atol=1e-6)
         assert p["prompt"] == open_set_prompt("nq", p["input"])  # REPLUG's rows are "passage\n" + this prompt
+
+
+def test_replug_answer_vote_with_one_passage_is_the_mixture_and_records_its_votes(world, tmp_path):
+    _, mixed, _ = run(world, "nq", "replug", tmp_path / "a", passages=1)
+    metrics, voted, _ = run(world, "nq", "replug", tmp_path / "b", passages=1, replug_ensemble="vote")
+    assert metrics["replug_ensemble"] == "vote"
+    assert [p["raw_prediction"] for p in voted] == [p["raw_prediction"] for p in mixed]  # k = 1: one greedy row
+    _, preds, _ = run(world, "nq", "replug", tmp_path / "c", passages=3, replug_ensemble="vote")
+    model, tok = load_causal_lm(world["lm"])
+    for p in preds:
+        assert len(p["passage_answers"]) == len(p["passages"]) == 3 and p["prediction"] in p["passage_answers"]
+        rows = [prepend_passages(p["prompt"], [clean_passage(all_block_texts(world)[b])]) for b in p["passages"]]
+        raws = greedy_continuations(model, tok, rows, max_new_tokens=NEW, batch_size=1)
+        assert [first_line(r) for r in raws] == p["passage_answers"]  # each passage decodes its own answer
+        best = max(p["votes"].values())
+        assert p["votes"][p["prediction"]] == best
+
+
+def test_vote_weighs_answers_by_retrieval_and_answer_probability():
+    from npm.baselines.replug import vote
+
+    # Paris: 0.2 x 0.5 + 0.3 x 0.5 = 0.25; Lyon: 0.5 x 0.9 = 0.45
+    best, totals = vote(["Paris", "Lyon", "Paris"], [0.2, 0.5, 0.3], np.log([0.5, 0.9, 0.5]))
+    assert best == 1 and totals == pytest.approx({"Paris": 0.25, "Lyon": 0.45})
+    assert vote(["Paris", "Lyon", "Paris"], [0.2, 0.5, 0.3], np.log([0.9, 0.5, 0.9]))[0] == 0  # 0.45 against 0.25
+    assert vote(["a", "b"], [0.5, 0.5], [0.0, 0.0])[0] == 0  # a tie: the answer of the better passage
+    assert vote(["", "x"], [0.99, 0.01], [0.0, -5.0])[0] == 1  # an empty answer has no vote
+    assert vote(["", ""], [0.5, 0.5], [-np.inf, -np.inf])[0] == 0
+    with pytest.raises(ValueError, match="answers"):
+        vote(["a"], [0.5, 0.5], [0.0])
 
 
 def test_lm_pmi_is_the_manual_pmi(world, tmp_path):

@@ -146,3 +146,27 @@ def test_a_source_without_download_fails_with_instructions(tmp_path):
     assert out.returncode != 0
     assert "source cc_news: data/raw/cc_news does not exist and has no public download" in out.stdout + out.stderr
     assert not (tmp_path / "data/raw/cc_news").exists()
+
+
+def test_a_replug_retriever_of_its_own_reads_the_corpus_in_its_own_tokenization(tmp_path):
+    """replug.encoder (REPLUG's Contriever at paper scale) other than model.encoder: the REPLUG rules and the REPLUG LSR
+    row read the corpus tokenized with that encoder's tokenizer (rule replug_tokenize_blocks), never NPM's blocks."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["replug"]["encoder"] = "facebook/contriever"
+    cfg["evaluation"]["open_set_systems"].append("replug_lsr")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([SNAKEMAKE, "-n", "-p", "--cores", "1", "--directory", str(tmp_path / "w"), "-s",
+                          str(ROOT / "Snakefile"), "results/tables/replug_lm.csv", "results/metrics/nq/replug_lsr.json",
+                          "--configfile", str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"^replug_tokenize_blocks\s+\d+", out.stdout, re.M)
+    shells = [line[line.index("npm-repro"):] for line in out.stdout.splitlines() if "npm-repro " in line]
+    for step in ("replug train-lsr", "replug eval-lm", "--system replug_lsr"):
+        (cmd,) = [s for s in shells if step in s]
+        assert "data/replug/blocks/enwiki/shard0.npz" in cmd and "data/blocks/" not in cmd, cmd
+    (lsr,) = [s for s in shells if "replug train-lsr" in s]
+    assert "--encoder facebook/contriever" in lsr
+    tokenize = [s for s in shells if "tokenize-blocks" in s and "data/replug/blocks/" in s]
+    assert tokenize and all("--tokenizer facebook/contriever" in s for s in tokenize)

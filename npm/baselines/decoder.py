@@ -7,6 +7,7 @@ docs/paper-map.md §6, §R2.1-§R2.2). ``DecoderScorer`` answers one task for ``
 * open set, ``replug``: each of the top-``passages`` blocks prepended *separately*; next-token distributions mixed
   with softmax(retrieval score / ``replug_temperature``) and decoded greedily over the mixture (REPLUG 3.2,
   ``npm.baselines.replug``). The paper mixes with softmax of the raw scores (temperature 1);
+  ``inference.replug_ensemble: vote`` swaps the mixture for the authors' QA answer vote (``replug_vote``);
 * closed set, ``lm``: log P(label word | prompt) (``npm.baselines.pmi.label_logprobs``), argmax;
 * closed set, ``lm_pmi``: domain-conditional PMI log P(y | x) - log P(y | domain premise) (Holtzman et al. 2021).
 
@@ -123,6 +124,7 @@ class DecoderScorer:
         }
         if self.options.get("ensemble"):
             self.info["replug_temperature"] = settings.replug_temperature
+            self.info["replug_ensemble"] = settings.replug_ensemble
 
     def _hits(self, task, chunk: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
         from npm.datastore.bm25 import bm25_query
@@ -136,7 +138,7 @@ class DecoderScorer:
 
     def open_set(self, task, examples, progress=None):
         from npm.baselines.lm import clean_passage, first_line, greedy_continuations, open_set_prompt
-        from npm.baselines.replug import mixture_weights, replug_continuations
+        from npm.baselines.replug import mixture_weights, replug_continuations, replug_vote
 
         s, ensemble = self.settings, self.options.get("ensemble")
         answers, records, no_passages = [], [], 0
@@ -145,7 +147,13 @@ class DecoderScorer:
             hits = self._hits(task, chunk)
             passages = [[clean_passage(self.texts(b)) for b in ids.tolist()] for ids, _ in hits]
             no_passages += sum(self.searcher is not None and not p for p in passages)
-            if ensemble:
+            votes = [None] * len(chunk)
+            if ensemble and s.replug_ensemble == "vote":
+                prompts = [open_set_prompt(task.name, ex["input"]) for ex in chunk]
+                raws, votes = replug_vote(self.model, self.tokenizer, prompts, passages, [sc for _, sc in hits],
+                                          temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
+                                          batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
+            elif ensemble:
                 prompts = [open_set_prompt(task.name, ex["input"]) for ex in chunk]
                 raws = replug_continuations(self.model, self.tokenizer, prompts, passages, [sc for _, sc in hits],
                                             temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
@@ -154,13 +162,16 @@ class DecoderScorer:
                 prompts = [open_set_prompt(task.name, ex["input"], p) for ex, p in zip(chunk, passages, strict=True)]
                 raws = greedy_continuations(self.model, self.tokenizer, prompts, max_new_tokens=s.max_new_tokens,
                                             batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
-            for prompt, raw, (ids, scores) in zip(prompts, raws, hits, strict=True):
+            for prompt, raw, (ids, scores), voted in zip(prompts, raws, hits, votes, strict=True):
                 answers.append(first_line(raw, s.skip_blank_lines))
                 rec = {"prompt": prompt[:PROMPT_CHARS], "raw_prediction": raw,
                        "passages": [int(b) for b in ids.tolist()],
                        "passage_scores": [float(x) for x in scores.tolist()]}
                 if ensemble and len(scores):
                     rec["passage_weights"] = mixture_weights(scores, s.replug_temperature).tolist()
+                if voted is not None:
+                    rec["passage_answers"], rec["votes"] = voted["answers"], voted["votes"]
+                    rec["answer_mean_logprobs"] = voted["mean_logprobs"]
                 records.append(rec)
             if progress:
                 progress(len(chunk))

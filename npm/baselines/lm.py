@@ -243,6 +243,34 @@ def model_device(model):
     return param.device if param is not None else torch.device("cpu")
 
 
+def target_logprobs(model, prefixes: Sequence[Sequence[int]], target: Sequence[int], pad_id: int,
+                    batch_size: int = 8) -> np.ndarray:
+    """float64 [len(prefixes), len(target)]: log p(target_j | prefix + target[:j]) for each prefix, teacher-forced.
+
+    The rows prefix + target are left-padded into batches (positions count from each row's first real token, so a
+    padded row scores as it would alone); only the last len(target) + 1 positions' logits are computed."""
+    import torch
+
+    target = [int(t) for t in target]
+    if not target:
+        raise ValueError("empty target: nothing to score")
+    if any(len(p) == 0 for p in prefixes):
+        raise ValueError("every row needs a prefix of at least one token (the begin-of-text token)")
+    n_t = len(target)
+    device = model_device(model)
+    out = np.zeros((len(prefixes), n_t), dtype=np.float64)
+    want = torch.tensor(target, device=device)
+    for a in range(0, len(prefixes), batch_size):
+        rows = [list(map(int, p)) + target for p in prefixes[a:a + batch_size]]
+        ids, mask, positions = (t.to(device) for t in left_pad(rows, pad_id))
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           logits_to_keep=n_t + 1).logits[:, -(n_t + 1):-1, :]
+            logp = torch.log_softmax(logits.double(), dim=-1)
+            out[a:a + len(rows)] = logp.gather(-1, want.expand(len(rows), n_t)[..., None])[..., 0].cpu().numpy()
+    return out
+
+
 def forward_last(model, **inputs):
     """One forward pass that keeps only the last position's logits when the model supports it.
 

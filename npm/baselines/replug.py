@@ -14,7 +14,14 @@ cache per (example, passage) row; it stops at EOS or the first "\\n" and returns
 passages each are rows of one left-padded batch (cost: k LM rows per example and step, paper-map §R2.2).
 
 :func:`mix_logprobs` mixes teacher-forced token log-probabilities the same way (the language-modelling evaluation,
-``npm.replug.lm_eval``). Not implemented here: LSR retriever training, the code's answer voting (paper-map §R5.2).
+``npm.replug.lm_eval``).
+
+:func:`replug_vote` is the authors' QA code instead of the paper's token-level mixture (paper-map §R2.5): every
+passage decodes its own greedy answer from "passage\n" + prompt, and an answer's weight is the sum, over the passages
+that gave it, of lambda(d, x) x exp(mean log-probability of the answer's tokens); the heaviest answer wins
+(:func:`vote`). The answer's tokens are the generated text up to the end of its answer line, re-encoded and scored
+teacher-forced after the row's prompt (the OpenAI API returned the generated tokens' log-probabilities; re-encoding a
+greedy continuation gives the same tokens except where the tokenizer would split the text differently).
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from npm.baselines.lm import (
     encode_prompt,
     first_line,
     forward_last,
+    greedy_continuations,
     left_pad,
     prepend_passages,
+    target_logprobs,
 )
 
 
@@ -164,3 +173,64 @@ def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Seq
         for i, t in zip(group_ids, new, strict=True):
             out[i] = tokenizer.decode(t, skip_special_tokens=True)
     return out
+
+
+def vote(answers: Sequence[str], weights, mean_logprobs) -> tuple[int, dict[str, float]]:
+    """The authors' answer vote: weight(a) = sum over the rows i with answers[i] == a of weights[i] *
+    exp(mean_logprobs[i]). Returns (the first row giving the heaviest answer, {answer: weight}); equal weights go to
+    the answer met first (passage order). An empty answer gets no weight unless every answer is empty."""
+    w = np.asarray(weights, dtype=np.float64)
+    lp = np.asarray(mean_logprobs, dtype=np.float64)
+    if not len(answers) or w.shape != (len(answers),) or lp.shape != (len(answers),):
+        raise ValueError(f"{len(answers)} answers, {w.shape} weights and {lp.shape} log-probabilities")
+    totals: dict[str, float] = {}
+    for a, wi, li in zip(answers, w, lp, strict=True):
+        totals[a] = totals.get(a, 0.0) + (float(wi * np.exp(li)) if a else 0.0)
+    best = max(totals, key=lambda a: (totals[a], a != ""))  # dict order: the first answer wins a tie
+    return list(answers).index(best), totals
+
+
+def _answer_prefix(raw: str, skip_blank_lines: bool) -> str:
+    """The generated text up to the end of its answer line (:func:`npm.baselines.lm.first_line`), trailing blanks
+    dropped: what produced the answer."""
+    lead = len(raw) - len(raw.lstrip()) if skip_blank_lines else 0
+    end = raw.find("\n", lead)
+    return raw[:end if end >= 0 else len(raw)].rstrip()
+
+
+def replug_vote(model, tokenizer, prompts: Sequence[str], passages: Sequence[Sequence[str]], scores,
+                temperature: float = 1.0, max_new_tokens: int = MAX_NEW_TOKENS, max_length: int = MAX_LENGTH,
+                weighting: str = "softmax", batch_size: int = 8,
+                skip_blank_lines: bool = False) -> tuple[list[str], list[dict]]:
+    """REPLUG with the answer vote of the authors' QA code: per prompt, the raw greedy continuation of the passage
+    whose answer won (:func:`vote`), and a record {answers, weights, mean_logprobs, votes}. Each (prompt, passage)
+    row is "passage\n" + prompt, decoded like :func:`npm.baselines.lm.greedy_continuations`; a prompt without
+    passages is decoded alone."""
+    if not (len(prompts) == len(passages) == len(scores)):
+        raise ValueError(f"{len(prompts)} prompts, {len(passages)} passage lists and {len(scores)} score lists")
+    pad, _, _ = decoding_setup(model, tokenizer, max_new_tokens, batch_size)
+    rows, spans, weights = [], [], []
+    for i, prompt in enumerate(prompts):
+        texts, s = list(passages[i]), np.atleast_1d(np.asarray(scores[i], dtype=np.float64))
+        if len(texts) != len(s):
+            raise ValueError(f"prompt {i}: {len(texts)} passages but {len(s)} scores")
+        spans.append((len(rows), len(rows) + max(1, len(texts))))
+        rows.extend([prepend_passages(prompt, [t]) for t in texts] or [prompt])
+        weights.append(mixture_weights(s, temperature, weighting).numpy() if texts else np.ones(1))
+    raws = greedy_continuations(model, tokenizer, rows, max_new_tokens=max_new_tokens, max_length=max_length,
+                                batch_size=batch_size, skip_blank_lines=skip_blank_lines)
+    mean_lp = np.full(len(rows), -np.inf)
+    for r, (row, raw) in enumerate(zip(rows, raws, strict=True)):
+        answer_ids = tokenizer(_answer_prefix(raw, skip_blank_lines), add_special_tokens=False)["input_ids"]
+        if answer_ids:
+            prompt_ids = encode_prompt(tokenizer, row, max_length - max_new_tokens)
+            mean_lp[r] = float(target_logprobs(model, [prompt_ids], answer_ids, pad)[0].mean())
+    out, records = [], []
+    for (a, e), w in zip(spans, weights, strict=True):
+        answers = [first_line(raw, skip_blank_lines) for raw in raws[a:e]]
+        best, totals = vote(answers, w, mean_lp[a:e])
+        out.append(raws[a + best])
+        records.append({"answers": answers, "weights": [float(x) for x in w],
+                        "mean_logprobs": [float(x) if np.isfinite(x) else None for x in mean_lp[a:e]],
+                        "votes": totals})
+    return out, records

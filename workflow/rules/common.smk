@@ -285,6 +285,18 @@ def run_needs(wildcards):
     return system, system.needs(TASKS[wildcards.task]["family"] == "closed", INFERENCE.retriever)
 
 
+# REPLUG's dense retriever (config replug.encoder; default model.encoder, which reads the corpus's own blocks).
+REPLUG_ENCODER = (config.get("replug") or {}).get("encoder") or config["model"]["encoder"]
+
+
+def replug_blocks(corpus):
+    """Blocks files of a corpus for REPLUG's retriever and the retrievers LSR trains from it: the corpus's own when
+    that retriever is model.encoder, else the corpus tokenized with its tokenizer (replug_tokenize_blocks)."""
+    if REPLUG_ENCODER == config["model"]["encoder"]:
+        return corpus_blocks(corpus)
+    return expand("data/replug/blocks/{corpus}/shard{shard}.npz", corpus=corpus, shard=shard_ids(corpus))
+
+
 def retriever_encoder(system, as_input=False):
     """The dense retriever's encoder of a system (registry `retriever_encoder`): the NPM model, or a retriever trained
     here, results/models/{name} (REPLUG LSR: made by replug_train_lsr); ``as_input``: as a Snakemake input (nothing
@@ -306,7 +318,8 @@ def evaluate_inputs(wildcards):
     if "bm25" in needs:
         inputs["bm25"] = expand("data/bm25/{corpus}", corpus=corpora)
     if "blocks" in needs:
-        inputs["blocks"] = [b for corpus in corpora for b in corpus_blocks(corpus)]
+        blocks = corpus_blocks if system.retriever_encoder == "npm" else replug_blocks
+        inputs["blocks"] = [b for corpus in corpora for b in blocks(corpus)]
     if "encoder" in needs:
         inputs["encoder"] = retriever_encoder(system, as_input=True)
     return inputs
