@@ -342,7 +342,7 @@ def collect_facts(leads: dict, corpus_titles: list[str]) -> list[dict]:
             facts.append({"relation": "P36", "subject": name, "object": c["capital"], "aliases": []})
         try:
             lang_codes = CountryInfo(name).info().get("languages") or []
-        except (KeyError, AttributeError, TypeError):
+        except (LookupError, AttributeError, TypeError):  # countryinfo's CountryNotFoundError is a LookupError
             lang_codes = []
         for lc in lang_codes:
             lname = en.languages.get(lc)
