@@ -1,0 +1,130 @@
+"""DensePhrases' phrase search (Lee et al. 2021, section 5 and eq. 10; docs/paper-map.md §D1.5).
+
+The phrase dump is the token vectors H [N, d] of every passage token laid end to end (the same flat layout as NPM's
+datastore). :class:`PhraseTokens` says, per token, which passage it is in, which word of the passage, and whether it
+begins or ends its word; special tokens ([CLS], [SEP], <s>, </s>) belong to no word and no phrase. A **phrase** is a
+token pair (i, j) of one passage with i <= j, i the first token of a word, j the last token of a word, spanning at
+most L words (the paper: L = 20; the original code's ``max_answer_length``: 10) and no special token. Its score is
+f(i, j) = q_start . h_i + q_end . h_j.
+
+:func:`search` is eq. 10 as DensePhrases runs it: top-k MIPS for q_start and, separately, for q_end (any FAISS index
+over H, ``npm.datastore.faiss_index``); every retrieved start i is extended to every end j of its passage within L
+words, every retrieved end j to every start i; the candidates' scores are computed exactly from H (FAISS only picks
+candidates), identical (i, j) pairs are scored once, and the best ``top_n`` come back. A retrieved start token that
+does not begin a word (or a retrieved end that does not end one) yields no phrase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npm.boundaries import SPECIAL, is_subword
+
+
+@dataclass(frozen=True)
+class PhraseTokens:
+    """Per token of the dump: ``passage`` int64, ``word`` int64 (index of its word in the passage; -1 for a special
+    token), ``word_start`` / ``word_end`` bool."""
+
+    passage: np.ndarray
+    word: np.ndarray
+    word_start: np.ndarray
+    word_end: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.passage)
+
+    @classmethod
+    def from_flags(cls, flags: np.ndarray, passage_offsets: np.ndarray) -> PhraseTokens:
+        """From the token classes of ``npm.boundaries`` (``flags`` uint8 [N]) and the passages' token offsets
+        [n_passages + 1] (a blocks file's ``block_offsets``): a word begins at a non-special token that is not a
+        subword piece (or at the first non-special token after a special one), and ends where the next token begins
+        a word, is special, or is in another passage."""
+        flags = np.asarray(flags)
+        offsets = np.asarray(passage_offsets, dtype=np.int64)
+        n = len(flags)
+        if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
+            raise ValueError(f"passage offsets must run from 0 to the {n} tokens, non-decreasing")
+        passage = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+        special = (flags & SPECIAL) != 0
+        first = np.zeros(n, dtype=bool)
+        first[offsets[:-1][offsets[:-1] < n]] = True  # a passage's first token
+        after_special = np.zeros(n, dtype=bool)
+        after_special[1:] = special[:-1]
+        start = ~special & (~is_subword(flags) | first | after_special)
+        end = np.zeros(n, dtype=bool)
+        end[:-1] = start[1:] | special[1:] | (passage[1:] != passage[:-1])
+        end[-1:] = True
+        end &= ~special
+        counts = np.cumsum(start)
+        base = np.concatenate([[0], counts])[offsets[:-1]]  # words before each passage
+        word = np.where(special, -1, counts - 1 - base[passage])
+        return cls(passage, word.astype(np.int64), start, end)
+
+
+def _segments(tokens: PhraseTokens) -> np.ndarray:
+    """Run id of every token: a new run at each passage and around each special token (phrases stay in one run)."""
+    special = tokens.word < 0
+    change = np.ones(len(tokens), dtype=bool)
+    change[1:] = (tokens.passage[1:] != tokens.passage[:-1]) | special[1:] | special[:-1]
+    return np.cumsum(change) - 1
+
+
+def candidates(starts: np.ndarray, ends: np.ndarray, tokens: PhraseTokens, max_words: int) -> np.ndarray:
+    """The phrases (i, j) int64 [P, 2], unique and sorted, that extend the retrieved ``starts`` rightwards and the
+    retrieved ``ends`` leftwards within ``max_words`` words of one passage."""
+    if max_words < 1:
+        raise ValueError(f"max_words (L) must be >= 1, got {max_words}")
+    seg = _segments(tokens)
+    big = np.int64(tokens.word.max(initial=0) + max_words + 2)
+    key = seg * big + np.maximum(tokens.word, 0)  # non-decreasing along the dump
+    pairs = []
+    s = np.asarray(starts, dtype=np.int64)
+    s = s[(s >= 0) & tokens.word_start[np.maximum(s, 0)]]
+    last = np.searchsorted(key, seg[s] * big + tokens.word[s] + max_words - 1, side="right")  # exclusive
+    for i, stop in zip(s.tolist(), last.tolist(), strict=True):
+        j = np.arange(i, stop)
+        j = j[tokens.word_end[j]]
+        pairs.append(np.stack([np.full(len(j), i), j], 1))
+    e = np.asarray(ends, dtype=np.int64)
+    e = e[(e >= 0) & tokens.word_end[np.maximum(e, 0)]]
+    first = np.searchsorted(key, seg[e] * big + np.maximum(tokens.word[e] - max_words + 1, 0), side="left")
+    for j, begin in zip(e.tolist(), first.tolist(), strict=True):
+        i = np.arange(begin, j + 1)
+        i = i[tokens.word_start[i]]
+        pairs.append(np.stack([i, np.full(len(i), j)], 1))
+    if not pairs:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.unique(np.concatenate(pairs).astype(np.int64), axis=0)
+
+
+def phrase_scores(h: np.ndarray, q_start: np.ndarray, q_end: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """f(i, j) = q_start . h_i + q_end . h_j (float32 [P]) from the stored vectors (fp16 upcast)."""
+    hi = np.asarray(h[pairs[:, 0]], dtype=np.float32)
+    hj = np.asarray(h[pairs[:, 1]], dtype=np.float32)
+    return (hi @ np.asarray(q_start, dtype=np.float32) + hj @ np.asarray(q_end, dtype=np.float32)).astype(np.float32)
+
+
+def search(index, h: np.ndarray, tokens: PhraseTokens, q_start: np.ndarray, q_end: np.ndarray, k: int,
+           max_words: int = 20, top_n: int = 10) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Eq. 10 for a batch of questions: per question, (phrases int64 [n, 2], scores float32 [n]) best first, at most
+    ``top_n``. ``index`` is a FAISS index over the rows of ``h`` [N, d] (row = token), ``q_start`` / ``q_end``
+    [Q, d]; ``k`` starts and ``k`` ends are retrieved per question."""
+    from npm.datastore.faiss_index import search as faiss_search
+
+    if len(tokens) != len(h) or index.ntotal != len(h):
+        raise ValueError(f"the index holds {index.ntotal} vectors, the dump {len(h)} and the token table "
+                         f"{len(tokens)}: they are not one phrase dump")
+    qs = np.array(q_start, dtype=np.float32, ndmin=2)
+    qe = np.array(q_end, dtype=np.float32, ndmin=2)
+    top_starts, _ = faiss_search(index, qs, k)
+    top_ends, _ = faiss_search(index, qe, k)
+    out = []
+    for n in range(len(qs)):
+        pairs = candidates(top_starts[n], top_ends[n], tokens, max_words)
+        scores = phrase_scores(h, qs[n], qe[n], pairs)
+        order = np.argsort(-scores, kind="stable")[:top_n]
+        out.append((pairs[order], scores[order]))
+    return out
