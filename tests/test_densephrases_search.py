@@ -89,3 +89,15 @@ def test_search_returns_the_brute_force_best_phrases_with_exact_scores(dump):
     assert np.all(np.diff(scores) <= 0)
     with pytest.raises(ValueError, match="not one phrase dump"):
         search(index, h[:-1], tokens, q_start, q_end, k=3)
+
+
+def test_a_filtered_dump_keeps_the_phrases_whose_start_and_end_it_keeps(dump):
+    _, tokens, _ = dump
+    keep = np.flatnonzero(np.random.default_rng(3).random(len(tokens)) < 0.6)
+    kept = tokens.subset(keep)
+    every = brute_force(tokens, 4)
+    want = {(i, j) for i, j in every if i in set(keep.tolist()) and j in set(keep.tolist())}
+    rows = np.arange(len(kept))
+    got = {(int(keep[a]), int(keep[b])) for a, b in candidates(rows, rows, kept, 4).tolist()}
+    assert got == want  # across a dropped special token no phrase appears: segments come from the full table
+    assert PhraseTokens.from_arrays(kept.arrays("t_"), "t_").word.tolist() == kept.word.tolist()

@@ -25,10 +25,12 @@ from npm.boundaries import SPECIAL, is_subword
 
 @dataclass(frozen=True)
 class PhraseTokens:
-    """Per token of the dump: ``passage`` int64, ``word`` int64 (index of its word in the passage; -1 for a special
-    token), ``word_start`` / ``word_end`` bool."""
+    """Per token of the dump: ``passage`` int64, ``segment`` int64 (a run of non-special tokens of one passage: a
+    phrase never leaves its segment), ``word`` int64 (index of its word in the passage; -1 for a special token),
+    ``word_start`` / ``word_end`` bool."""
 
     passage: np.ndarray
+    segment: np.ndarray
     word: np.ndarray
     word_start: np.ndarray
     word_end: np.ndarray
@@ -36,18 +38,33 @@ class PhraseTokens:
     def __len__(self) -> int:
         return len(self.passage)
 
+    def subset(self, rows: np.ndarray) -> PhraseTokens:
+        """The table of the tokens ``rows`` (in order): the dump keeps only the tokens its filter lets through."""
+        return PhraseTokens(*(getattr(self, f)[rows] for f in ("passage", "segment", "word", "word_start",
+                                                                "word_end")))
+
+    def arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        return {prefix + f: getattr(self, f) for f in ("passage", "segment", "word", "word_start", "word_end")}
+
     @classmethod
-    def from_flags(cls, flags: np.ndarray, passage_offsets: np.ndarray) -> PhraseTokens:
+    def from_arrays(cls, arrays, prefix: str = "") -> PhraseTokens:
+        return cls(*(np.asarray(arrays[prefix + f]) for f in ("passage", "segment", "word", "word_start",
+                                                               "word_end")))
+
+    @classmethod
+    def from_flags(cls, flags: np.ndarray, passage_offsets: np.ndarray, first_passage: int = 0,
+                   first_segment: int = 0) -> PhraseTokens:
         """From the token classes of ``npm.boundaries`` (``flags`` uint8 [N]) and the passages' token offsets
-        [n_passages + 1] (a blocks file's ``block_offsets``): a word begins at a non-special token that is not a
-        subword piece (or at the first non-special token after a special one), and ends where the next token begins
-        a word, is special, or is in another passage."""
+        [n_passages + 1] (a blocks file's ``block_offsets``; passage ids count from ``first_passage``, segment ids
+        from ``first_segment``): a word begins at a non-special token that is not a subword piece (or at the first
+        non-special token after a special one), and ends where the next token begins a word, is special, or is in
+        another passage."""
         flags = np.asarray(flags)
         offsets = np.asarray(passage_offsets, dtype=np.int64)
         n = len(flags)
         if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
             raise ValueError(f"passage offsets must run from 0 to the {n} tokens, non-decreasing")
-        passage = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+        local = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
         special = (flags & SPECIAL) != 0
         first = np.zeros(n, dtype=bool)
         first[offsets[:-1][offsets[:-1] < n]] = True  # a passage's first token
@@ -55,21 +72,15 @@ class PhraseTokens:
         after_special[1:] = special[:-1]
         start = ~special & (~is_subword(flags) | first | after_special)
         end = np.zeros(n, dtype=bool)
-        end[:-1] = start[1:] | special[1:] | (passage[1:] != passage[:-1])
+        end[:-1] = start[1:] | special[1:] | (local[1:] != local[:-1])
         end[-1:] = True
         end &= ~special
         counts = np.cumsum(start)
         base = np.concatenate([[0], counts])[offsets[:-1]]  # words before each passage
-        word = np.where(special, -1, counts - 1 - base[passage])
-        return cls(passage, word.astype(np.int64), start, end)
-
-
-def _segments(tokens: PhraseTokens) -> np.ndarray:
-    """Run id of every token: a new run at each passage and around each special token (phrases stay in one run)."""
-    special = tokens.word < 0
-    change = np.ones(len(tokens), dtype=bool)
-    change[1:] = (tokens.passage[1:] != tokens.passage[:-1]) | special[1:] | special[:-1]
-    return np.cumsum(change) - 1
+        word = np.where(special, -1, counts - 1 - base[local])
+        change = first | special | after_special
+        segment = np.cumsum(change) - 1 + first_segment
+        return cls(local + first_passage, segment.astype(np.int64), word.astype(np.int64), start, end)
 
 
 def candidates(starts: np.ndarray, ends: np.ndarray, tokens: PhraseTokens, max_words: int) -> np.ndarray:
@@ -77,7 +88,7 @@ def candidates(starts: np.ndarray, ends: np.ndarray, tokens: PhraseTokens, max_w
     retrieved ``ends`` leftwards within ``max_words`` words of one passage."""
     if max_words < 1:
         raise ValueError(f"max_words (L) must be >= 1, got {max_words}")
-    seg = _segments(tokens)
+    seg = tokens.segment
     big = np.int64(tokens.word.max(initial=0) + max_words + 2)
     key = seg * big + np.maximum(tokens.word, 0)  # non-decreasing along the dump
     pairs = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections import Counter
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -48,6 +49,21 @@ def exact_match(prediction: str, answers: Sequence[str] | str) -> bool:
         answers = [answers]
     pred = normalize_answer(prediction)
     return any(pred == normalize_answer(a) for a in answers)
+
+
+def f1_score(prediction: str, answers: Sequence[str] | str) -> float:
+    """SQuAD's token F1 of the normalised prediction against the best gold answer (0 when either is empty)."""
+    if isinstance(answers, str):
+        answers = [answers]
+    pred = normalize_answer(prediction).split()
+    best = 0.0
+    for a in answers:
+        gold = normalize_answer(a).split()
+        common = sum((Counter(pred) & Counter(gold)).values())
+        if common:
+            p, r = common / len(pred), common / len(gold)
+            best = max(best, 2 * p * r / (p + r))
+    return best
 
 
 def translation_prediction(text: str) -> str:

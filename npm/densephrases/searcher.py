@@ -1,0 +1,86 @@
+"""The DensePhrases Python API (docs/paper-map.md §D1.5): load a model, its phrase dump and index once, answer batches
+of questions with phrases and their evidence.
+
+    searcher = PhraseSearcher("results/densephrases/model", "data/densephrases/dump", "data/densephrases/index.faiss")
+    searcher.search(["What is the capital of Greece?"])[0][0]   # {"text", "score", "passage", "doc", "context", ...}
+
+A phrase's text is the exact surface string of its tokens in the corpus (the blocks' ``token_spans``), its evidence the
+passage (block) text and the document id.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+MAX_QUESTION_TOKENS = 64
+
+
+class PhraseSearcher:
+    def __init__(self, model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
+                 nprobe: int | None = None):
+        from npm.data.blocks import load_blocks
+        from npm.densephrases.dump import PhraseDump, load_index
+        from npm.densephrases.model import DensePhrases
+
+        self.dump = PhraseDump(dump_dir)
+        self.index = load_index(index_path, self.dump, model_dir)
+        if nprobe is not None:
+            import faiss
+
+            faiss.ParameterSpace().set_index_parameter(self.index, "nprobe", int(nprobe))
+        self.model = DensePhrases.load(model_dir).eval()
+        self._files, firsts_b, firsts_t = [], [0], [0]
+        for path in self.dump.meta["blocks"]:
+            arrays = load_blocks(path, text=True)
+            self._files.append({k: arrays[k] for k in ("text", "text_offsets", "token_spans", "block_doc",
+                                                       "doc_ids")})
+            firsts_b.append(firsts_b[-1] + len(arrays["block_doc"]))
+            firsts_t.append(firsts_t[-1] + len(arrays["input_ids"]))
+        self._first_block, self._first_token = np.asarray(firsts_b), np.asarray(firsts_t)
+
+    def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """q_start, q_end float32 [n, d] of the questions; an empty question is a ValueError naming it."""
+        empty = [i for i, q in enumerate(questions) if not str(q).strip()]
+        if empty:
+            raise ValueError(f"question {empty[0]} has no text: DensePhrases needs a question to encode")
+        enc = self.model.tokenizer(list(questions), padding=True, truncation=True, max_length=MAX_QUESTION_TOKENS,
+                                   return_tensors="pt")
+        with torch.inference_mode():
+            qs, qe = self.model.query_vectors(enc["input_ids"], enc["attention_mask"])
+        return qs.float().numpy(), qe.float().numpy()
+
+    def _phrase(self, i: int, j: int, score: float) -> dict:
+        ti, tj = int(self.dump.token[i]), int(self.dump.token[j])
+        f = int(np.searchsorted(self._first_token, ti, side="right") - 1)
+        arrays = self._files[f]
+        b = int(self.dump.tokens.passage[i]) - int(self._first_block[f])
+        base = int(arrays["text_offsets"][b])
+        a = base + int(arrays["token_spans"][ti - self._first_token[f], 0])
+        e = base + int(arrays["token_spans"][tj - self._first_token[f], 1])
+        decode = lambda x, y: arrays["text"][x:y].tobytes().decode("utf-8", "surrogatepass")  # noqa: E731
+        return {"text": decode(a, e), "score": float(score), "passage": int(self.dump.tokens.passage[i]),
+                "doc": str(arrays["doc_ids"][arrays["block_doc"][b]]), "rows": [int(i), int(j)],
+                "context": decode(base, int(arrays["text_offsets"][b + 1]))}
+
+    def search(self, questions: list[str], k: int = 10, max_words: int = 20, top_n: int = 10) -> list[list[dict]]:
+        """The best ``top_n`` phrases of each question, best first, phrases of identical text merged into their
+        best occurrence (the original's de-duplication)."""
+        from npm.densephrases.search import search
+
+        q_start, q_end = self.encode(questions)
+        out = []
+        for pairs, scores in search(self.index, self.dump.vectors, self.dump.tokens, q_start, q_end, k, max_words,
+                                    top_n=max(top_n * 4, top_n)):
+            seen, best = set(), []
+            for (i, j), s in zip(pairs.tolist(), scores.tolist(), strict=True):
+                p = self._phrase(i, j, s)
+                if p["text"] not in seen:
+                    seen.add(p["text"])
+                    best.append(p)
+                if len(best) == top_n:
+                    break
+            out.append(best)
+        return out

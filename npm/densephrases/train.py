@@ -1,0 +1,331 @@
+"""Training DensePhrases (Lee et al. 2021, section 4 and appendix D; docs/paper-map.md §D1.3).
+
+1. :func:`train_teacher`: the cross-attention reader, an ``AutoModelForQuestionAnswering`` over
+   ``[CLS] question [SEP] passage [SEP]`` (the paper: SpanBERT-base QA), fine-tuned on the same RC examples with
+   start/end cross-entropy. Frozen afterwards: its start/end logits, aligned to the student's passage tokens
+   (``npm.densephrases.features.teacher_inputs``), are the distillation target.
+2. :func:`train_densephrases`: per batch the phrase encoder's passage vectors h and the query encoders' q_start,
+   q_end, and eq. 9, ``lambda_single`` L_single + ``lambda_distill`` L_distill (with a teacher) + ``lambda_neg``
+   L_neg + ``lambda_filter`` L_filter (``npm.densephrases.losses``). ``negatives``: ``none``, ``in_batch`` (the
+   other gold vectors of the batch), or ``pre_batch`` (paper): in-batch, plus the detached gold vectors of the last C
+   batches in the last ``pre_batch_epochs`` epochs (the paper: 4 epochs, pre-batch in the last 2; the queue starts
+   empty each epoch).
+
+Adam (AdamW with weight decay 0), a linear decay, gradient norm clipped at 1 (appendix D). Shuffling is seeded per
+epoch. Both trainings are resumable per epoch: ``run-<id>/epoch-N/`` (the model and ``state.pt`` with optimiser,
+schedule and RNG) is written atomically, and the run id hashes the settings and the fingerprints of the encoder,
+the training file and the teacher, so a run resumes only its own epochs. ``train_log.csv`` has a row per step.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from npm.io import atomic_dir, folder_lock, write_json
+
+log = logging.getLogger("npm-repro.densephrases")
+NEGATIVES = ("none", "in_batch", "pre_batch")
+
+
+@dataclass
+class TrainConfig:
+    encoder: str  # the checkpoint of the three encoders (paper: SpanBERT-base-cased)
+    train: str  # SQuAD v1.1 JSON
+    out_dir: str
+    checkpoint_dir: str
+    teacher: str | None = None  # a train_teacher folder; None = no distillation
+    negatives: str = "pre_batch"
+    epochs: int = 4
+    pre_batch_epochs: int = 2
+    pre_batch: int = 2  # C (paper: 2)
+    batch_size: int = 84
+    lr: float = 3e-5
+    lambda_single: float = 1.0
+    lambda_distill: float = 2.0
+    lambda_neg: float = 4.0
+    lambda_filter: float = 0.0  # the original code: 1.0
+    max_passage_tokens: int = 384
+    max_question_tokens: int = 64
+    seed: int = 0
+
+
+@dataclass
+class TeacherConfig:
+    encoder: str  # the cross-attention reader's starting checkpoint
+    train: str
+    out_dir: str
+    checkpoint_dir: str
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 3e-5
+    max_passage_tokens: int = 384
+    max_question_tokens: int = 64
+    seed: int = 0
+
+
+# ------------------------------------------------------------------------------------------------ run folders
+
+def _run_dir(cfg, kind: str) -> Path:
+    from npm.fingerprint import file_fingerprint, model_fingerprint
+
+    hashed = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "checkpoint_dir", "encoder", "train",
+                                                                "teacher")}
+    hashed.update(kind=kind, encoder=model_fingerprint(cfg.encoder), train=file_fingerprint(cfg.train),
+                  teacher=model_fingerprint(cfg.teacher) if getattr(cfg, "teacher", None) else None)
+    run_id = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
+    run_dir = Path(cfg.checkpoint_dir) / f"run-{run_id[:16]}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "run.json", {"run_id": run_id, "kind": kind, "settings": asdict(cfg)})
+    return run_dir
+
+
+def _last_epoch(run_dir: Path) -> int:
+    done = [int(p.name[6:]) for p in run_dir.glob("epoch-*") if p.name[6:].isdigit()]
+    return max(done, default=0)
+
+
+def _save_state(tmp: Path, epoch: int, optimizer, scheduler, rows: list[dict]) -> None:
+    torch.save({"epoch": epoch, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "rows": rows}, tmp / "state.pt")
+
+
+def _load_state(folder: Path, optimizer, scheduler) -> list[dict]:
+    state = torch.load(folder / "state.pt", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    return state["rows"]
+
+
+def _write_log(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["step"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _optimizer(params, lr: float, steps: int):
+    from transformers import get_linear_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW(params, lr=lr, eps=1e-8, weight_decay=0.0)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, 0, max(1, steps))
+
+
+def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    return [order[a:a + batch_size] for a in range(0, n, batch_size)]
+
+
+def _features(cfg) -> tuple[list[dict], dict]:
+    from npm.densephrases.features import rc_features
+    from npm.densephrases.rc import read_squad
+    from npm.model import load_tokenizer
+
+    examples = read_squad(cfg.train)
+    feats = rc_features(examples, load_tokenizer(cfg.encoder), cfg.max_passage_tokens, cfg.max_question_tokens)
+    if feats["dropped"]:
+        log.warning("%s: %d of %d answers lie beyond %d passage tokens and are left out", cfg.train,
+                    feats["dropped"], len(examples), cfg.max_passage_tokens)
+    return examples, feats
+
+
+def _t(x, rows) -> torch.Tensor:
+    return torch.as_tensor(x[rows])
+
+
+# ------------------------------------------------------------------------------------------------ the teacher
+
+def load_teacher(path: str):
+    from transformers import AutoModelForQuestionAnswering
+
+    from npm.io import resolve_package_path
+
+    resolved = resolve_package_path(path)
+    return AutoModelForQuestionAnswering.from_pretrained(resolved, local_files_only=Path(resolved).is_dir())
+
+
+def _teacher_forward(teacher, ids, mask, types):
+    """The reader on [CLS] q [SEP] p [SEP]; segment ids only where the model has two segment types (BERT,
+    SpanBERT; not RoBERTa)."""
+    extra = {}
+    if getattr(teacher.config, "type_vocab_size", 1) > 1:
+        extra["token_type_ids"] = torch.as_tensor(types)
+    return teacher(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **extra)
+
+
+def teacher_logits(teacher, feats: dict, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """The teacher's start and end logits float32 [n, Lp] at the student's passage positions (-inf elsewhere)."""
+    from npm.densephrases.features import teacher_inputs
+
+    n, width = feats["passage_ids"].shape
+    out_s = np.full((n, width), -np.inf, dtype=np.float32)
+    out_e = np.full((n, width), -np.inf, dtype=np.float32)
+    teacher.eval()
+    with torch.inference_mode():
+        for a in range(0, n, batch_size):
+            rows = np.arange(a, min(n, a + batch_size))
+            ids, mask, types, offset = teacher_inputs(feats, rows)
+            res = _teacher_forward(teacher, ids, mask, types)
+            for k, r in enumerate(rows):
+                pn = int(feats["passage_mask"][r].sum())
+                src = offset[k] + np.arange(1, pn)
+                out_s[r, 1:pn] = res.start_logits[k, src].float().numpy()
+                out_e[r, 1:pn] = res.end_logits[k, src].float().numpy()
+    return out_s, out_e
+
+
+def train_teacher(cfg: TeacherConfig, progress: bool = True) -> dict:
+    """Fine-tune the cross-attention reader (resumable per epoch); writes ``cfg.out_dir`` (``save_pretrained``)."""
+    from npm.densephrases.features import teacher_inputs
+    from npm.model import load_tokenizer
+
+    with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases teacher training"):
+        run_dir = _run_dir(cfg, "teacher")
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        _, feats = _features(cfg)
+        n = len(feats["start"])
+        teacher = load_teacher(cfg.encoder)
+        steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
+        optimizer, scheduler = _optimizer(teacher.parameters(), cfg.lr, steps)
+        start_epoch, rows = _last_epoch(run_dir), []
+        if start_epoch:
+            teacher = load_teacher(str(run_dir / f"epoch-{start_epoch}"))
+            optimizer, scheduler = _optimizer(teacher.parameters(), cfg.lr, steps)
+            rows = _load_state(run_dir / f"epoch-{start_epoch}", optimizer, scheduler)
+        teacher.train()
+        bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases teacher", disable=not progress or None)
+        for epoch in range(start_epoch, cfg.epochs):
+            for rows_b in _batches(n, cfg.batch_size, cfg.seed, epoch):
+                t0 = time.perf_counter()
+                ids, mask, types, offset = teacher_inputs(feats, rows_b)
+                res = _teacher_forward(teacher, ids, mask, types)
+                gold_s = torch.as_tensor(offset + feats["start"][rows_b])
+                gold_e = torch.as_tensor(offset + feats["end"][rows_b])
+                valid = torch.as_tensor(types.astype(bool) & mask.astype(bool))  # passage tokens only
+                ls = torch.nn.functional.cross_entropy(res.start_logits.float().masked_fill(~valid, -1e4), gold_s)
+                le = torch.nn.functional.cross_entropy(res.end_logits.float().masked_fill(~valid, -1e4), gold_e)
+                loss = (ls + le) / 2
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(teacher.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                rows.append({"step": len(rows) + 1, "epoch": epoch + 1, "loss": round(float(loss.detach()), 6),
+                             "seconds": round(time.perf_counter() - t0, 3)})
+                bar.update(1)
+            with atomic_dir(run_dir / f"epoch-{epoch + 1}") as tmp:
+                teacher.save_pretrained(tmp)
+                load_tokenizer(cfg.encoder).save_pretrained(tmp)
+                _save_state(tmp, epoch + 1, optimizer, scheduler, rows)
+        bar.close()
+        with atomic_dir(cfg.out_dir) as tmp:
+            teacher.save_pretrained(tmp)
+            load_tokenizer(cfg.encoder).save_pretrained(tmp)
+            _write_log(tmp / "train_log.csv", rows)
+            write_json(tmp / "train_summary.json", {"run_folder": str(run_dir), "examples": n,
+                                                    "settings": asdict(cfg)})
+    return {"run_folder": str(run_dir), "steps": len(rows), "examples": n}
+
+
+# ------------------------------------------------------------------------------------------------ DensePhrases
+
+def step_loss(model, feats: dict, rows: np.ndarray, cfg: TrainConfig, queue, teacher_s=None,
+              teacher_e=None) -> tuple[torch.Tensor, dict]:
+    """Eq. 9 on one batch; returns (loss, the parts' values)."""
+    from npm.densephrases.losses import (
+        distill_loss,
+        filter_loss,
+        gold_vectors,
+        in_batch_loss,
+        single_passage_loss,
+        token_logits,
+        total_loss,
+    )
+
+    valid = _t(feats["valid"], rows)
+    start, end = _t(feats["start"], rows), _t(feats["end"], rows)
+    h = model.phrase_vectors(_t(feats["passage_ids"], rows), _t(feats["passage_mask"], rows))
+    q_start, q_end = model.query_vectors(_t(feats["question_ids"], rows), _t(feats["question_mask"], rows))
+    parts = {"single": single_passage_loss(h, valid, q_start, q_end, start, end)}
+    if teacher_s is not None and cfg.lambda_distill:
+        parts["distill"] = distill_loss(token_logits(h, q_start), token_logits(h, q_end), _t(teacher_s, rows),
+                                        _t(teacher_e, rows), valid)
+    g_start, g_end = gold_vectors(h, start, end)
+    if cfg.negatives != "none" and cfg.lambda_neg:
+        parts["neg"] = in_batch_loss(q_start, q_end, g_start, g_end, *(queue.negatives() if queue else (None, None)))
+    if cfg.lambda_filter:
+        parts["filter"] = filter_loss(model.filter_logits(h), valid, start, end)
+    lambdas = {"single": cfg.lambda_single, "distill": cfg.lambda_distill, "neg": cfg.lambda_neg,
+               "filter": cfg.lambda_filter}
+    if queue is not None:
+        queue.push(g_start, g_end)
+    return total_loss(parts, lambdas), {k: float(v.detach()) for k, v in parts.items()}
+
+
+def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
+    """Train (or resume) the phrase and query encoders; writes the model folder ``cfg.out_dir``."""
+    from npm.densephrases.losses import PreBatchQueue
+    from npm.densephrases.model import DensePhrases
+
+    if cfg.negatives not in NEGATIVES:
+        raise ValueError(f"negatives must be one of {NEGATIVES}, not {cfg.negatives!r}")
+    if not 0 <= cfg.pre_batch_epochs <= cfg.epochs:
+        raise ValueError(f"pre_batch_epochs must be between 0 and epochs = {cfg.epochs}, got {cfg.pre_batch_epochs}")
+    with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases training"):
+        run_dir = _run_dir(cfg, "densephrases")
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        _, feats = _features(cfg)
+        n = len(feats["start"])
+        teacher_s = teacher_e = None
+        if cfg.teacher and cfg.lambda_distill:
+            teacher_s, teacher_e = teacher_logits(load_teacher(cfg.teacher), feats)
+        start_epoch = _last_epoch(run_dir)
+        model = DensePhrases.load(run_dir / f"epoch-{start_epoch}") if start_epoch else \
+            DensePhrases.from_encoder(cfg.encoder)
+        steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
+        optimizer, scheduler = _optimizer(model.parameters(), cfg.lr, steps)
+        rows = _load_state(run_dir / f"epoch-{start_epoch}", optimizer, scheduler) if start_epoch else []
+        model.train()
+        bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases", disable=not progress or None)
+        for epoch in range(start_epoch, cfg.epochs):
+            pre = cfg.negatives == "pre_batch" and epoch >= cfg.epochs - cfg.pre_batch_epochs
+            queue = PreBatchQueue(cfg.pre_batch) if pre else None  # a new, empty queue every epoch
+            for batch in _batches(n, cfg.batch_size, cfg.seed, epoch):
+                t0 = time.perf_counter()
+                used = len(queue) if queue else 0  # pre-batch batches this step scores against
+                loss, parts = step_loss(model, feats, batch, cfg, queue, teacher_s, teacher_e)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                rows.append({"step": len(rows) + 1, "epoch": epoch + 1, "loss": round(float(loss.detach()), 6),
+                             **{f"loss_{k}": round(parts.get(k, float("nan")), 6) for k in
+                                ("single", "distill", "neg", "filter")},
+                             "pre_batch": used, "seconds": round(time.perf_counter() - t0, 3)})
+                bar.update(1)
+                bar.set_postfix(loss=f"{rows[-1]['loss']:.3f}")
+            with atomic_dir(run_dir / f"epoch-{epoch + 1}") as tmp:
+                model.save(tmp)
+                _save_state(tmp, epoch + 1, optimizer, scheduler, rows)
+        bar.close()
+        with atomic_dir(cfg.out_dir) as tmp:
+            model.save(tmp)
+            _write_log(tmp / "train_log.csv", rows)
+            write_json(tmp / "train_summary.json", {"run_folder": str(run_dir), "examples": n,
+                                                    "dropped": feats["dropped"], "settings": asdict(cfg)})
+    return {"run_folder": str(run_dir), "steps": len(rows), "examples": n}

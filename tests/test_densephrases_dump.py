@@ -1,0 +1,94 @@
+"""The phrase dump, its FAISS index and the Python API (npm.densephrases.dump, .searcher; paper-map §D1.4-§D1.5):
+the stored rows are the phrase encoder's vectors, the filter keeps at least a token per passage, an index is read
+only with its own dump and phrase encoder, a dump too small for the index is a clear error, and a search answers with
+the exact surface text of a phrase and its passage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from npm.data.blocks import build_blocks, load_blocks, pad_blocks
+from npm.densephrases.dump import PhraseDump, build_index, dump_phrases, load_index
+from npm.densephrases.model import DensePhrases
+from npm.io import atomic_dir, write_jsonl
+from tests.conftest import WORDPIECE, save_tiny_bert
+from tests.test_densephrases_search import DOCS
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dump")
+    write_jsonl(root / "docs.jsonl", [{"id": f"d{i}", "units": [t, t.upper()]} for i, t in enumerate(DOCS)])
+    build_blocks(root / "docs.jsonl", root / "blocks.npz", WORDPIECE, max_seq_length=32)
+    for name, seed in (("model", 0), ("other", 1)):
+        with atomic_dir(root / name) as tmp:
+            DensePhrases.from_encoder(save_tiny_bert(root / f"enc_{name}", seed=seed)).save(tmp)
+    blocks = [str(root / "blocks.npz")]
+    meta = dump_phrases(root / "model", blocks, root / "dump", progress=False)
+    build_index(root / "dump", root / "flat.faiss")
+    return {"root": root, "blocks": blocks, "meta": meta}
+
+
+def test_the_dump_stores_the_phrase_encoders_vectors_of_every_non_special_token(world):
+    arrays = load_blocks(world["blocks"][0])
+    dump = PhraseDump(world["root"] / "dump")
+    special = (arrays["flags"] & 8) != 0
+    assert dump.meta["rows"] == int((~special).sum()) == len(dump.token) and dump.meta["kept_share"] == 1.0
+    assert dump.token.tolist() == np.flatnonzero(~special).tolist()
+    model = DensePhrases.load(world["root"] / "model").eval()
+    offsets = arrays["block_offsets"]
+    ids, att = pad_blocks(arrays["input_ids"], offsets, np.array([2]), int(offsets[3] - offsets[2]))
+    with torch.inference_mode():
+        alone = model.phrase_vectors(torch.as_tensor(ids), torch.as_tensor(att))[0].numpy()
+    rows = np.flatnonzero((dump.token >= offsets[2]) & (dump.token < offsets[3]))
+    assert np.allclose(np.asarray(dump.vectors[rows], np.float32), alone[dump.token[rows] - offsets[2]], atol=2e-3)
+
+
+def test_the_filter_keeps_a_subset_and_a_token_of_every_passage(world):
+    meta = dump_phrases(world["root"] / "model", world["blocks"], world["root"] / "filtered", filter_threshold=1e9,
+                        progress=False)
+    dump = PhraseDump(world["root"] / "filtered")
+    n_passages = len(load_blocks(world["blocks"][0])["block_doc"])
+    assert meta["rows"] == n_passages == len(set(dump.tokens.passage.tolist()))  # nothing passes: one per passage
+
+
+def test_an_index_is_read_only_with_its_own_dump_and_phrase_encoder(world):
+    root = world["root"]
+    dump = PhraseDump(root / "dump")
+    assert load_index(root / "flat.faiss", dump, root / "model").ntotal == dump.meta["rows"]
+    with pytest.raises(ValueError, match="another phrase encoder"):
+        load_index(root / "flat.faiss", dump, root / "other")
+    dump_phrases(root / "other", world["blocks"], root / "dump_other", progress=False)
+    with pytest.raises(ValueError, match="built from another phrase dump"):
+        load_index(root / "flat.faiss", PhraseDump(root / "dump_other"))
+    with pytest.raises(ValueError, match=r"phrase dump .*dump \(\d+ vectors\).*use factory 'Flat'"):
+        build_index(root / "dump", root / "pq.faiss", factory="OPQ8,IVF4,PQ8")  # far too few vectors for PQ
+    assert not (root / "pq.faiss").exists()
+    ivf = build_index(root / "dump", root / "ivf.faiss", factory="IVF4,SQ4")
+    assert ivf["nlist_requested"] == 4 > ivf["nlist"]  # cut to the lists 39 vectors each can train
+    assert ivf["bytes_per_vector"] < 32 * 2  # 4-bit codes: smaller than the fp16 rows
+
+
+def test_search_answers_with_exact_surface_phrases_and_their_passages(world):
+    from npm.densephrases.searcher import PhraseSearcher
+    from npm.model import load_tokenizer
+
+    root = world["root"]
+    searcher = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss")
+    tok = load_tokenizer(WORDPIECE)
+    ids = load_blocks(world["blocks"][0])["input_ids"]
+    results = searcher.search(["What is the capital of Greece?", "Where is the Parthenon?"], k=8, max_words=3,
+                              top_n=5)
+    assert len(results) == 2 and all(1 <= len(r) <= 5 for r in results)
+    for phrases in results:
+        assert [p["score"] for p in phrases] == sorted((p["score"] for p in phrases), reverse=True)
+        assert len({p["text"] for p in phrases}) == len(phrases)  # de-duplicated by text
+        for p in phrases:
+            ti, tj = (int(searcher.dump.token[r]) for r in p["rows"])
+            assert p["text"] in p["context"] and p["doc"].startswith("d")
+            assert p["text"].lower().replace(" ", "") == tok.decode(ids[ti:tj + 1]).replace(" ", "")
+            assert len(p["text"].split()) <= 3 or p["text"].count(" ") < 3
+    with pytest.raises(ValueError, match="has no text"):
+        searcher.search(["  "])

@@ -1,0 +1,129 @@
+"""DensePhrases' reading-comprehension data and training (npm.densephrases.rc, .features, .train, .evaluate;
+paper-map §D1.3): SQuAD files read with clear errors, answers mapped to tokens, the teacher aligned with the student,
+a training run that learns, resumes only itself, and uses pre-batch negatives only in its last epochs."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from npm.densephrases.evaluate import best_spans, rc_scores, span_text
+from npm.densephrases.features import rc_features, teacher_inputs
+from npm.densephrases.rc import read_squad, write_squad
+from npm.model import load_tokenizer
+from npm.tasks.metrics import f1_score
+from tests.conftest import WORDPIECE, save_tiny_bert
+
+FACTS = [("Greece", "Athens"), ("France", "Paris"), ("Norway", "Oslo"), ("Peru", "Lima"), ("Kenya", "Nairobi"),
+         ("Chile", "Santiago"), ("Egypt", "Cairo"), ("Japan", "Tokyo")]
+
+
+def _examples():
+    out = []
+    for n, (country, city) in enumerate(FACTS):
+        context = f"{country} is a country. Its capital and largest city is {city}, home to many people."
+        out.append({"id": f"q{n}", "title": country, "context": context,
+                    "question": f"What is the capital of {country}?", "answers": [city],
+                    "answer_start": [context.index(city)], "question_generated": True})
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dp")
+    write_squad(root / "train.json", _examples(), "test")
+    return {"root": root, "train": str(root / "train.json"), "encoder": save_tiny_bert(root / "encoder")}
+
+
+def test_squad_files_round_trip_and_malformed_records_name_file_and_question(world, tmp_path):
+    back = read_squad(world["train"])
+    assert [(e["id"], e["answers"], e["answer_start"], e["question_generated"]) for e in back] == \
+        [(e["id"], e["answers"], e["answer_start"], True) for e in _examples()]
+    data = json.loads(open(world["train"]).read())
+    data["data"][1]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] += 1
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"bad.json: article 1 .*question 'q1'.*not at answer_start"):
+        read_squad(tmp_path / "bad.json")
+    data["data"][1]["paragraphs"][0]["qas"][0]["question"] = " "
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="non-empty 'question'"):
+        read_squad(tmp_path / "bad.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable SQuAD JSON"):
+        read_squad(tmp_path / "bad.json")
+
+
+def test_answers_become_token_spans_and_the_teacher_sees_the_same_tokens():
+    tok = load_tokenizer(WORDPIECE)
+    examples = _examples()
+    feats = rc_features(examples, tok, max_passage_tokens=64)
+    assert feats["dropped"] == 0 and len(feats["start"]) == len(examples)
+    enc = tok([e["context"] for e in examples], truncation=True, max_length=64, return_offsets_mapping=True)
+    for r, n in enumerate(feats["example"]):
+        text = span_text(examples[n]["context"], enc["offset_mapping"][n], feats["start"][r], feats["end"][r])
+        assert text == examples[n]["answers"][0]
+    ids, mask, types, offset = teacher_inputs(feats)
+    for r in range(len(ids)):
+        pn = int(feats["passage_mask"][r].sum())
+        assert ids[r, offset[r] + np.arange(1, pn)].tolist() == feats["passage_ids"][r, 1:pn].tolist()
+        assert types[r, offset[r] + 1] == 1 and types[r, offset[r]] == 0
+    with pytest.raises(ValueError, match="every answer lies beyond"):
+        rc_features(examples, tok, max_passage_tokens=8)
+    mixed = examples[:3] + [{**examples[3], "context": "x " * 80 + examples[3]["context"],
+                             "answer_start": [160 + examples[3]["answer_start"][0]]}]
+    cut = rc_features(mixed, tok, max_passage_tokens=64)
+    assert cut["dropped"] == 1 and cut["example"].tolist() == [0, 1, 2]  # left out, never mislabelled
+
+
+def test_best_span_is_the_brute_force_argmax_and_scores_are_squad_em_f1():
+    rng = np.random.default_rng(0)
+    s, e = rng.standard_normal((5, 12)), rng.standard_normal((5, 12))
+    valid = rng.random((5, 12)) > 0.3
+    valid[:, 0] = True
+    got = best_spans(s, e, valid, max_tokens=4)
+    for b in range(5):
+        pairs = [(i, j) for i in range(12) for j in range(i, min(12, i + 4)) if valid[b, i] and valid[b, j]]
+        assert tuple(got[b]) == max(pairs, key=lambda p: s[b, p[0]] + e[b, p[1]])
+    assert f1_score("the capital Athens", ["Athens"]) == pytest.approx(2 * 0.5 * 1 / 1.5)
+    scores = rc_scores(["Athens", "Paris city"], [["Athens"], ["Paris"]])
+    assert scores["em"] == 50.0 and scores["f1"] == pytest.approx(100 * (1 + 2 / 3) / 2)
+
+
+def test_training_learns_resumes_only_itself_and_uses_pre_batch_in_the_last_epochs(world, tmp_path):
+    from npm.densephrases.model import DensePhrases
+    from npm.densephrases.train import TeacherConfig, TrainConfig, train_densephrases, train_teacher
+
+    teacher = train_teacher(TeacherConfig(encoder=world["encoder"], train=world["train"],
+                                          out_dir=str(tmp_path / "teacher"), checkpoint_dir=str(tmp_path / "ck_t"),
+                                          epochs=2, batch_size=4, lr=1e-3, max_passage_tokens=64,
+                                          max_question_tokens=24), progress=False)
+    assert teacher["steps"] == 4 and (tmp_path / "teacher" / "config.json").exists()
+    cfg = dict(encoder=world["encoder"], train=world["train"], out_dir=str(tmp_path / "model"),
+               checkpoint_dir=str(tmp_path / "ck"), teacher=str(tmp_path / "teacher"), epochs=6, pre_batch_epochs=2,
+               pre_batch=2, batch_size=2, lr=2e-3, max_passage_tokens=64, max_question_tokens=24, lambda_filter=1.0)
+    summary = train_densephrases(TrainConfig(**cfg), progress=False)
+    rows = list(csv.DictReader(open(tmp_path / "model" / "train_log.csv")))
+    assert summary["steps"] == len(rows) == 6 * 4
+    assert all(r["pre_batch"] == "0" for r in rows if int(r["epoch"]) <= 4)
+    assert max(int(r["pre_batch"]) for r in rows if int(r["epoch"]) > 4) == 2  # C = 2 batches, from an empty queue
+    assert [r["pre_batch"] for r in rows if r["epoch"] == "5"] == ["0", "1", "2", "2"]
+    first = np.mean([float(r["loss_single"]) for r in rows[:4]])
+    last = np.mean([float(r["loss_single"]) for r in rows[-4:]])
+    assert last < 0.5 * first  # it learns to read the training passages
+    model = DensePhrases.load(tmp_path / "model")
+    assert model.hidden_size == 32
+    again = train_densephrases(TrainConfig(**cfg), progress=False)  # the same run: resumes after its last epoch
+    assert again["run_folder"] == summary["run_folder"] and again["steps"] == summary["steps"]
+    other = train_densephrases(TrainConfig(**{**cfg, "epochs": 1, "pre_batch_epochs": 0}), progress=False)
+    assert other["run_folder"] != summary["run_folder"] and other["steps"] == 4
+    with pytest.raises(ValueError, match="negatives must be one of"):
+        train_densephrases(TrainConfig(**{**cfg, "negatives": "hard"}), progress=False)
+    # parts of the model are three separate encoders: a query-side change leaves the phrase encoder alone
+    before = {k: v.clone() for k, v in model.phrase.state_dict().items()}
+    with torch.no_grad():
+        next(model.query_start.parameters()).add_(1.0)
+    assert all(torch.equal(v, before[k]) for k, v in model.phrase.state_dict().items())
