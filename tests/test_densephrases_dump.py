@@ -92,3 +92,31 @@ def test_search_answers_with_exact_surface_phrases_and_their_passages(world):
             assert len(p["text"].split()) <= 3 or p["text"].count(" ") < 3
     with pytest.raises(ValueError, match="has no text"):
         searcher.search(["  "])
+
+
+def test_query_side_fine_tuning_moves_only_the_query_encoders_and_learns(world, tmp_path):
+    import hashlib
+
+    from npm.densephrases.query_ft import marginal_nll, query_finetune
+    from npm.densephrases.searcher import PhraseSearcher
+
+    root = world["root"]
+    digest = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in
+              [root / "flat.faiss", root / "dump" / "vectors.f16", root / "dump" / "tokens.npz"]}
+    train = [{"question": "What is the capital of Greece?", "answers": ["Athens"]},
+             {"question": "Which city is the capital of France?", "answers": ["Paris"]},
+             {"question": "What does photosynthesis convert?", "answers": ["sunlight"]}]
+    summary = query_finetune(root / "model", root / "dump", root / "flat.faiss", train, tmp_path / "qft", dev=train,
+                             k=40, max_words=3, epochs=6, batch_size=3, lr=3e-3, progress=False)
+    assert summary["dev_em_best"] > summary["dev_em_before"]  # it learns to find the answers in the index
+    before, after = DensePhrases.load(root / "model"), DensePhrases.load(tmp_path / "qft")
+    for part in ("phrase", "filter_head"):  # the phrase side: bit-identical
+        b, a = getattr(before, part).state_dict(), getattr(after, part).state_dict()
+        assert all(torch.equal(v, a[k]) for k, v in b.items())
+    moved = after.query_start.state_dict()
+    assert any(not torch.equal(v, moved[k]) for k, v in before.query_start.state_dict().items())
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in digest} == digest  # dump and index untouched
+    PhraseSearcher(tmp_path / "qft", root / "dump", root / "flat.faiss")  # the same phrase side: the index serves it
+    # the objective by hand: -log (e^1 + e^3) / (e^1 + e^2 + e^3)
+    got = marginal_nll(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([True, False, True]))
+    assert float(got) == pytest.approx(-np.log((np.e + np.e ** 3) / (np.e + np.e ** 2 + np.e ** 3)))

@@ -52,7 +52,8 @@ class PhraseSearcher:
             qs, qe = self.model.query_vectors(enc["input_ids"], enc["attention_mask"])
         return qs.float().numpy(), qe.float().numpy()
 
-    def _phrase(self, i: int, j: int, score: float) -> dict:
+    def phrase(self, i: int, j: int, score: float) -> dict:
+        """Phrase (dump rows i, j) with its exact surface text, passage, document and passage text."""
         ti, tj = int(self.dump.token[i]), int(self.dump.token[j])
         f = int(np.searchsorted(self._first_token, ti, side="right") - 1)
         arrays = self._files[f]
@@ -76,7 +77,7 @@ class PhraseSearcher:
                                     top_n=max(top_n * 4, top_n)):
             seen, best = set(), []
             for (i, j), s in zip(pairs.tolist(), scores.tolist(), strict=True):
-                p = self._phrase(i, j, s)
+                p = self.phrase(i, j, s)
                 if p["text"] not in seen:
                     seen.add(p["text"])
                     best.append(p)

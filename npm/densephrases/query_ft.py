@@ -1,0 +1,145 @@
+"""Query-side fine-tuning (Lee et al. 2021, section 6; docs/paper-map.md §D1.6).
+
+The phrase side (phrase encoder, filter head), the dump and the index stay frozen; only the two query encoders learn,
+so a question format never seen in phrase training (slot-filling probes, another dataset's questions) can be adapted
+to without re-indexing. For each training question the top ``k`` phrases S(q) come from the real index
+(``npm.densephrases.search``); their scores f(s) = q_start . h_i + q_end . h_j are recomputed with gradient through
+q_start and q_end from the dump's stored vectors, and
+
+    L_query = -log( sum over s in S(q) whose text matches a gold answer of exp f(s) / sum over s in S(q) of exp f(s) )
+
+(``objective="paper"``). ``objective="code"`` adds the original code's two extra terms, the same marginal likelihood
+over the start scores alone and over the end scores alone. A question none of whose candidates matches is skipped
+(counted, as in the original). Answers match after SQuAD normalisation (``npm.tasks.metrics.exact_match``). Adam
+(AdamW, weight decay 0) with linear decay, gradient norm clipped at 1; the epoch with the best dev EM is kept when dev
+questions are given (paper), else the last.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from npm.io import atomic_dir, write_json
+
+log = logging.getLogger("npm-repro.densephrases")
+OBJECTIVES = ("paper", "code")
+
+
+def marginal_nll(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+    """-log sum_{positive} exp(score) + log sum_all exp(score) over one candidate list [P]."""
+    return torch.logsumexp(scores, 0) - torch.logsumexp(scores[positive], 0)
+
+
+def question_loss(searcher, question: str, answers: list[str], k: int, max_words: int,
+                  objective: str = "paper") -> torch.Tensor | None:
+    """L_query of one question (with gradient into the query encoders), or None when no candidate matches."""
+    from npm.datastore.faiss_index import search as faiss_search
+    from npm.densephrases.search import candidates, phrase_scores
+    from npm.tasks.metrics import exact_match
+
+    tok = searcher.model.tokenizer
+    enc = tok([question], truncation=True, max_length=64, return_tensors="pt")
+    q_start, q_end = searcher.model.query_vectors(enc["input_ids"], enc["attention_mask"])
+    qs, qe = q_start.detach().float().numpy(), q_end.detach().float().numpy()
+    starts, _ = faiss_search(searcher.index, qs, k)
+    ends, _ = faiss_search(searcher.index, qe, k)
+    pairs = candidates(starts[0], ends[0], searcher.dump.tokens, max_words)
+    if not len(pairs):
+        return None
+    top = np.argsort(-phrase_scores(searcher.dump.vectors, qs[0], qe[0], pairs), kind="stable")[:k]
+    pairs = pairs[top]  # S(q): the top-k phrases
+    positive = torch.as_tensor([exact_match(searcher.phrase(i, j, 0.0)["text"], answers)
+                                for i, j in pairs.tolist()])
+    if not positive.any():
+        return None
+    h_i = torch.as_tensor(np.asarray(searcher.dump.vectors[pairs[:, 0]], dtype=np.float32))
+    h_j = torch.as_tensor(np.asarray(searcher.dump.vectors[pairs[:, 1]], dtype=np.float32))
+    s_start, s_end = h_i @ q_start[0].float(), h_j @ q_end[0].float()
+    loss = marginal_nll(s_start + s_end, positive)
+    if objective == "code":
+        loss = loss + marginal_nll(s_start, positive) + marginal_nll(s_end, positive)
+    return loss
+
+
+def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) -> float:
+    """EM (percent) of the top phrase over {question, answers} records."""
+    from npm.tasks.metrics import exact_match
+
+    found = searcher.search([q["question"] for q in questions], k=k, max_words=max_words, top_n=1)
+    return 100.0 * float(np.mean([bool(f) and exact_match(f[0]["text"], q["answers"])
+                                  for f, q in zip(found, questions, strict=True)]))
+
+
+def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
+                   train: list[dict], out_dir: str | os.PathLike, dev: list[dict] | None = None, k: int = 100,
+                   max_words: int = 20, epochs: int = 10, batch_size: int = 12, lr: float = 3e-5,
+                   objective: str = "paper", seed: int = 0, progress: bool = True) -> dict:
+    """Fine-tune the query encoders of ``model_dir`` on ``train`` [{question, answers}] and write the whole model
+    (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch."""
+    from transformers import get_linear_schedule_with_warmup
+
+    from npm.densephrases.searcher import PhraseSearcher
+
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, not {objective!r}")
+    if not train:
+        raise ValueError("no training question for query-side fine-tuning")
+    random.seed(seed)
+    torch.manual_seed(seed)
+    searcher = PhraseSearcher(model_dir, dump_dir, index_path)
+    model = searcher.model
+    for p in [*model.phrase.parameters(), *model.filter_head.parameters()]:
+        p.requires_grad_(False)
+    params = [p for enc in (model.query_start, model.query_end) for p in enc.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=lr, eps=1e-8, weight_decay=0.0)
+    n_batches = -(-len(train) // batch_size)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, max(1, epochs * n_batches))
+    history, best_em, best_state = [], -1.0, None
+    before = exact_match_at_1(searcher, dev, k, max_words) if dev else None
+    bar = tqdm(total=epochs * n_batches, desc="query-side fine-tuning", disable=not progress or None)
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        model.query_start.train()
+        model.query_end.train()
+        order = np.random.default_rng([seed, epoch]).permutation(len(train))
+        losses, skipped = [], 0
+        for a in range(0, len(order), batch_size):
+            batch = [question_loss(searcher, train[i]["question"], train[i]["answers"], k, max_words, objective)
+                     for i in order[a:a + batch_size]]
+            kept = [x for x in batch if x is not None]
+            skipped += len(batch) - len(kept)
+            if kept:
+                loss = torch.stack(kept).mean()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(float(loss.detach()))
+            scheduler.step()
+            bar.update(1)
+        model.eval()
+        em = exact_match_at_1(searcher, dev, k, max_words) if dev else None
+        history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else None,
+                        "skipped": skipped, "dev_em": em, "seconds": round(time.perf_counter() - t0, 2)})
+        if dev is None or em > best_em:
+            best_em = em if em is not None else best_em
+            best_state = {part: {k_: v.clone() for k_, v in getattr(model, part).state_dict().items()}
+                          for part in ("query_start", "query_end")}
+    bar.close()
+    for part, state in best_state.items():
+        getattr(model, part).load_state_dict(state)
+    summary = {"epochs": history, "dev_em_before": before, "dev_em_best": best_em if dev else None,
+               "k": k, "max_words": max_words, "objective": objective, "train_questions": len(train),
+               "base_model": str(model_dir), "dump": str(dump_dir)}
+    with atomic_dir(out_dir) as tmp:
+        model.save(tmp)
+        write_json(Path(tmp) / "query_ft_summary.json", summary)
+    return summary
