@@ -456,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_convert_smollm2)
 
+    from npm.densephrases.cli import add_cli as add_densephrases_cli
     from npm.evaluation.cli import add_cli as add_evaluation_cli
     from npm.replug.cli import add_cli as add_replug_cli
     from npm.report.cli import add_check_cli
@@ -463,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_evaluation_cli(sub)
     add_replug_cli(sub)
+    add_densephrases_cli(sub)
     add_report_cli(sub)
     add_check_cli(sub)
     for command in sub.choices.values():  # a subcommand registered elsewhere with the plain formatter

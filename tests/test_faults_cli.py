@@ -52,6 +52,12 @@ BASE = {
     "replug eval-lm": ["replug", "eval-lm", "--lm", "m", "--texts", "t", "--blocks", "b", "--out", "o"],
     "replug train-lsr": ["replug", "train-lsr", "--encoder", "e", "--lm", "m", "--blocks", "b", "--queries", "q",
                          "--out", "o", "--checkpoint-dir", "c"],
+    "densephrases train": ["densephrases", "train", "--encoder", "e", "--train", "t", "--out", "o",
+                           "--checkpoint-dir", "c"],
+    "densephrases dump": ["densephrases", "dump", "--model", "m", "--blocks", "b", "--out", "o"],
+    "densephrases index": ["densephrases", "index", "--dump", "d", "--out", "o"],
+    "densephrases query-ft": ["densephrases", "query-ft", "--model", "m", "--dump", "d", "--index", "i", "--train",
+                              "t", "--out", "o"],
 }
 
 
@@ -156,6 +162,14 @@ OTHER_BAD = [
     ("evaluate", "--closed-set-tau", 0),
     ("evaluate", "--k", 0),
     ("evaluate", "--passages", 0),
+    ("densephrases train", "--batch-size", 0),
+    ("densephrases train", "--lr", 0),
+    ("densephrases train", "--lambda-neg", -1),
+    ("densephrases train", "--pre-batch", -1),
+    ("densephrases dump", "--batch-blocks", 0),
+    ("densephrases index", "--nprobe", 0),
+    ("densephrases query-ft", "--k", 0),
+    ("densephrases query-ft", "--epochs", 0),
 ]
 
 

@@ -40,3 +40,65 @@ def rc_scores(predictions: list[str], answers: list[list[str]]) -> dict:
     f1 = [f1_score(p, a) for p, a in zip(predictions, answers, strict=True)]
     return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1)), "n": len(em),
             "em_each": em, "f1_each": f1}
+
+
+def _texts(examples: list[dict], feats: dict, tokenizer, spans: np.ndarray, max_passage_tokens: int) -> list[str]:
+    enc = tokenizer([examples[n]["context"] for n in feats["example"]], truncation=True,
+                    max_length=max_passage_tokens, return_offsets_mapping=True)
+    return [span_text(examples[n]["context"], enc["offset_mapping"][r], *spans[r])
+            for r, n in enumerate(feats["example"])]
+
+
+def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_question_tokens: int = 64,
+                max_answer_tokens: int = 30, batch_size: int = 32, teacher=None) -> dict:
+    """Reading comprehension of the query-agnostic model (z = h . q over its own passage) or, with ``teacher``, of the
+    cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting)."""
+    import torch
+
+    from npm.densephrases.features import rc_features
+    from npm.densephrases.train import teacher_logits
+
+    tok = model.tokenizer
+    feats = rc_features(examples, tok, max_passage_tokens, max_question_tokens)
+    if teacher is not None:
+        z_start, z_end = teacher_logits(teacher, feats, batch_size)
+    else:
+        n, width = feats["passage_ids"].shape
+        z_start, z_end = np.zeros((n, width), np.float32), np.zeros((n, width), np.float32)
+        model.eval()
+        with torch.inference_mode():
+            for a in range(0, n, batch_size):
+                rows = slice(a, a + batch_size)
+                h = model.phrase_vectors(torch.as_tensor(feats["passage_ids"][rows]),
+                                         torch.as_tensor(feats["passage_mask"][rows]))
+                q_s, q_e = model.query_vectors(torch.as_tensor(feats["question_ids"][rows]),
+                                               torch.as_tensor(feats["question_mask"][rows]))
+                z_start[rows] = torch.einsum("bmd,bd->bm", h, q_s).float().numpy()
+                z_end[rows] = torch.einsum("bmd,bd->bm", h, q_e).float().numpy()
+    spans = best_spans(z_start, z_end, feats["valid"], max_answer_tokens)
+    predictions = _texts(examples, feats, tok, spans, max_passage_tokens)
+    answers = [examples[n]["answers"] for n in feats["example"]]
+    scores = rc_scores(predictions, answers)
+    return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"], "dropped": feats["dropped"],
+            "predictions": [{"id": examples[n]["id"], "prediction": p, "answers": a, "em": e}
+                            for n, p, a, e in zip(feats["example"], predictions, answers, scores["em_each"],
+                                                  strict=True)]}
+
+
+def random_span_baseline(examples: list[dict], tokenizer, max_passage_tokens: int = 384, max_answer_tokens: int = 30,
+                         seed: int = 0) -> dict:
+    """EM / F1 of a uniformly random valid span per passage (at most ``max_answer_tokens``): the floor RC EM must
+    clear."""
+    from npm.densephrases.features import rc_features
+
+    feats = rc_features(examples, tokenizer, max_passage_tokens)
+    rng = np.random.default_rng(seed)
+    spans = []
+    for valid in feats["valid"]:
+        tokens = np.flatnonzero(valid)
+        pairs = [(i, j) for i in tokens for j in tokens if i <= j < i + max_answer_tokens]
+        spans.append(pairs[int(rng.integers(len(pairs)))])
+    spans = np.asarray(spans, dtype=np.int64)
+    predictions = _texts(examples, feats, tokenizer, spans, max_passage_tokens)
+    scores = rc_scores(predictions, [examples[n]["answers"] for n in feats["example"]])
+    return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"]}

@@ -1,0 +1,300 @@
+"""``npm-repro densephrases rc | train-teacher | train | dump | index | query-ft | evaluate | search``: DensePhrases
+(Lee et al. 2021) as its own system; docs/paper-map.md §D. Register with ``add_cli(subparsers)``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+from npm.settings import bounded, positive_float, positive_int
+
+log = logging.getLogger("npm-repro.densephrases")
+
+
+def _questions(path: Path) -> list[dict]:
+    """{question, answers} records of a SQuAD JSON file or a JSONL file of {question, answers}."""
+    from npm.io import read_jsonl
+
+    if path.suffix == ".json":
+        from npm.densephrases.rc import read_squad
+
+        return [{"id": e["id"], "question": e["question"], "answers": e["answers"]} for e in read_squad(path)]
+    out = []
+    for n, r in enumerate(read_jsonl(path)):
+        if not str(r.get("question", "")).strip() or not r.get("answers"):
+            raise ValueError(f"{path}: record {n + 1} needs a non-empty 'question' and 'answers'")
+        out.append({"id": str(r.get("id", n)), "question": r["question"], "answers": list(r["answers"])})
+    return out
+
+
+def cmd_rc(args) -> int:
+    from npm.data.embedded import corpus_titles, load_leads
+    from npm.densephrases.rc import SPLITS, embedded_rc, write_squad
+
+    leads = load_leads()
+    splits = embedded_rc(leads, corpus_titles(leads, args.max_articles), args.seed)
+    for split in SPLITS:
+        n = write_squad(args.out_dir / f"{split}.json", splits[split], "npm-repro embedded RC (questions GENERATED)")
+        log.info("%s: %d examples -> %s", split, n, args.out_dir / f"{split}.json")
+    return 0
+
+
+def cmd_train_teacher(args) -> int:
+    from npm.densephrases.train import TeacherConfig, train_teacher
+
+    cfg = TeacherConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
+                        checkpoint_dir=str(args.checkpoint_dir), epochs=args.epochs, batch_size=args.batch_size,
+                        lr=args.lr, max_passage_tokens=args.max_passage_tokens,
+                        max_question_tokens=args.max_question_tokens, seed=args.seed)
+    log.info("teacher: %s", train_teacher(cfg))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from npm.densephrases.train import TrainConfig, train_densephrases
+
+    cfg = TrainConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
+                      checkpoint_dir=str(args.checkpoint_dir), teacher=str(args.teacher) if args.teacher else None,
+                      negatives=args.negatives, epochs=args.epochs, pre_batch_epochs=args.pre_batch_epochs,
+                      pre_batch=args.pre_batch, batch_size=args.batch_size, lr=args.lr,
+                      lambda_single=args.lambda_single, lambda_distill=args.lambda_distill,
+                      lambda_neg=args.lambda_neg, lambda_filter=args.lambda_filter,
+                      max_passage_tokens=args.max_passage_tokens, max_question_tokens=args.max_question_tokens,
+                      seed=args.seed)
+    log.info("DensePhrases: %s", train_densephrases(cfg))
+    return 0
+
+
+def cmd_dump(args) -> int:
+    from npm.densephrases.dump import dump_phrases
+
+    meta = dump_phrases(args.model, [str(b) for b in args.blocks], args.out, args.filter_threshold,
+                        args.batch_blocks)
+    log.info("%d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"], 100 * meta["kept_share"], args.out)
+    return 0
+
+
+def cmd_index(args) -> int:
+    from npm.densephrases.dump import build_index
+
+    record = build_index(args.dump, args.out, args.factory, args.nprobe, args.seed, args.train_sample)
+    log.info("%s over %d vectors: %.1f bytes per vector, %.1f s -> %s", record["factory_effective"], record["rows"],
+             record["bytes_per_vector"], record["build_seconds"], args.out)
+    return 0
+
+
+def cmd_query_ft(args) -> int:
+    from npm.densephrases.query_ft import query_finetune
+
+    summary = query_finetune(args.model, args.dump, args.index, _questions(args.train), args.out,
+                             dev=_questions(args.dev) if args.dev else None, k=args.k, max_words=args.max_words,
+                             epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, objective=args.objective,
+                             seed=args.seed)
+    log.info("query-side fine-tuning: dev EM %s -> %s", summary["dev_em_before"], summary["dev_em_best"])
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    """RC EM/F1 on SQuAD examples (--rc), open-domain EM@1 and queries/s over the index (--questions)."""
+    from npm.densephrases.model import DensePhrases
+    from npm.io import provenance, write_json
+
+    out: dict = {"model": str(args.model)}
+    if args.rc:
+        from npm.densephrases.evaluate import random_span_baseline, rc_evaluate
+        from npm.densephrases.rc import read_squad
+
+        examples = read_squad(args.rc)
+        model = DensePhrases.load(args.model)
+        out["rc"] = {"data": str(args.rc), **rc_evaluate(model, examples, args.max_passage_tokens)}
+        out["rc_random_span"] = random_span_baseline(examples, model.tokenizer, args.max_passage_tokens)
+        if args.teacher:
+            from npm.densephrases.train import load_teacher
+
+            teacher = load_teacher(str(args.teacher))
+            out["rc_teacher"] = rc_evaluate(model, examples, args.max_passage_tokens, teacher=teacher)
+        log.info("RC EM %.1f F1 %.1f (random span %.1f; teacher %s)", out["rc"]["em"], out["rc"]["f1"],
+                 out["rc_random_span"]["em"], f"{out['rc_teacher']['em']:.1f}" if args.teacher else "-")
+    if args.questions:
+        from npm.densephrases.searcher import PhraseSearcher
+        from npm.tasks.metrics import exact_match
+
+        if not (args.dump and args.index):
+            raise ValueError("--questions needs --dump and --index (open-domain search)")
+        questions = _questions(args.questions)
+        searcher = PhraseSearcher(args.model, args.dump, args.index)
+        start = time.perf_counter()
+        found = searcher.search([q["question"] for q in questions], k=args.k, max_words=args.max_words, top_n=1)
+        seconds = time.perf_counter() - start
+        hits = [bool(f) and exact_match(f[0]["text"], q["answers"]) for f, q in zip(found, questions, strict=True)]
+        out["open"] = {"questions": str(args.questions), "n": len(hits), "em": 100.0 * sum(hits) / len(hits),
+                       "queries_per_s": round(len(hits) / seconds, 2),
+                       "predictions": [{"id": q["id"], "prediction": f[0]["text"] if f else "",
+                                        "answers": q["answers"], "em": h}
+                                       for f, q, h in zip(found, questions, hits, strict=True)]}
+        log.info("open-domain EM@1 %.1f on %d questions, %.1f queries/s", out["open"]["em"], len(hits),
+                 out["open"]["queries_per_s"])
+    if len(out) == 1:
+        raise ValueError("nothing to evaluate: give --rc and/or --questions")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    write_json(args.out, {**out, "provenance": provenance(settings)})
+    return 0
+
+
+def cmd_search(args) -> int:
+    from npm.densephrases.searcher import PhraseSearcher
+
+    searcher = PhraseSearcher(args.model, args.dump, args.index)
+    for question, phrases in zip(args.question, searcher.search(args.question, args.k, args.max_words, args.top),
+                                 strict=True):
+        print(question)
+        for rank, p in enumerate(phrases, 1):
+            print(f"  {rank}. {p['text']}  ({p['score']:.2f}; {p['doc']}, passage {p['passage']})")
+            if args.evidence:
+                print("     " + json.dumps(p["context"][:300], ensure_ascii=False))
+    return 0
+
+
+def _model_args(p, index: bool = True) -> None:
+    p.add_argument("--model", type=Path, required=True, help="DensePhrases model folder (train / query-ft)")
+    if index:
+        p.add_argument("--dump", type=Path, required=True, help="phrase dump folder (dump)")
+        p.add_argument("--index", type=Path, required=True, help="FAISS index of the dump (index)")
+
+
+def _length_args(p) -> None:
+    p.add_argument("--max-passage-tokens", type=positive_int, default=384, help="passage tokens (code: SQuAD 384)")
+    p.add_argument("--max-question-tokens", type=positive_int, default=64, help="question tokens")
+
+
+def _search_args(p, k: int) -> None:
+    p.add_argument("--k", type=positive_int, default=k, help="starts and ends retrieved per question")
+    p.add_argument("--max-words", type=positive_int, default=20, help="longest phrase L in words (paper 20; code 10)")
+
+
+def add_cli(subparsers) -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p = subparsers.add_parser("densephrases", help="DensePhrases: phrase retrieval with start/end token vectors",
+                              description="DensePhrases (Lee et al. 2021): train the phrase and question encoders on "
+                                          "reading comprehension, dump and index the corpus's token vectors, search "
+                                          "phrases, fine-tune the query side (npm.densephrases).",
+                              formatter_class=fmt)
+    sub = p.add_subparsers(dest="densephrases_command", required=True, metavar="STEP")
+
+    s = sub.add_parser("rc", help="the embedded RC set: SQuAD v1.1 files by distant supervision (train/dev/test)",
+                       description="Real facts whose object occurs in the real lead of a subject outside the demo "
+                                   "corpus; GENERATED template questions; split by subject (npm.densephrases.rc).",
+                       formatter_class=fmt)
+    s.add_argument("--max-articles", type=positive_int, default=2000,
+                   help="leads in the demo corpus (embedded.max_articles): their subjects are never used")
+    s.add_argument("--seed", type=int, default=0, help="seed of the subject split")
+    s.add_argument("--out-dir", type=Path, required=True, help="folder for train.json, dev.json, test.json")
+    s.set_defaults(func=cmd_rc)
+
+    s = sub.add_parser("train-teacher", help="the cross-attention reader (distillation target)",
+                       description="Fine-tunes AutoModelForQuestionAnswering on [CLS] q [SEP] p [SEP] (resumable).",
+                       formatter_class=fmt)
+    s.add_argument("--encoder", required=True, help="starting checkpoint (paper: SpanBERT-base QA)")
+    s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON")
+    s.add_argument("--out", type=Path, required=True, help="teacher folder (save_pretrained)")
+    s.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with per-epoch checkpoints")
+    s.add_argument("--epochs", type=positive_int, default=2, help="epochs (code: 2)")
+    s.add_argument("--batch-size", type=positive_int, default=16, help="examples per step")
+    s.add_argument("--lr", type=positive_float, default=3e-5, help="learning rate")
+    _length_args(s)
+    s.add_argument("--seed", type=int, default=0, help="seed")
+    s.set_defaults(func=cmd_train_teacher)
+
+    s = sub.add_parser("train", help="the phrase and question encoders (eq. 9), resumable",
+                       description="L = lambda_single L_single + lambda_distill L_distill + lambda_neg L_neg "
+                                   "(+ lambda_filter L_filter); pre-batch negatives in the last epochs "
+                                   "(npm.densephrases.train).", formatter_class=fmt)
+    s.add_argument("--encoder", required=True, help="checkpoint of the three encoders (paper: SpanBERT-base-cased)")
+    s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON")
+    s.add_argument("--teacher", type=Path, default=None, help="teacher folder (train-teacher); none = no distillation")
+    s.add_argument("--out", type=Path, required=True, help="model folder")
+    s.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with per-epoch checkpoints")
+    s.add_argument("--negatives", choices=["none", "in_batch", "pre_batch"], default="pre_batch",
+                   help="none, in-batch, or in-batch + pre-batch (paper)")
+    s.add_argument("--epochs", type=positive_int, default=4, help="epochs (paper: 4)")
+    s.add_argument("--pre-batch-epochs", type=bounded(int, minimum=0), default=2,
+                   help="last epochs with pre-batch negatives (paper: 2)")
+    s.add_argument("--pre-batch", type=bounded(int, minimum=0), default=2, help="C, batches queued (paper: 2)")
+    s.add_argument("--batch-size", type=positive_int, default=84, help="B (paper: 84; code: 48 / 24 per GPU)")
+    s.add_argument("--lr", type=positive_float, default=3e-5, help="learning rate (paper: 3e-5)")
+    s.add_argument("--lambda-single", type=bounded(float, minimum=0), default=1.0, help="lambda_1 (paper: 1)")
+    s.add_argument("--lambda-distill", type=bounded(float, minimum=0), default=2.0, help="lambda_2 (paper: 2)")
+    s.add_argument("--lambda-neg", type=bounded(float, minimum=0), default=4.0, help="lambda_3 (paper: 4)")
+    s.add_argument("--lambda-filter", type=bounded(float, minimum=0), default=0.0,
+                   help="filter BCE weight (paper: not in eq. 9; code: 1.0)")
+    _length_args(s)
+    s.add_argument("--seed", type=int, default=0, help="seed")
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("dump", help="the phrase dump: fp16 token vectors of every passage",
+                       description="Encodes every block of the corpus with the phrase encoder (npm.densephrases.dump).",
+                       formatter_class=fmt)
+    s.add_argument("--model", type=Path, required=True, help="DensePhrases model folder")
+    s.add_argument("--blocks", nargs="+", required=True, help="the corpus's blocks .npz files, in order")
+    s.add_argument("--out", type=Path, required=True, help="dump folder")
+    s.add_argument("--filter-threshold", type=float, default=None,
+                   help="keep tokens whose start- or end-filter logit exceeds it (code: -2 dev, 1 Wikipedia); "
+                        "default: keep every token")
+    s.add_argument("--batch-blocks", type=positive_int, default=32, help="blocks per forward pass")
+    s.set_defaults(func=cmd_dump)
+
+    s = sub.add_parser("index", help="FAISS index of a dump from a factory string",
+                       description="Flat (exact), the paper's IVF{n},SQ4, the code's OPQ{M},IVF{n},PQ{M}; inner "
+                                   "product (npm.densephrases.dump.build_index).", formatter_class=fmt)
+    s.add_argument("--dump", type=Path, required=True, help="dump folder")
+    s.add_argument("--out", type=Path, required=True, help="index file (sidecar <out>.json beside it)")
+    s.add_argument("--factory", default="Flat", help="FAISS factory string")
+    s.add_argument("--nprobe", type=positive_int, default=256, help="IVF lists probed (paper: 256)")
+    s.add_argument("--train-sample", type=positive_int, default=1_000_000, help="vectors to train IVF/PQ on")
+    s.add_argument("--seed", type=int, default=1, help="seed of the training sample")
+    s.set_defaults(func=cmd_index)
+
+    s = sub.add_parser("query-ft", help="query-side fine-tuning against the frozen index",
+                       description="Marginal likelihood of the answer-matching phrases among the top k "
+                                   "(npm.densephrases.query_ft); the phrase side, dump and index stay unchanged.",
+                       formatter_class=fmt)
+    _model_args(s)
+    s.add_argument("--train", type=Path, required=True, help="questions: SQuAD .json or JSONL {question, answers}")
+    s.add_argument("--dev", type=Path, default=None, help="dev questions: the best epoch by EM is kept")
+    s.add_argument("--out", type=Path, required=True, help="fine-tuned model folder")
+    _search_args(s, 100)
+    s.add_argument("--epochs", type=positive_int, default=10, help="epochs (paper: 10; code: 5)")
+    s.add_argument("--batch-size", type=positive_int, default=12, help="questions per step (paper: 12)")
+    s.add_argument("--lr", type=positive_float, default=3e-5, help="learning rate (paper: 3e-5)")
+    s.add_argument("--objective", choices=["paper", "code"], default="paper",
+                   help="paper: phrase MML; code: + start-only and end-only MML")
+    s.add_argument("--seed", type=int, default=0, help="seed")
+    s.set_defaults(func=cmd_query_ft)
+
+    s = sub.add_parser("evaluate", help="RC EM/F1 (vs a random span and the teacher) and open-domain EM@1",
+                       description="--rc: reading comprehension on SQuAD examples; --questions: top-1 phrase EM over "
+                                   "the index, with queries/s (npm.densephrases.evaluate).", formatter_class=fmt)
+    s.add_argument("--model", type=Path, required=True, help="DensePhrases model folder")
+    s.add_argument("--rc", type=Path, default=None, help="SQuAD JSON for reading comprehension")
+    s.add_argument("--teacher", type=Path, default=None, help="teacher folder: its RC EM/F1 beside")
+    s.add_argument("--questions", type=Path, default=None, help="open-domain questions (SQuAD .json or JSONL)")
+    s.add_argument("--dump", type=Path, default=None, help="dump folder (--questions)")
+    s.add_argument("--index", type=Path, default=None, help="index file (--questions)")
+    _search_args(s, 10)
+    _length_args(s)
+    s.add_argument("--out", type=Path, required=True, help="results JSON")
+    s.set_defaults(func=cmd_evaluate)
+
+    s = sub.add_parser("search", help="print the top phrases of questions with their passages",
+                       description="npm-repro densephrases search --model M --dump D --index I \"What is the capital "
+                                   "of Greece?\"", formatter_class=fmt)
+    _model_args(s)
+    s.add_argument("question", nargs="+", help="question(s)")
+    _search_args(s, 10)
+    s.add_argument("--top", type=positive_int, default=5, help="phrases printed per question")
+    s.add_argument("--evidence", action=argparse.BooleanOptionalAction, default=True, help="print the passage")
+    s.set_defaults(func=cmd_search)
+    return p
