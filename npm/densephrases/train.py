@@ -141,6 +141,23 @@ def _features(cfg) -> tuple[list[dict], dict]:
     return examples, feats
 
 
+def _start(cfg, kind: str) -> tuple[Path, dict]:
+    """The run folder of these settings, seeded RNGs, and the training features."""
+    run_dir = _run_dir(cfg, kind)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    return run_dir, _features(cfg)[1]
+
+
+def _update(loss: torch.Tensor, model, optimizer, scheduler) -> None:
+    """One optimiser step: backward, gradient norm clipped at 1 (appendix D), step, schedule."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def _t(x, rows) -> torch.Tensor:
     return torch.as_tensor(x[rows])
 
@@ -192,10 +209,7 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True) -> dict:
     from npm.model import load_tokenizer
 
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases teacher training"):
-        run_dir = _run_dir(cfg, "teacher")
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        _, feats = _features(cfg)
+        run_dir, feats = _start(cfg, "teacher")
         n = len(feats["start"])
         teacher = load_teacher(cfg.encoder)
         steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
@@ -218,11 +232,7 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True) -> dict:
                 ls = torch.nn.functional.cross_entropy(res.start_logits.float().masked_fill(~valid, -1e4), gold_s)
                 le = torch.nn.functional.cross_entropy(res.end_logits.float().masked_fill(~valid, -1e4), gold_e)
                 loss = (ls + le) / 2
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(teacher.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                _update(loss, teacher, optimizer, scheduler)
                 rows.append({"step": len(rows) + 1, "epoch": epoch + 1, "loss": round(float(loss.detach()), 6),
                              "seconds": round(time.perf_counter() - t0, 3)})
                 bar.update(1)
@@ -285,10 +295,7 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
     if not 0 <= cfg.pre_batch_epochs <= cfg.epochs:
         raise ValueError(f"pre_batch_epochs must be between 0 and epochs = {cfg.epochs}, got {cfg.pre_batch_epochs}")
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases training"):
-        run_dir = _run_dir(cfg, "densephrases")
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        _, feats = _features(cfg)
+        run_dir, feats = _start(cfg, "densephrases")
         n = len(feats["start"])
         teacher_s = teacher_e = None
         if cfg.teacher and cfg.lambda_distill:
@@ -308,11 +315,7 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
                 t0 = time.perf_counter()
                 used = len(queue) if queue else 0  # pre-batch batches this step scores against
                 loss, parts = step_loss(model, feats, batch, cfg, queue, teacher_s, teacher_e)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                _update(loss, model, optimizer, scheduler)
                 rows.append({"step": len(rows) + 1, "epoch": epoch + 1, "loss": round(float(loss.detach()), 6),
                              **{f"loss_{k}": round(parts.get(k, float("nan")), 6) for k in
                                 ("single", "distill", "neg", "filter")},
