@@ -3,7 +3,8 @@
 The phrase dump is the token vectors H [N, d] of every passage token laid end to end (the same flat layout as NPM's
 datastore). :class:`PhraseTokens` says, per token, which passage it is in, which word of the passage, and whether it
 begins or ends its word; special tokens ([CLS], [SEP], <s>, </s>) belong to no word and no phrase. A **phrase** is a
-token pair (i, j) of one passage with i <= j, i the first token of a word, j the last token of a word, spanning at
+token pair (i, j) of one passage with i <= j, i the first token of a word, j the last token of a word, neither a
+punctuation mark (a phrase "," or "Lebanon." is never an answer; the mark still counts as a word), spanning at
 most L words (the paper: L = 20; the original code's ``max_answer_length``: 10) and no special token. Its score is
 f(i, j) = q_start . h_i + q_end . h_j.
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from npm.boundaries import SPECIAL, is_subword
+from npm.boundaries import PUNCT_PIECE, SPECIAL, is_subword
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ class PhraseTokens:
         word = np.where(special, -1, counts - 1 - base[local])
         change = first | special | after_special
         segment = np.cumsum(change) - 1 + first_segment
-        return cls(local + first_passage, segment.astype(np.int64), word.astype(np.int64), start, end)
+        punct = (flags & PUNCT_PIECE) != 0  # a punctuation mark counts as a word but never begins or ends a phrase
+        return cls(local + first_passage, segment.astype(np.int64), word.astype(np.int64), start & ~punct,
+                   end & ~punct)
 
 
 def candidates(starts: np.ndarray, ends: np.ndarray, tokens: PhraseTokens, max_words: int) -> np.ndarray:
