@@ -148,13 +148,13 @@ class DecoderScorer:
             passages = [[clean_passage(self.texts(b)) for b in ids.tolist()] for ids, _ in hits]
             no_passages += sum(self.searcher is not None and not p for p in passages)
             votes = [None] * len(chunk)
-            if ensemble and s.replug_ensemble == "vote":
+            if ensemble:  # REPLUG prepends each passage to the bare prompt itself
                 prompts = [open_set_prompt(task.name, ex["input"]) for ex in chunk]
+            if ensemble and s.replug_ensemble == "vote":
                 raws, votes = replug_vote(self.model, self.tokenizer, prompts, passages, [sc for _, sc in hits],
                                           temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
                                           batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
             elif ensemble:
-                prompts = [open_set_prompt(task.name, ex["input"]) for ex in chunk]
                 raws = replug_continuations(self.model, self.tokenizer, prompts, passages, [sc for _, sc in hits],
                                             temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
                                             batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)

@@ -98,12 +98,12 @@ class Retriever:
 
     def __init__(self, encoder: str, blocks: list[str], score: str = "cosine", index: str = DEFAULT_INDEX,
                  device=None):
-        from npm.baselines.dense import blocks_with_text
+        from npm.baselines.dense import SCORES, blocks_with_text
         from npm.data.blocks import load_blocks
         from npm.model import load_encoder, load_tokenizer
 
-        if score not in ("cosine", "ip"):
-            raise ValueError(f"score must be cosine or ip, not {score!r}")
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {SCORES}, not {score!r}")
         self.score, self.factory, self.blocks = score, index, [str(b) for b in blocks]
         self.device = torch.device(device or "cpu")
         self.model = load_encoder(encoder).to(self.device)
