@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import time
 from pathlib import Path
 
 from npm.settings import bounded, positive_float, positive_int
@@ -119,23 +118,15 @@ def cmd_evaluate(args) -> int:
         log.info("RC EM %.1f F1 %.1f (random span %.1f; teacher %s)", out["rc"]["em"], out["rc"]["f1"],
                  out["rc_random_span"]["em"], f"{out['rc_teacher']['em']:.1f}" if args.teacher else "-")
     if args.questions:
+        from npm.densephrases.evaluate import open_domain
         from npm.densephrases.searcher import PhraseSearcher
-        from npm.tasks.metrics import exact_match
 
         if not (args.dump and args.index):
             raise ValueError("--questions needs --dump and --index (open-domain search)")
-        questions = _questions(args.questions)
         searcher = PhraseSearcher(args.model, args.dump, args.index)
-        start = time.perf_counter()
-        found = searcher.search([q["question"] for q in questions], k=args.k, max_words=args.max_words, top_n=1)
-        seconds = time.perf_counter() - start
-        hits = [bool(f) and exact_match(f[0]["text"], q["answers"]) for f, q in zip(found, questions, strict=True)]
-        out["open"] = {"questions": str(args.questions), "n": len(hits), "em": 100.0 * sum(hits) / len(hits),
-                       "queries_per_s": round(len(hits) / seconds, 2),
-                       "predictions": [{"id": q["id"], "prediction": f[0]["text"] if f else "",
-                                        "answers": q["answers"], "em": h}
-                                       for f, q, h in zip(found, questions, hits, strict=True)]}
-        log.info("open-domain EM@1 %.1f on %d questions, %.1f queries/s", out["open"]["em"], len(hits),
+        out["open"] = {"questions": str(args.questions),
+                       **open_domain(searcher, _questions(args.questions), args.k, args.max_words)}
+        log.info("open-domain EM@1 %.1f on %d questions, %.1f queries/s", out["open"]["em"], out["open"]["n"],
                  out["open"]["queries_per_s"])
     if len(out) == 1:
         raise ValueError("nothing to evaluate: give --rc and/or --questions")

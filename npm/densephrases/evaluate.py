@@ -4,6 +4,7 @@
   i <= j < i + max_tokens of z_start[i] + z_end[j] over valid tokens (both the query-agnostic model, with
   z = h . q, and the cross-attention teacher read answers this way).
 * :func:`rc_scores`: SQuAD exact match and token F1 (``npm.tasks.metrics``) of span predictions, in percent.
+* :func:`open_domain`: EM@1 of the top phrase over the index (``npm.densephrases.searcher``) and questions/s.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_
     import torch
 
     from npm.densephrases.features import rc_features
+    from npm.densephrases.losses import token_logits
     from npm.densephrases.train import teacher_logits
 
     tok = model.tokenizer
@@ -73,8 +75,8 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_
                                          torch.as_tensor(feats["passage_mask"][rows]))
                 q_s, q_e = model.query_vectors(torch.as_tensor(feats["question_ids"][rows]),
                                                torch.as_tensor(feats["question_mask"][rows]))
-                z_start[rows] = torch.einsum("bmd,bd->bm", h, q_s).float().numpy()
-                z_end[rows] = torch.einsum("bmd,bd->bm", h, q_e).float().numpy()
+                z_start[rows] = token_logits(h, q_s).numpy()
+                z_end[rows] = token_logits(h, q_e).numpy()
     spans = best_spans(z_start, z_end, feats["valid"], max_answer_tokens)
     predictions = _texts(examples, feats, tok, spans, max_passage_tokens)
     answers = [examples[n]["answers"] for n in feats["example"]]
@@ -102,3 +104,16 @@ def random_span_baseline(examples: list[dict], tokenizer, max_passage_tokens: in
     predictions = _texts(examples, feats, tokenizer, spans, max_passage_tokens)
     scores = rc_scores(predictions, [examples[n]["answers"] for n in feats["example"]])
     return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"]}
+
+
+def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 20) -> dict:
+    """EM@1 (percent) of the top phrase of each {id, question, answers} record, questions/s, and the predictions."""
+    import time
+
+    start = time.perf_counter()
+    found = searcher.search([q["question"] for q in questions], k=k, max_words=max_words, top_n=1)
+    seconds = time.perf_counter() - start
+    hits = [bool(f) and exact_match(f[0]["text"], q["answers"]) for f, q in zip(found, questions, strict=True)]
+    return {"n": len(hits), "em": 100.0 * float(np.mean(hits)), "queries_per_s": round(len(hits) / seconds, 2),
+            "predictions": [{"id": q.get("id"), "prediction": f[0]["text"] if f else "", "answers": q["answers"],
+                             "em": h} for f, q, h in zip(found, questions, hits, strict=True)]}

@@ -41,21 +41,16 @@ def marginal_nll(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
 def question_loss(searcher, question: str, answers: list[str], k: int, max_words: int,
                   objective: str = "paper") -> torch.Tensor | None:
     """L_query of one question (with gradient into the query encoders), or None when no candidate matches."""
-    from npm.datastore.faiss_index import search as faiss_search
-    from npm.densephrases.search import candidates, phrase_scores
+    from npm.densephrases.search import search
     from npm.tasks.metrics import exact_match
 
-    tok = searcher.model.tokenizer
-    enc = tok([question], truncation=True, max_length=64, return_tensors="pt")
+    enc = searcher.tokenize([question])
     q_start, q_end = searcher.model.query_vectors(enc["input_ids"], enc["attention_mask"])
     qs, qe = q_start.detach().float().numpy(), q_end.detach().float().numpy()
-    starts, _ = faiss_search(searcher.index, qs, k)
-    ends, _ = faiss_search(searcher.index, qe, k)
-    pairs = candidates(starts[0], ends[0], searcher.dump.tokens, max_words)
+    ((pairs, _),) = search(searcher.index, searcher.dump.vectors, searcher.dump.tokens, qs, qe, k, max_words,
+                           top_n=k)  # S(q): the top-k phrases
     if not len(pairs):
         return None
-    top = np.argsort(-phrase_scores(searcher.dump.vectors, qs[0], qe[0], pairs), kind="stable")[:k]
-    pairs = pairs[top]  # S(q): the top-k phrases
     positive = torch.as_tensor([exact_match(searcher.phrase(i, j, 0.0)["text"], answers)
                                 for i, j in pairs.tolist()])
     if not positive.any():
@@ -71,11 +66,9 @@ def question_loss(searcher, question: str, answers: list[str], k: int, max_words
 
 def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) -> float:
     """EM (percent) of the top phrase over {question, answers} records."""
-    from npm.tasks.metrics import exact_match
+    from npm.densephrases.evaluate import open_domain
 
-    found = searcher.search([q["question"] for q in questions], k=k, max_words=max_words, top_n=1)
-    return 100.0 * float(np.mean([bool(f) and exact_match(f[0]["text"], q["answers"])
-                                  for f, q in zip(found, questions, strict=True)]))
+    return open_domain(searcher, questions, k, max_words)["em"]
 
 
 def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,

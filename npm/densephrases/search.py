@@ -17,7 +17,7 @@ does not begin a word (or a retrieved end that does not end one) yields no phras
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -41,16 +41,14 @@ class PhraseTokens:
 
     def subset(self, rows: np.ndarray) -> PhraseTokens:
         """The table of the tokens ``rows`` (in order): the dump keeps only the tokens its filter lets through."""
-        return PhraseTokens(*(getattr(self, f)[rows] for f in ("passage", "segment", "word", "word_start",
-                                                                "word_end")))
+        return PhraseTokens(**{name: values[rows] for name, values in self.arrays().items()})
 
     def arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
-        return {prefix + f: getattr(self, f) for f in ("passage", "segment", "word", "word_start", "word_end")}
+        return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_arrays(cls, arrays, prefix: str = "") -> PhraseTokens:
-        return cls(*(np.asarray(arrays[prefix + f]) for f in ("passage", "segment", "word", "word_start",
-                                                               "word_end")))
+        return cls(**{f.name: np.asarray(arrays[prefix + f.name]) for f in fields(cls)})
 
     @classmethod
     def from_flags(cls, flags: np.ndarray, passage_offsets: np.ndarray, first_passage: int = 0,

@@ -41,13 +41,18 @@ class PhraseSearcher:
             firsts_t.append(firsts_t[-1] + len(arrays["input_ids"]))
         self._first_block, self._first_token = np.asarray(firsts_b), np.asarray(firsts_t)
 
-    def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """q_start, q_end float32 [n, d] of the questions; an empty question is a ValueError naming it."""
+    def tokenize(self, questions: list[str]) -> dict:
+        """The query encoders' inputs (``input_ids``, ``attention_mask``); an empty question is a ValueError naming
+        it."""
         empty = [i for i, q in enumerate(questions) if not str(q).strip()]
         if empty:
             raise ValueError(f"question {empty[0]} has no text: DensePhrases needs a question to encode")
-        enc = self.model.tokenizer(list(questions), padding=True, truncation=True, max_length=MAX_QUESTION_TOKENS,
-                                   return_tensors="pt")
+        return self.model.tokenizer(list(questions), padding=True, truncation=True, max_length=MAX_QUESTION_TOKENS,
+                                    return_tensors="pt")
+
+    def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """q_start, q_end float32 [n, d] of the questions."""
+        enc = self.tokenize(questions)
         with torch.inference_mode():
             qs, qe = self.model.query_vectors(enc["input_ids"], enc["attention_mask"])
         return qs.float().numpy(), qe.float().numpy()

@@ -128,7 +128,7 @@ def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]
     return [order[a:a + batch_size] for a in range(0, n, batch_size)]
 
 
-def _features(cfg) -> tuple[list[dict], dict]:
+def _features(cfg) -> dict:
     from npm.densephrases.features import rc_features
     from npm.densephrases.rc import read_squad
     from npm.model import load_tokenizer
@@ -138,7 +138,7 @@ def _features(cfg) -> tuple[list[dict], dict]:
     if feats["dropped"]:
         log.warning("%s: %d of %d answers lie beyond %d passage tokens and are left out", cfg.train,
                     feats["dropped"], len(examples), cfg.max_passage_tokens)
-    return examples, feats
+    return feats
 
 
 def _start(cfg, kind: str) -> tuple[Path, dict]:
@@ -146,7 +146,7 @@ def _start(cfg, kind: str) -> tuple[Path, dict]:
     run_dir = _run_dir(cfg, kind)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    return run_dir, _features(cfg)[1]
+    return run_dir, _features(cfg)
 
 
 def _update(loss: torch.Tensor, model, optimizer, scheduler) -> None:
