@@ -28,6 +28,7 @@ include: "workflow/rules/index.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/replug.smk"
+include: "workflow/rules/densephrases.smk"
 
 
 report: "workflow/report/workflow.rst"

@@ -58,6 +58,10 @@ class Settings:
     skip_blank_lines: bool = _setting(False, "decoder answer = the first non-empty generated line (instruction-tuned "
                                              "LMs); false = the first line, as the original code")
     batch_size: int = _setting(8, "examples per decoder-LM batch (REPLUG: each with `passages` rows)", minimum=1)
+    phrase_k: int = _setting(10, "DensePhrases: start and end vectors retrieved per question (the original's top_k "
+                                 "of 10)", minimum=1)
+    phrase_max_words: int = _setting(20, "DensePhrases: longest phrase in words (paper 20; the original code 10)",
+                                     minimum=1)
 
     def __post_init__(self):
         for f in fields(self):

@@ -120,3 +120,67 @@ def test_query_side_fine_tuning_moves_only_the_query_encoders_and_learns(world, 
     # the objective by hand: -log (e^1 + e^3) / (e^1 + e^2 + e^3)
     got = marginal_nll(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([True, False, True]))
     assert float(got) == pytest.approx(-np.log((np.e + np.e ** 3) / (np.e + np.e ** 2 + np.e ** 3)))
+
+
+def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_question(world):
+    """System `densephrases` of npm.evaluation.systems: an NPM-style input is asked as its question and answered
+    by the searcher's top phrase, the same one `PhraseSearcher.search` returns for that question."""
+    from types import SimpleNamespace
+
+    from npm.densephrases.searcher import PhraseSearcher
+    from npm.evaluation.systems import Inputs, get
+    from npm.settings import Settings
+
+    root = world["root"]
+    system = get("densephrases")
+    assert system.needs(closed=False) == ("phrase_dump", "phrase_index") and not system.applies(True, "agn")
+    settings = Settings(phrase_k=8, phrase_max_words=3)
+    scorer = system.load(system, Inputs(model=str(root / "model"), phrase_dump=[str(root / "dump")],
+                                        phrase_index=[str(root / "flat.faiss")], corpus="toy"), settings)
+    examples = [{"id": "a", "input": "What is the capital of Greece? The answer is: <mask>.", "answers": ["Athens"]},
+                {"id": "b", "input": "The Parthenon stands in <mask> .", "answers": ["Athens"]}]
+    out = scorer.open_set(SimpleNamespace(name="nq"), examples[:1], None)
+    cloze = scorer.open_set(SimpleNamespace(name="lama_trex"), examples[1:], None)
+    direct = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss").search(
+        ["What is the capital of Greece?", "The Parthenon stands in"], k=8, max_words=3, top_n=1)
+    assert out["answers"] + cloze["answers"] == [d[0]["text"] for d in direct]
+    assert [r["question"] for r in out["records"] + cloze["records"]] == ["What is the capital of Greece?",
+                                                                          "The Parthenon stands in"]
+    assert scorer.info["corpus_tokens"] == world["meta"]["tokens"] and scorer.info["phrase_k"] == 8
+    with pytest.raises(ValueError, match="one --phrase-dump and one --phrase-index"):
+        system.load(system, Inputs(model=str(root / "model"), phrase_dump=[str(root / "dump")] * 2,
+                                   phrase_index=[str(root / "flat.faiss")] * 2), settings)
+
+
+def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
+    """`densephrases evaluate` results of several variants and indexes -> results/tables/densephrases.csv: the
+    negatives rows, before / after query-side fine-tuning, and per index its size, build time, EM and queries/s."""
+    import csv
+
+    from npm.cli import main
+    from npm.report.densephrases import densephrases_table
+
+    root = world["root"]
+    write_jsonl(tmp_path / "nq.jsonl", [{"question": "What is the capital of Greece?", "answers": ["Athens"]},
+                                         {"question": "Where is the Parthenon?", "answers": ["Athens"]}])
+    build_index(root / "dump", tmp_path / "ivf.faiss", "IVF2,Flat", nprobe=2)
+    runs = {("pre_batch", "Flat"): root / "flat.faiss", ("pre_batch", "IVF2_Flat"): tmp_path / "ivf.faiss",
+            ("in_batch", "Flat"): root / "flat.faiss", ("pre_batch_qft", "Flat"): root / "flat.faiss"}
+    paths = []
+    for (variant, name), index in runs.items():
+        paths.append(tmp_path / "eval" / variant / f"{name}.json")
+        assert main(["densephrases", "evaluate", "--model", str(root / "model"), "--dump", str(root / "dump"),
+                     "--index", str(index), "--questions", str(tmp_path / "nq.jsonl"), "--k", "8", "--max-words",
+                     "3", "--out", str(paths[-1])]) == 0
+    table = densephrases_table(paths)
+    parts = {(r["Part"], r["Row"], r["Column"]) for r in table.rows}
+    assert {("negatives", "in-batch", "EM@1 nq"), ("negatives", "+ pre-batch", "EM@1 nq"),
+            ("query-side fine-tuning", "before", "EM@1 nq"), ("query-side fine-tuning", "after", "EM@1 nq"),
+            ("index", "Flat", "bytes per vector"), ("index", "IVF2,Flat", "queries/s (CPU)")} <= parts
+    assert not any(r["Part"] == "index" and r["Row"] == "in-batch" for r in table.rows)
+    neg = {r["Row"]: r for r in table.rows if r["Part"] == "negatives"}
+    assert neg["+ pre-batch"]["Paper"] == 60.4 and 0 <= neg["in-batch"]["Ours"] <= 100
+    assert main(["report", "densephrases", "--metrics", *map(str, paths), "--out", str(tmp_path / "t.csv")]) == 0
+    assert len(list(csv.DictReader(open(tmp_path / "t.csv")))) == len(table.rows)
+    with pytest.raises(FileNotFoundError, match="densephrases evaluate"):
+        densephrases_table([tmp_path / "eval" / "none" / "Flat.json"])

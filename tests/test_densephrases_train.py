@@ -127,3 +127,43 @@ def test_training_learns_resumes_only_itself_and_uses_pre_batch_in_the_last_epoc
     with torch.no_grad():
         next(model.query_start.parameters()).add_(1.0)
     assert all(torch.equal(v, before[k]) for k, v in model.phrase.state_dict().items())
+
+
+def test_a_batch_loss_ignores_padding_beyond_its_longest_sequence(world):
+    """The features are padded to the longest passage of the whole set; each step cuts its batch to its own longest,
+    which changes no loss (only the time)."""
+    from npm.densephrases.model import DensePhrases
+    from npm.densephrases.train import TrainConfig, step_loss
+
+    torch.manual_seed(0)
+    model = DensePhrases.from_encoder(world["encoder"]).eval()
+    feats = rc_features(read_squad(world["train"]), load_tokenizer(world["encoder"]), 64, 24)
+    wide = dict(feats)
+    for key, extra in (("passage_ids", 30), ("passage_mask", 30), ("valid", 30), ("question_ids", 9),
+                       ("question_mask", 9)):
+        wide[key] = np.pad(feats[key], ((0, 0), (0, extra)))
+    teacher = np.random.default_rng(0).normal(size=feats["passage_ids"].shape).astype(np.float32)
+    wide_teacher = np.pad(teacher, ((0, 0), (0, 30)), constant_values=-np.inf)
+    cfg = TrainConfig(encoder=world["encoder"], train=world["train"], out_dir="-", checkpoint_dir="-",
+                      negatives="in_batch", lambda_filter=1.0)
+    rows = np.array([0, 3, 5])
+    with torch.no_grad():
+        loss, parts = step_loss(model, feats, rows, cfg, None, teacher, teacher)
+        wide_loss, wide_parts = step_loss(model, wide, rows, cfg, None, wide_teacher, wide_teacher)
+    assert set(parts) == {"single", "distill", "neg", "filter"}
+    assert torch.allclose(loss, wide_loss, atol=1e-5)
+    assert parts == pytest.approx(wide_parts, abs=1e-5)
+
+
+def test_open_set_inputs_become_questions_and_facts_become_cloze_questions():
+    from npm.densephrases.evaluate import task_question
+    from npm.densephrases.rc import cloze_questions
+
+    assert task_question("nq", "what is the capital of peru? The answer is: <mask>.") == "what is the capital of peru?"
+    assert task_question("kamel", "What is the capital of Peru? Answer: <mask>.") == "What is the capital of Peru?"
+    assert task_question("lama_trex", "The capital of Peru is <mask> .") == "The capital of Peru is"
+    assert task_question("templama_changed", "<mask> is the capital of Peru.") == "is the capital of Peru"
+    examples = [dict(ex, relation=rel) for ex, rel in zip(_examples()[:3], ["P36", "P38", "P1376"], strict=True)]
+    assert cloze_questions(examples) == [
+        {"id": "q0", "question": "The capital of Greece is", "answers": ["Athens"], "question_generated": True},
+        {"id": "q2", "question": "Norway is the capital of", "answers": ["Oslo"], "question_generated": True}]

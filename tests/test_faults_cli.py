@@ -54,6 +54,8 @@ BASE = {
                          "--out", "o", "--checkpoint-dir", "c"],
     "densephrases train": ["densephrases", "train", "--encoder", "e", "--train", "t", "--out", "o",
                            "--checkpoint-dir", "c"],
+    "densephrases train-teacher": ["densephrases", "train-teacher", "--encoder", "e", "--train", "t", "--out", "o",
+                                   "--checkpoint-dir", "c"],
     "densephrases dump": ["densephrases", "dump", "--model", "m", "--blocks", "b", "--out", "o"],
     "densephrases index": ["densephrases", "index", "--dump", "d", "--out", "o"],
     "densephrases query-ft": ["densephrases", "query-ft", "--model", "m", "--dump", "d", "--index", "i", "--train",
@@ -225,6 +227,16 @@ SCHEMA_TO_CLI = {
     **{f"replug.lsr.{key}": ("replug train-lsr", f"--{key.replace('_', '-')}")
        for key in ("steps", "batch_size", "k", "gamma", "beta", "lr", "warmup_ratio", "refresh_every", "x_len",
                    "y_len", "doc_len", "checkpoint_every")},
+    "densephrases.max_passage_tokens": ("densephrases train", "--max-passage-tokens"),
+    "densephrases.max_question_tokens": ("densephrases train", "--max-question-tokens"),
+    "densephrases.nprobe": ("densephrases index", "--nprobe"),
+    **{f"densephrases.teacher.{key}": ("densephrases train-teacher", f"--{key.replace('_', '-')}")
+       for key in ("epochs", "batch_size", "lr")},
+    **{f"densephrases.train.{key}": ("densephrases train", f"--{key.replace('_', '-')}")
+       for key in ("epochs", "pre_batch_epochs", "pre_batch", "batch_size", "lr", "lambda_single", "lambda_distill",
+                   "lambda_neg", "lambda_filter")},
+    **{f"densephrases.query_ft.{key}": ("densephrases query-ft", f"--{key.replace('_', '-')}")
+       for key in ("epochs", "batch_size", "lr", "k")},
 }
 NO_CLI_OPTION = {"training.gpus_per_node"}  # read by the Snakefile (torchrun), not by an npm-repro option
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

@@ -95,7 +95,8 @@ def test_every_system_names_a_known_model_and_artefacts():
         for needs in (system.closed, system.open):
             assert needs is None or set(needs) <= set(ARTEFACTS)
     assert names(closed=True) == ["npm", "npm_single", "mlm", "lm", "lm_pmi"]
-    assert names(closed=False) == ["npm", "npm_single", "npm_faiss", "lm", "bm25_lm", "replug", "replug_lsr"]
+    assert names(closed=False) == ["npm", "npm_single", "npm_faiss", "lm", "bm25_lm", "replug", "replug_lsr",
+                                   "densephrases"]
     assert SYSTEMS["replug_lsr"].needs(False, "bm25") == ("encoder", "blocks")  # always its own dense retriever
 
 

@@ -170,3 +170,41 @@ def test_a_replug_retriever_of_its_own_reads_the_corpus_in_its_own_tokenization(
     assert "--encoder facebook/contriever" in lsr
     tokenize = [s for s in shells if "tokenize-blocks" in s and "data/replug/blocks/" in s]
     assert tokenize and all("--tokenizer facebook/contriever" in s for s in tokenize)
+
+
+def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
+    """Config `densephrases`: the knowledge-table row reads the query-side fine-tuned model with the dump and index
+    of the model it was fine-tuned from; the negatives ablation adds a training and an evaluation per setting; a
+    config that lists the system without the section is refused at start-up."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["densephrases"]["negatives_ablation"] = ["none"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([SNAKEMAKE, "-n", "-p", "--cores", "1", "--directory", str(tmp_path / "w"), "-s",
+                          str(ROOT / "Snakefile"), "results/tables/densephrases.csv",
+                          "results/metrics/nq/densephrases.json", "--configfile", str(tmp_path / "c.yaml")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    shells = [line[line.index("npm-repro"):] for line in out.stdout.splitlines() if "npm-repro " in line]
+    (row,) = [s for s in shells if "--system densephrases" in s]
+    assert "--model results/densephrases/model_pre_batch_qft " in row
+    assert "--phrase-dump data/densephrases/dump/pre_batch/enwiki " in row
+    assert "--phrase-index data/densephrases/index/pre_batch/enwiki/Flat.faiss " in row
+    (qft,) = [s for s in shells if "densephrases query-ft" in s]
+    assert "--model results/densephrases/model_pre_batch " in qft and "pre_batch/enwiki/Flat.faiss" in qft
+    assert "--train data/densephrases/rc/cloze_train.jsonl" in qft
+    trained = sorted(re.search(r"--negatives (\w+)", s).group(1) for s in shells if "densephrases train " in s)
+    assert trained == ["none", "pre_batch"]
+    (report,) = [s for s in shells if "report densephrases" in s]
+    for variant, index in (("pre_batch", "Flat"), ("pre_batch", "IVF256_SQ4"), ("pre_batch", "OPQ48_IVF256_PQ48"),
+                           ("none", "Flat"), ("pre_batch_qft", "Flat")):
+        assert f"results/densephrases/eval/{variant}/{index}.json" in report
+    rc = [s for s in shells if "densephrases evaluate" in s and "--rc " in s]
+    assert rc and all("/Flat.faiss" in s for s in rc)  # reading comprehension once per model, not per index
+    del cfg["densephrases"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([SNAKEMAKE, "-n", "--cores", "1", "--directory", str(tmp_path / "w"), "-s",
+                          str(ROOT / "Snakefile"), "--configfile", str(tmp_path / "c.yaml")], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "no `densephrases` section" in out.stdout + out.stderr

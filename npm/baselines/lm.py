@@ -71,6 +71,15 @@ def prepend_passages(prompt: str, passages: Sequence[str] | None) -> str:
     return out
 
 
+def question_text(text: str, *, reproduce_kamel_bug: bool = False) -> str:
+    """The question of a question-family input (NQ, TriviaQA: before "The answer is: <mask>"; KAMEL: before
+    "Answer: <mask>", unless ``reproduce_kamel_bug``), stripped."""
+    question = text.split(QUESTION_SPLIT)[0]
+    if not reproduce_kamel_bug and QUESTION_SPLIT not in text:
+        question = question.split(KAMEL_SPLIT)[0]
+    return question.strip()
+
+
 def open_set_prompt(task: str, text: str, passages: Sequence[str] | None = None, *,
                     reproduce_kamel_bug: bool = False) -> str:
     """The causal-LM prompt of one open-set input (paper-map §6), optionally with passages prepended.
@@ -88,10 +97,7 @@ def open_set_prompt(task: str, text: str, passages: Sequence[str] | None = None,
     """
     family = task_family(task)
     if family == "question":
-        question = text.split(QUESTION_SPLIT)[0]
-        if not reproduce_kamel_bug and QUESTION_SPLIT not in text:
-            question = question.split(KAMEL_SPLIT)[0]
-        prompt = f"Question: {question.strip()}\nAnswer:"
+        prompt = f"Question: {question_text(text, reproduce_kamel_bug=reproduce_kamel_bug)}\nAnswer:"
     elif family == "cloze":
         prompt = f"{text.replace(MASK, CLOZE_BLANK)} Fill in the blank. Answer:"
     else:

@@ -1,5 +1,5 @@
 """``npm-repro densephrases rc | train-teacher | train | dump | index | query-ft | evaluate | search``: DensePhrases
-(Lee et al. 2021) as its own system; docs/paper-map.md §D. Register with ``add_cli(subparsers)``."""
+(Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``); docs/paper-map.md §D. Register with ``add_cli(subparsers)``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from npm.settings import bounded, positive_float, positive_int
+from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 log = logging.getLogger("npm-repro.densephrases")
 
@@ -31,13 +32,18 @@ def _questions(path: Path) -> list[dict]:
 
 def cmd_rc(args) -> int:
     from npm.data.embedded import corpus_titles, load_leads
-    from npm.densephrases.rc import SPLITS, embedded_rc, write_squad
+    from npm.densephrases.rc import SPLITS, cloze_questions, embedded_rc, write_squad
+    from npm.io import write_jsonl
 
     leads = load_leads()
     splits = embedded_rc(leads, corpus_titles(leads, args.max_articles), args.seed)
     for split in SPLITS:
         n = write_squad(args.out_dir / f"{split}.json", splits[split], "npm-repro embedded RC (questions GENERATED)")
         log.info("%s: %d examples -> %s", split, n, args.out_dir / f"{split}.json")
+    for split in ("train", "dev"):
+        path = args.out_dir / f"cloze_{split}.jsonl"
+        write_jsonl(path, cloze_questions(splits[split]))
+        log.info("%s: cloze questions for query-side fine-tuning -> %s", split, path)
     return 0
 
 
@@ -99,7 +105,7 @@ def cmd_query_ft(args) -> int:
 def cmd_evaluate(args) -> int:
     """RC EM/F1 on SQuAD examples (--rc), open-domain EM@1 and queries/s over the index (--questions)."""
     from npm.densephrases.model import DensePhrases
-    from npm.io import provenance, write_json
+    from npm.io import provenance, read_json, write_json
 
     out: dict = {"model": str(args.model)}
     if args.rc:
@@ -117,20 +123,27 @@ def cmd_evaluate(args) -> int:
             out["rc_teacher"] = rc_evaluate(model, examples, args.max_passage_tokens, teacher=teacher)
         log.info("RC EM %.1f F1 %.1f (random span %.1f; teacher %s)", out["rc"]["em"], out["rc"]["f1"],
                  out["rc_random_span"]["em"], f"{out['rc_teacher']['em']:.1f}" if args.teacher else "-")
-    if args.questions:
-        from npm.densephrases.evaluate import open_domain
+    sets = {Path(q).stem: ("file", q) for q in args.questions} | {t: ("task", t) for t in args.task}
+    if sets:
+        from npm.densephrases.evaluate import open_domain, task_questions
         from npm.densephrases.searcher import PhraseSearcher
 
         if not (args.dump and args.index):
-            raise ValueError("--questions needs --dump and --index (open-domain search)")
+            raise ValueError("--questions / --task need --dump and --index (open-domain search)")
         searcher = PhraseSearcher(args.model, args.dump, args.index)
-        out["open"] = {"questions": str(args.questions),
-                       **open_domain(searcher, _questions(args.questions), args.k, args.max_words)}
-        log.info("open-domain EM@1 %.1f on %d questions, %.1f queries/s", out["open"]["em"], out["open"]["n"],
-                 out["open"]["queries_per_s"])
+        out["index"] = read_json(Path(str(args.index) + ".json"), "rebuild the index")
+        out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes")}
+        out["open"] = {}
+        for name, (kind, where) in sets.items():
+            questions = _questions(where) if kind == "file" else \
+                task_questions(where, args.tasks_root, searcher.model.tokenizer)
+            out["open"][name] = {"source": str(where), **open_domain(searcher, questions, args.k, args.max_words)}
+            log.info("%s: open-domain EM@1 %.1f on %d questions, %.1f queries/s", name, out["open"][name]["em"],
+                     out["open"][name]["n"], out["open"][name]["queries_per_s"])
     if len(out) == 1:
-        raise ValueError("nothing to evaluate: give --rc and/or --questions")
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+        raise ValueError("nothing to evaluate: give --rc, --questions and/or --task")
+    plain = lambda v: [plain(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v  # noqa: E731
+    settings = {k: plain(v) for k, v in vars(args).items() if k != "func"}
     write_json(args.out, {**out, "provenance": provenance(settings)})
     return 0
 
@@ -161,9 +174,16 @@ def _length_args(p) -> None:
     p.add_argument("--max-question-tokens", type=positive_int, default=64, help="question tokens")
 
 
-def _search_args(p, k: int) -> None:
-    p.add_argument("--k", type=positive_int, default=k, help="starts and ends retrieved per question")
-    p.add_argument("--max-words", type=positive_int, default=20, help="longest phrase L in words (paper 20; code 10)")
+def _search_args(p, k: int | None = None) -> None:
+    """--k and --max-words, with the defaults of ``npm.settings.Settings`` (config inference.phrase_k and
+    .phrase_max_words) unless ``k`` is given."""
+    from npm.settings import Settings
+
+    default = Settings()
+    p.add_argument("--k", type=positive_int, default=k or default.phrase_k,
+                   help="starts and ends retrieved per question")
+    p.add_argument("--max-words", type=positive_int, default=default.phrase_max_words,
+                   help="longest phrase L in words (paper 20; code 10)")
 
 
 def add_cli(subparsers) -> argparse.ArgumentParser:
@@ -177,7 +197,9 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
 
     s = sub.add_parser("rc", help="the embedded RC set: SQuAD v1.1 files by distant supervision (train/dev/test)",
                        description="Real facts whose object occurs in the real lead of a subject outside the demo "
-                                   "corpus; GENERATED template questions; split by subject (npm.densephrases.rc).",
+                                   "corpus; GENERATED template questions; split by subject (npm.densephrases.rc). "
+                                   "Also cloze_train.jsonl / cloze_dev.jsonl: the same facts as LAMA-style cloze "
+                                   "questions, for query-side fine-tuning.",
                        formatter_class=fmt)
     s.add_argument("--max-articles", type=positive_int, default=2000,
                    help="leads in the demo corpus (embedded.max_articles): their subjects are never used")
@@ -271,10 +293,14 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--model", type=Path, required=True, help="DensePhrases model folder")
     s.add_argument("--rc", type=Path, default=None, help="SQuAD JSON for reading comprehension")
     s.add_argument("--teacher", type=Path, default=None, help="teacher folder: its RC EM/F1 beside")
-    s.add_argument("--questions", type=Path, default=None, help="open-domain questions (SQuAD .json or JSONL)")
-    s.add_argument("--dump", type=Path, default=None, help="dump folder (--questions)")
-    s.add_argument("--index", type=Path, default=None, help="index file (--questions)")
-    _search_args(s, 10)
+    s.add_argument("--questions", type=Path, nargs="+", default=[],
+                   help="open-domain question files (SQuAD .json or JSONL {question, answers}), each named by its stem")
+    s.add_argument("--task", nargs="+", default=[], help="open-set tasks of config/tasks.yaml, asked as questions "
+                                                          "(npm.densephrases.evaluate.task_question)")
+    s.add_argument("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders")
+    s.add_argument("--dump", type=Path, default=None, help="dump folder (--questions, --task)")
+    s.add_argument("--index", type=Path, default=None, help="index file (--questions, --task)")
+    _search_args(s)
     _length_args(s)
     s.add_argument("--out", type=Path, required=True, help="results JSON")
     s.set_defaults(func=cmd_evaluate)
@@ -284,7 +310,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                                    "of Greece?\"", formatter_class=fmt)
     _model_args(s)
     s.add_argument("question", nargs="+", help="question(s)")
-    _search_args(s, 10)
+    _search_args(s)
     s.add_argument("--top", type=positive_int, default=5, help="phrases printed per question")
     s.add_argument("--evidence", action=argparse.BooleanOptionalAction, default=True, help="print the passage")
     s.set_defaults(func=cmd_search)

@@ -5,6 +5,10 @@
   z = h . q, and the cross-attention teacher read answers this way).
 * :func:`rc_scores`: SQuAD exact match and token F1 (``npm.tasks.metrics``) of span predictions, in percent.
 * :func:`open_domain`: EM@1 of the top phrase over the index (``npm.densephrases.searcher``) and questions/s.
+* :func:`task_question`: the question DensePhrases encodes for an NPM-style open-set input (its "<mask>" form):
+  NQ, TriviaQA and KAMEL keep their question; a cloze (LAMA, TempLAMA) or translation input is its text with the mask
+  removed ("The capital of Greece is"), a format that phrase training never sees and that query-side fine-tuning can
+  learn (paper 7.2, slot filling). :func:`task_questions` turns a task of the registry into such records.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from npm.tasks.metrics import exact_match, f1_score
+from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
 
 def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarray,
@@ -117,3 +122,25 @@ def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 2
     return {"n": len(hits), "em": 100.0 * float(np.mean(hits)), "queries_per_s": round(len(hits) / seconds, 2),
             "predictions": [{"id": q.get("id"), "prediction": f[0]["text"] if f else "", "answers": q["answers"],
                              "em": h} for f, q, h in zip(found, questions, hits, strict=True)]}
+
+
+def task_question(task: str, text: str) -> str:
+    """The question of one open-set input of ``task`` (see the module docstring)."""
+    from npm.baselines.lm import question_text, task_family
+
+    if task_family(task) == "question":
+        return question_text(text)
+    return " ".join(text.replace(MASK, " ").split()).rstrip(" .?!:")
+
+
+def task_questions(task: str, tasks_root, tokenizer=None, n_samples: int = 0) -> list[dict]:
+    """{id, question, answers} records of an open-set task of the registry read from ``tasks_root/task``
+    (``n_samples`` = 0: all its examples; ``tokenizer``: LAMA's n-gram buckets)."""
+    from pathlib import Path
+
+    from npm.tasks.registry import resolve_task, task_examples
+
+    if resolve_task(task).closed:
+        raise ValueError(f"task {task} is a closed-set task: DensePhrases answers open-set tasks")
+    return [{"id": ex["id"], "question": task_question(task, ex["input"]), "answers": ex["answers"]}
+            for ex in task_examples(task, Path(tasks_root) / task, tokenizer, n_samples=n_samples)]

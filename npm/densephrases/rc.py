@@ -15,7 +15,9 @@ GENERATED template per relation (worded unlike the evaluation tasks' templates, 
 style inputs stay unseen formats). Only leads *outside* the demo's reference corpus are used, so no evaluation
 question's subject and no indexed passage is ever seen in training; train / dev / test are split by subject.
 :func:`write_squad` writes examples back as SQuAD v1.1 JSON with ``"question_generated": true`` on generated
-questions.
+questions. :func:`cloze_questions` restates the training and dev facts in LAMA's cloze form ("The capital of Chile
+is"): the data of query-side fine-tuning, a question format that phrase training never sees (paper 7.2, where the
+query side is fine-tuned to slot filling).
 """
 
 from __future__ import annotations
@@ -121,4 +123,21 @@ def embedded_rc(leads: dict, corpus_titles: list[str], seed: int = 0,
             "id": f"gen-rc-{n}", "title": f["subject"], "context": context,
             "question": RC_QUESTIONS[f["relation"]].format(s=f["subject"]), "answers": [m.group(0)],
             "answer_start": [m.start()], "question_generated": True, "relation": f["relation"]})
+    return out
+
+
+def cloze_questions(examples: list[dict]) -> list[dict]:
+    """{id, question, answers} of the examples whose relation has a LAMA template (``npm.tasks.embedded``), asked as
+    DensePhrases asks a LAMA input (``npm.densephrases.evaluate.task_question``); GENERATED."""
+    from npm.densephrases.evaluate import task_question
+    from npm.tasks.embedded import TREX_TEMPLATES
+    from npm.tasks.templates import MASK_PLACEHOLDER
+
+    out = []
+    for ex in examples:
+        template = TREX_TEMPLATES.get(ex.get("relation", ""))
+        if template:
+            text = template.replace("[X]", ex["title"]).replace("[Y]", MASK_PLACEHOLDER)
+            out.append({"id": ex["id"], "question": task_question("lama_trex", text), "answers": ex["answers"],
+                        "question_generated": True})
     return out

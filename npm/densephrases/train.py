@@ -158,8 +158,14 @@ def _update(loss: torch.Tensor, model, optimizer, scheduler) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _t(x, rows) -> torch.Tensor:
-    return torch.as_tensor(x[rows])
+def _t(x, rows, width: int | None = None) -> torch.Tensor:
+    """Rows of a feature array as a tensor, cut to ``width`` columns (the longest sequence of the batch: the
+    features are padded to the longest of the whole set, and every column past the batch's own is padding)."""
+    return torch.as_tensor(x[rows] if width is None else x[rows, :width])
+
+
+def _width(mask: np.ndarray, rows) -> int:
+    return max(1, int(mask[rows].sum(axis=1).max()))
 
 
 # ------------------------------------------------------------------------------------------------ the teacher
@@ -265,14 +271,15 @@ def step_loss(model, feats: dict, rows: np.ndarray, cfg: TrainConfig, queue, tea
         total_loss,
     )
 
-    valid = _t(feats["valid"], rows)
+    lp, lq = _width(feats["passage_mask"], rows), _width(feats["question_mask"], rows)
+    valid = _t(feats["valid"], rows, lp)
     start, end = _t(feats["start"], rows), _t(feats["end"], rows)
-    h = model.phrase_vectors(_t(feats["passage_ids"], rows), _t(feats["passage_mask"], rows))
-    q_start, q_end = model.query_vectors(_t(feats["question_ids"], rows), _t(feats["question_mask"], rows))
+    h = model.phrase_vectors(_t(feats["passage_ids"], rows, lp), _t(feats["passage_mask"], rows, lp))
+    q_start, q_end = model.query_vectors(_t(feats["question_ids"], rows, lq), _t(feats["question_mask"], rows, lq))
     parts = {"single": single_passage_loss(h, valid, q_start, q_end, start, end)}
     if teacher_s is not None and cfg.lambda_distill:
-        parts["distill"] = distill_loss(token_logits(h, q_start), token_logits(h, q_end), _t(teacher_s, rows),
-                                        _t(teacher_e, rows), valid)
+        parts["distill"] = distill_loss(token_logits(h, q_start), token_logits(h, q_end), _t(teacher_s, rows, lp),
+                                        _t(teacher_e, rows, lp), valid)
     g_start, g_end = gold_vectors(h, start, end)
     if cfg.negatives != "none" and cfg.lambda_neg:
         parts["neg"] = in_batch_loss(q_start, q_end, g_start, g_end, *(queue.negatives() if queue else (None, None)))

@@ -25,7 +25,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                              "in the order of --task")
     threads.set_threads(args.threads)
     inputs = Inputs(model=args.model, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25, blocks=args.blocks,
-                    encoder=args.encoder, corpus=args.corpus, device=args.device, tasks_root=str(args.tasks_root),
+                    encoder=args.encoder, phrase_dump=args.phrase_dump, phrase_index=args.phrase_index,
+                    corpus=args.corpus, device=args.device, tasks_root=str(args.tasks_root),
                     control=args.negative_control)
     results = evaluate_tasks(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
                              tokenizer=args.tokenizer, predictions_paths=args.predictions,
@@ -59,6 +60,10 @@ def add_cli(subparsers) -> None:
     p.add_argument("--blocks", nargs="+", default=[], metavar="FILE",
                    help="the corpus's blocks .npz files in corpus order (passages of the retrieving decoders)")
     p.add_argument("--encoder", metavar="NAME_OR_PATH", help="NPM encoder of the dense retriever (--retriever dense)")
+    p.add_argument("--phrase-dump", nargs="+", default=[], metavar="DIR",
+                   help="DensePhrases: the corpus's phrase dump (npm-repro densephrases dump)")
+    p.add_argument("--phrase-index", nargs="+", default=[], metavar="FILE",
+                   help="DensePhrases: the dump's FAISS index (npm-repro densephrases index)")
     p.add_argument("--tokenizer", metavar="NAME_OR_PATH",
                    help="tokenizer counting LAMA answers' n-gram buckets (default: the system's own)")
     p.add_argument("--corpus", help="reference corpus name recorded in the metrics (default: from the paths)")

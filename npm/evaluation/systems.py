@@ -29,8 +29,9 @@ import numpy as np
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 # Corpus artefacts a system can need, as the workflow builds them per (model, corpus) or per corpus.
-ARTEFACTS = ("datastore", "faiss", "bm25", "blocks", "encoder")
-MODELS = ("npm", "npm_single", "mlm", "lm")  # config `models` (trained or released) and `baselines.lm` (the decoder)
+ARTEFACTS = ("datastore", "faiss", "bm25", "blocks", "encoder", "phrase_dump", "phrase_index")
+# config `models` (trained or released), `baselines.lm` (the decoder), and DensePhrases (config `densephrases`)
+MODELS = ("npm", "npm_single", "mlm", "lm", "densephrases")
 
 
 @dataclass
@@ -44,6 +45,8 @@ class Inputs:
     bm25: list[str] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)
     encoder: str | None = None
+    phrase_dump: list[str] = field(default_factory=list)  # DensePhrases: the corpus's phrase dump folder
+    phrase_index: list[str] = field(default_factory=list)  # and its FAISS index
     corpus: str | None = None
     device: str | None = None
     tasks_root: str = str(DEFAULT_TASKS_ROOT)  # the task folders (and fuzzy_verbalizers/)
@@ -117,6 +120,12 @@ def _mlm(system: System, inputs: Inputs, settings):
     return MlmScorer(system, inputs, settings)
 
 
+def _densephrases(system: System, inputs: Inputs, settings):
+    from npm.densephrases.scorer import DensePhrasesScorer
+
+    return DensePhrasesScorer(system, inputs, settings)
+
+
 def _decoder(system: System, inputs: Inputs, settings):
     from npm.baselines.decoder import DecoderScorer
 
@@ -148,6 +157,9 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            "preferences (Shi et al. 2023, 4; rule replug_train_lsr)", model="lm", closed=None,
            open=("encoder", "blocks"), load=_decoder, lm_label="REPLUG LSR ({lm})",
            options={"retrieval": True, "ensemble": True, "retriever": "dense"}, retriever_encoder="replug_lsr"),
+    System("densephrases", "DensePhrases", "DensePhrases (Lee et al. 2021): the top phrase of the corpus's phrase "
+           "index for the input asked as a question (config densephrases)", model="densephrases", closed=None,
+           open=("phrase_dump", "phrase_index"), load=_densephrases),
 )}
 
 

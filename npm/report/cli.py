@@ -11,7 +11,7 @@ import logging
 
 from npm.report import figures, tables
 
-WHAT = ("table1", "table2", "table3", "table4", "table8", "figure6", "figure7", "figure8")
+WHAT = ("table1", "table2", "table3", "table4", "table8", "figure6", "figure7", "figure8", "densephrases")
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -28,6 +28,11 @@ def run_report(args: argparse.Namespace) -> int:
         return 0
     if not args.metrics:
         raise ValueError(f"report {args.what} needs --metrics FILE...")
+    if args.what == "densephrases":
+        from npm.report.densephrases import densephrases_table
+
+        log.info("densephrases -> %s", tables.write_table(densephrases_table(args.metrics), args.out))
+        return 0
     paper = tables.load_paper_values(args.paper_values)
     if args.what in figures.FIGURES:
         figures.FIGURES[args.what](args.metrics, args.out, paper=paper)
@@ -52,9 +57,11 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                    help="table1: zero-shot closed-set accuracy; table2: TempLAMA, outdated (2019) vs updated (2022) "
                         "corpus; table3: entity translation; table4: inference speed; table8: knowledge tasks "
                         "(LAMA, UHN / Hard subsets); figure6: score against parameters; figure7: score against "
-                        "reference corpus size (paper 6.4); figure8: exact match by the answer's subword splits")
+                        "reference corpus size (paper 6.4); figure8: exact match by the answer's subword splits; "
+                        "densephrases: the DensePhrases paper's tables that run here")
     p.add_argument("--metrics", nargs="+", default=[], metavar="FILE",
-                   help="metrics JSON files (results/metrics/{task}/{system}[@corpus].json)")
+                   help="metrics JSON files (results/metrics/{task}/{system}[@corpus].json); densephrases: "
+                        "`densephrases evaluate` results (results/densephrases/eval/{variant}/{index}.json)")
     p.add_argument("--predictions", nargs="+", default=[], metavar="FILE",
                    help="figure8: predictions JSONL files (results/predictions/{task}/{system}[@corpus].jsonl)")
     p.add_argument("--tokenizer", default=None, metavar="NAME",

@@ -12,7 +12,7 @@ from npm.evaluation.systems import SYSTEMS
 from npm.io import resolve_package_path
 from npm.model import locate_checkpoint
 
-TRAINABLE = [m for m in SYSTEM_MODELS if m != "lm"]  # config `models`: trained here or released checkpoints
+TRAINABLE = [m for m in SYSTEM_MODELS if m not in ("lm", "densephrases")]  # config `models`: trained here or released checkpoints
 
 
 wildcard_constraints:
@@ -181,6 +181,8 @@ def model_name(model):
     if model == "lm":
         name = config["baselines"]["lm"]
         return "results/models/smollm2" if name == "smollm2" else name
+    if model == "densephrases":
+        return dp_model()
     return released_model(model) or f"results/models/{model}"
 
 
@@ -190,6 +192,8 @@ def model_input(model):
     if model == "lm":
         name = model_name("lm")
         return [name] if name == "results/models/smollm2" or Path(name).is_dir() else []
+    if model == "densephrases":
+        return [dp_model()]
     if not released_model(model):
         return [f"results/models/{model}"]
     return [checkpoint_folder(model)] if checkpoint_folder(model) else []
@@ -290,11 +294,96 @@ REPLUG_ENCODER = (config.get("replug") or {}).get("encoder") or config["model"][
 
 
 def replug_blocks(corpus):
-    """Blocks files of a corpus for REPLUG's retriever and the retrievers LSR trains from it: the corpus's own when
-    that retriever is model.encoder, else the corpus tokenized with its tokenizer (replug_tokenize_blocks)."""
-    if REPLUG_ENCODER == config["model"]["encoder"]:
+    """Blocks files of a corpus for REPLUG's retriever and the retrievers LSR trains from it (replug_tokenize_blocks
+    when that retriever is not model.encoder)."""
+    return encoder_blocks(corpus, REPLUG_ENCODER, "data/replug/blocks")
+
+
+def encoder_blocks(corpus, encoder, folder):
+    """Blocks files of a corpus for a model with its own tokenizer: the corpus's own when ``encoder`` is
+    model.encoder, else those in ``folder`` (the corpus tokenized by a `use rule` of tokenize_blocks)."""
+    if encoder == config["model"]["encoder"]:
         return corpus_blocks(corpus)
-    return expand("data/replug/blocks/{corpus}/shard{shard}.npz", corpus=corpus, shard=shard_ids(corpus))
+    return expand(f"{folder}/{{corpus}}/shard{{shard}}.npz", corpus=corpus, shard=shard_ids(corpus))
+
+
+# DensePhrases (config `densephrases`, rules in densephrases.smk; absent = none of its targets).
+DP = config.get("densephrases") or {}
+DP_ENCODER = DP.get("encoder") or config["model"]["encoder"]
+DP_TEACHER_ENCODER = DP.get("teacher_encoder") or DP_ENCODER
+DP_CORPUS = DP.get("corpus", "")
+DP_NEGATIVES = (DP.get("train") or {}).get("negatives", "pre_batch")
+DP_LENGTHS = f"--max-passage-tokens {DP.get('max_passage_tokens')} --max-question-tokens {DP.get('max_question_tokens')}"
+
+
+def _slug(factory):
+    """A FAISS factory string as a file name ("IVF256,SQ4" -> "IVF256_SQ4")."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", factory).strip("_")
+
+
+DP_INDEXES = {_slug(f): f for f in [DP.get("index", "Flat"), *DP.get("compare_indexes", [])]}  # file name -> factory
+DP_INDEX = _slug(DP.get("index", "Flat"))
+if "densephrases" in evaluated_systems() and not DP:
+    _config_error("evaluation lists the system densephrases but config has no `densephrases` section")
+if DP and DP_CORPUS not in config["sources"]:
+    _config_error(f"densephrases.corpus: {DP_CORPUS!r} is not a source; sources: {sorted(config['sources'])}")
+
+
+def dp_blocks(corpus):
+    return encoder_blocks(corpus, DP_ENCODER, "data/densephrases/blocks")
+
+
+def dp_model():
+    """The DensePhrases model of the knowledge tables: query-side fine-tuned when config has `query_ft`."""
+    return f"results/densephrases/model_{DP_NEGATIVES}" + ("_qft" if DP.get("query_ft") else "")
+
+
+def dp_dump(negatives, corpus):
+    return f"data/densephrases/dump/{negatives}/{corpus}/meta.json"
+
+
+def dp_index(negatives, corpus, index):
+    return f"data/densephrases/index/{negatives}/{corpus}/{index}.faiss"
+
+
+def dp_rc(split):
+    """A SQuAD v1.1 file of the RC data: the embedded set (rule densephrases_rc) or config densephrases.rc."""
+    rc = DP.get("rc", "embedded")
+    return f"data/densephrases/rc/{split}.json" if rc == "embedded" else rc[split]
+
+
+def dp_qft(split):
+    """Questions of query-side fine-tuning: config query_ft.{split}, else the RC facts as cloze questions (embedded
+    RC only; without them, no dev set and a config error for train)."""
+    given = (DP.get("query_ft") or {}).get(split)
+    if given:
+        return given
+    if DP.get("rc", "embedded") == "embedded":
+        return f"data/densephrases/rc/cloze_{split}.jsonl"
+    if split == "train" and DP.get("query_ft"):
+        _config_error("densephrases.query_ft.train: give a question file (the RC data is not the embedded set)")
+    return []
+
+
+def dp_evaluate_inputs(wildcards):
+    """Model, dump and index of one variant of the table; RC test data and teacher with config `index`."""
+    negatives = wildcards.variant.removesuffix("_qft")
+    inputs = {"model": f"results/densephrases/model_{wildcards.variant}", "tasks": embedded_task_targets(),
+              "dump": dp_dump(negatives, DP_CORPUS), "index": dp_index(negatives, DP_CORPUS, wildcards.index)}
+    if wildcards.index == DP_INDEX:
+        inputs.update(rc=dp_rc("test"), teacher="results/densephrases/teacher")
+    return inputs
+
+
+def dp_report_inputs():
+    """The evaluations of the table: the model of config train over every index, the negatives ablation and the
+    query-side fine-tuned model over config `index`."""
+    files = [f"results/densephrases/eval/{DP_NEGATIVES}/{index}.json" for index in DP_INDEXES]
+    files += [f"results/densephrases/eval/{n}/{DP_INDEX}.json" for n in DP.get("negatives_ablation", [])
+              if n != DP_NEGATIVES]
+    if DP.get("query_ft"):
+        files.append(f"results/densephrases/eval/{DP_NEGATIVES}_qft/{DP_INDEX}.json")
+    return files
 
 
 def retriever_encoder(system, as_input=False):
@@ -322,6 +411,10 @@ def evaluate_inputs(wildcards):
         inputs["blocks"] = [b for corpus in corpora for b in blocks(corpus)]
     if "encoder" in needs:
         inputs["encoder"] = retriever_encoder(system, as_input=True)
+    if "phrase_dump" in needs:
+        inputs["phrase_dump"] = [dp_dump(DP_NEGATIVES, corpus) for corpus in corpora]
+    if "phrase_index" in needs:
+        inputs["phrase_index"] = [dp_index(DP_NEGATIVES, corpus, DP_INDEX) for corpus in corpora]
     return inputs
 
 
@@ -329,10 +422,11 @@ def evaluate_args(wildcards, input):
     """`npm-repro evaluate` options of one evaluation, in the order of ``evaluate_inputs``."""
     system, needs = run_needs(wildcards)
     args = [f"--model {model_name(system.model)}"]
-    for name in ("datastore", "faiss", "bm25", "blocks"):
-        if name in needs:  # a datastore is named by its folder; meta.json (written last) is the rule's output
-            paths = [str(Path(p).parent) for p in input[name]] if name == "datastore" else input[name]
-            args += [f"--{name}", *paths]
+    for name in ("datastore", "faiss", "bm25", "blocks", "phrase_dump", "phrase_index"):
+        if name in needs:  # a datastore (dump) is named by its folder; meta.json (written last) is the rule's output
+            folder = name in ("datastore", "phrase_dump")
+            paths = [str(Path(p).parent) for p in input[name]] if folder else input[name]
+            args += [f"--{name.replace('_', '-')}", *paths]
     if "encoder" in needs:
         args.append(f"--encoder {retriever_encoder(system)}")
     if any(name != "encoder" for name in needs):
@@ -422,9 +516,10 @@ def speed_metrics():
 
 
 def report_targets():
-    """Every table and figure of the report (rule report), with REPLUG's (rule replug_report) when config has a
-    `replug` section."""
+    """Every table and figure of the report (rule report), with REPLUG's (rule replug_report) and DensePhrases'
+    (rule densephrases_report) when config has their sections."""
     tables = ["table1", "table2", "table3", "table4", "table8"] + (["replug_lm"] if config.get("replug") else [])
+    tables += ["densephrases"] if DP else []
     figures = ["figure6", "figure7", "figure8"] + (["replug_k"] if config.get("replug") else [])
     return [f"results/tables/{t}.csv" for t in tables] + [f"results/figures/{f}.pdf" for f in figures]
 

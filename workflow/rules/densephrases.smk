@@ -1,0 +1,234 @@
+# DensePhrases (Lee et al. 2021; docs/paper-map.md §D) as its own system: reading-comprehension data, the cross-attention
+# teacher, the phrase and question encoders, the phrase dump and its FAISS indexes, query-side fine-tuning, and the
+# evaluations of results/tables/densephrases.csv. The knowledge tables' DensePhrases row is rule evaluate's (the
+# registry system `densephrases`, common.smk dp_model / dp_dump / dp_index). Config section `densephrases`; absent
+# (config/paper.yaml) = no DensePhrases targets.
+#   results/densephrases/teacher, results/densephrases/model_{negatives}[_qft]
+#   data/densephrases/dump/{negatives}/{corpus}/, data/densephrases/index/{negatives}/{corpus}/{index}.faiss
+#   results/densephrases/eval/{variant}/{index}.json     variant = {negatives} or {negatives}_qft
+
+
+use rule tokenize_blocks as densephrases_tokenize_blocks with:
+    output:
+        blocks="data/densephrases/blocks/{corpus}/shard{shard}.npz",
+        summary="data/densephrases/blocks/{corpus}/shard{shard}.summary.json",
+    params:
+        tokenizer=DP_ENCODER,
+        max_len=config["data"]["max_seq_length"],
+    log:
+        "logs/densephrases/tokenize_blocks/{corpus}/shard{shard}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_tokenize_blocks/{corpus}/shard{shard}.tsv"
+
+
+rule densephrases_rc:
+    """The embedded RC set (SQuAD v1.1 files, questions GENERATED) and its facts as cloze questions for query-side
+    fine-tuning."""
+    output:
+        **{split: f"data/densephrases/rc/{split}.json" for split in ("train", "dev", "test")},
+        cloze_train="data/densephrases/rc/cloze_train.jsonl",
+        cloze_dev="data/densephrases/rc/cloze_dev.jsonl",
+    params:
+        max_articles=config["embedded"]["max_articles"] or 0,
+        seed=config["seed"],
+    log:
+        "logs/densephrases/rc.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro densephrases rc --max-articles {params.max_articles} --seed {params.seed}"
+        " --out-dir data/densephrases/rc > {log} 2>&1"
+
+
+rule densephrases_train_teacher:
+    """The cross-attention reader whose start/end distributions are distilled (resumable per epoch)."""
+    input:
+        train=dp_rc("train"),
+    output:
+        directory("results/densephrases/teacher"),
+    params:
+        t=lambda wc: DP["teacher"],
+        encoder=DP_TEACHER_ENCODER,
+        lengths=DP_LENGTHS,
+        seed=config["seed"],
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=720,
+    log:
+        "logs/densephrases/train_teacher.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_train_teacher.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "npm-repro densephrases train-teacher --encoder {params.encoder:q} --train {input.train} --out {output}"
+        " --checkpoint-dir results/checkpoints/densephrases_teacher --epochs {params.t[epochs]}"
+        " --batch-size {params.t[batch_size]} --lr {params.t[lr]} {params.lengths} --seed {params.seed} > {log} 2>&1"
+
+
+rule densephrases_train:
+    """Phrase and question encoders (eq. 9) with the negatives of the wildcard (resumable per epoch)."""
+    input:
+        train=dp_rc("train"),
+        teacher="results/densephrases/teacher",
+    output:
+        directory("results/densephrases/model_{negatives}"),
+    wildcard_constraints:
+        negatives="none|in_batch|pre_batch",
+    params:
+        t=lambda wc: DP["train"],
+        encoder=DP_ENCODER,
+        lengths=DP_LENGTHS,
+        seed=config["seed"],
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=1440,
+    log:
+        "logs/densephrases/train_{negatives}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_train/{negatives}.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "npm-repro densephrases train --encoder {params.encoder:q} --train {input.train} --teacher {input.teacher}"
+        " --out {output} --checkpoint-dir results/checkpoints/densephrases --negatives {wildcards.negatives}"
+        " --epochs {params.t[epochs]} --pre-batch-epochs {params.t[pre_batch_epochs]} --pre-batch {params.t[pre_batch]}"
+        " --batch-size {params.t[batch_size]} --lr {params.t[lr]} --lambda-single {params.t[lambda_single]}"
+        " --lambda-distill {params.t[lambda_distill]} --lambda-neg {params.t[lambda_neg]}"
+        " --lambda-filter {params.t[lambda_filter]} {params.lengths} --seed {params.seed} > {log} 2>&1"
+
+
+rule densephrases_dump:
+    """Every token vector of the corpus's blocks from the phrase encoder (fp16, the datastore's layout)."""
+    input:
+        model="results/densephrases/model_{negatives}",
+        blocks=lambda wc: dp_blocks(wc.corpus),
+    output:
+        "data/densephrases/dump/{negatives}/{corpus}/meta.json",
+    params:
+        folder=lambda wc, output: Path(output[0]).parent,
+        threshold=lambda wc: "" if DP["filter_threshold"] is None else f"--filter-threshold {DP['filter_threshold']}",
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=64000,
+        runtime=720,
+    log:
+        "logs/densephrases/dump/{negatives}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_dump/{negatives}/{corpus}.tsv"
+    conda:
+        "../envs/eval.yaml"
+    shell:
+        "npm-repro densephrases dump --model {input.model} --blocks {input.blocks} --out {params.folder}"
+        " {params.threshold} > {log} 2>&1"
+
+
+rule densephrases_index:
+    """The dump's FAISS index from the factory string named by the wildcard (config index / compare_indexes)."""
+    input:
+        "data/densephrases/dump/{negatives}/{corpus}/meta.json",
+    output:
+        index="data/densephrases/index/{negatives}/{corpus}/{index}.faiss",
+        sidecar="data/densephrases/index/{negatives}/{corpus}/{index}.faiss.json",
+    params:
+        factory=lambda wc: DP_INDEXES[wc.index],
+        folder=lambda wc, input: Path(input[0]).parent,
+        nprobe=lambda wc: DP["nprobe"],
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=64000,
+        runtime=720,
+    log:
+        "logs/densephrases/index/{negatives}/{corpus}/{index}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_index/{negatives}/{corpus}/{index}.tsv"
+    conda:
+        "../envs/eval.yaml"
+    shell:
+        "npm-repro densephrases index --dump {params.folder} --out {output.index} --factory {params.factory:q}"
+        " --nprobe {params.nprobe} --seed {params.seed} > {log} 2>&1"
+
+
+rule densephrases_query_ft:
+    """Query-side fine-tuning against the frozen dump and index of config `index` (the phrase side unchanged)."""
+    input:
+        model="results/densephrases/model_{negatives}",
+        dump=lambda wc: dp_dump(wc.negatives, DP_CORPUS),
+        index=lambda wc: dp_index(wc.negatives, DP_CORPUS, DP_INDEX),
+        train=dp_qft("train"),
+        dev=dp_qft("dev"),
+    output:
+        directory("results/densephrases/model_{negatives}_qft"),
+    params:
+        q=lambda wc: DP["query_ft"],
+        dump=lambda wc, input: Path(input.dump).parent,
+        dev=lambda wc, input: f"--dev {input.dev}" if input.dev else "",
+        max_words=INFERENCE.phrase_max_words,
+        seed=config["seed"],
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=720,
+    log:
+        "logs/densephrases/query_ft_{negatives}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_query_ft/{negatives}.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "npm-repro densephrases query-ft --model {input.model} --dump {params.dump} --index {input.index}"
+        " --train {input.train} {params.dev} --out {output} --k {params.q[k]} --max-words {params.max_words}"
+        " --epochs {params.q[epochs]} --batch-size {params.q[batch_size]} --lr {params.q[lr]}"
+        " --objective {params.q[objective]} --seed {params.seed} > {log} 2>&1"
+
+
+rule densephrases_evaluate:
+    """One model variant over one index: open-domain EM@1 with queries/s on the table's tasks, and (over config
+    `index`) RC EM/F1 on the test split against a random span and the teacher."""
+    input:
+        unpack(dp_evaluate_inputs),
+    output:
+        "results/densephrases/eval/{variant}/{index}.json",
+    wildcard_constraints:
+        variant="(none|in_batch|pre_batch)(_qft)?",
+    params:
+        dump=lambda wc, input: Path(input.dump).parent,
+        rc=lambda wc, input: f"--rc {input.rc} --teacher {input.teacher}" if "rc" in input.keys() else "",
+        tasks=" ".join(DP.get("eval_tasks", [])),
+        lengths=DP_LENGTHS,
+        search=f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}",
+    threads: 1
+    resources:
+        mem_mb=32000,
+        runtime=720,
+    log:
+        "logs/densephrases/evaluate/{variant}/{index}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_evaluate/{variant}/{index}.tsv"
+    conda:
+        "../envs/eval.yaml"
+    shell:
+        "npm-repro densephrases evaluate --model {input.model} {params.rc} --dump {params.dump} --index {input.index} --task {params.tasks} --tasks-root data/tasks {params.search}"
+        " {params.lengths} --out {output} > {log} 2>&1"
+
+
+rule densephrases_report:
+    """results/tables/densephrases.csv: the DensePhrases paper's tables that run here, paper numbers beside ours."""
+    input:
+        dp_report_inputs(),
+    output:
+        csv=report("results/tables/densephrases.csv", category="Tables", caption="../report/densephrases.rst"),
+        md="results/tables/densephrases.md",
+    log:
+        "logs/densephrases/report.log",
+    conda:
+        "../envs/report.yaml"
+    shell:
+        "npm-repro report densephrases --metrics {input} --out {output.csv} > {log} 2>&1"
