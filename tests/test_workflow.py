@@ -68,7 +68,8 @@ def test_paper_config_does_not_inherit_embedded_sources(tmp_path):
 def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     """Data stages, a few pretraining steps of the three models, datastores, FAISS and BM25 indexes, every
     evaluation and baseline on 3 examples per task, the corpus-size ablation on two points, REPLUG's bits per byte
-    on two short texts with a two-step LSR retriever, tables and figures."""
+    on two short texts with a two-step LSR retriever, DensePhrases with one epoch of each training, tables and
+    figures."""
     config = {"embedded": {"max_articles": 300, "max_news": 100, "max_reviews": 50},
               "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2},
               "evaluation": {"max_examples": 3},
@@ -77,7 +78,11 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
               "replug": {"n_texts": 2, "max_chars": 300, "k": [1, 2], "context_len": 16, "pred_len": 16,
                          "doc_len": 16,
                          "lsr": {"n_queries": 4, "chars": 200, "steps": 2, "batch_size": 2, "k": 2, "refresh_every": 1,
-                                 "x_len": 8, "y_len": 8, "doc_len": 16, "checkpoint_every": 1}}}
+                                 "x_len": 8, "y_len": 8, "doc_len": 16, "checkpoint_every": 1}},
+              "densephrases": {"max_passage_tokens": 64, "max_question_tokens": 16, "teacher": {"epochs": 1},
+                               "train": {"epochs": 1, "pre_batch_epochs": 1, "batch_size": 32},
+                               "compare_indexes": ["IVF8,SQ4"], "query_ft": {"epochs": 1, "k": 4},
+                               "eval_tasks": ["nq", "lama_trex"]}}
     run_workflow(tmp_path, targets=["all"], config=config)
     for corpus, shards in [("enwiki", 2), ("enwiki_excerpt", 1), ("cc_news", 1)]:
         for shard in range(shards):
@@ -117,12 +122,12 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
             most = {"entity_translation": 15, "lama_trex": 4}.get(task, 3)
             assert 1 <= record["n"] <= most and record["provenance"]["git_commit"], path
     assert {p.stem for p in (tmp_path / "results/metrics/nq").glob("*.json")} >= {
-        "npm", "npm_single", "npm_faiss", "lm", "bm25_lm", "replug"}
+        "npm", "npm_single", "npm_faiss", "lm", "bm25_lm", "replug", "densephrases"}
     assert {p.stem for p in (tmp_path / "results/metrics/agn").glob("*.json")} >= {
         "npm", "npm_single", "mlm", "lm", "lm_pmi"}
     assert (tmp_path / "results/metrics/templama_changed/npm@enwiki.json").exists()
     assert (tmp_path / "results/metrics/lama_trex/npm@enwiki_p50.json").exists()
-    for table in ["table1", "table2", "table3", "table4", "table8", "replug_lm"]:
+    for table in ["table1", "table2", "table3", "table4", "table8", "replug_lm", "densephrases"]:
         csv_lines = (tmp_path / f"results/tables/{table}.csv").read_text().splitlines()
         assert len(csv_lines) >= 2 and (tmp_path / f"results/tables/{table}.md").exists(), table
     for figure in ["figure6", "figure7", "figure8", "replug_k"]:
