@@ -167,3 +167,20 @@ def test_open_set_inputs_become_questions_and_facts_become_cloze_questions():
     assert cloze_questions(examples) == [
         {"id": "q0", "question": "The capital of Greece is", "answers": ["Athens"], "question_generated": True},
         {"id": "q2", "question": "Norway is the capital of", "answers": ["Oslo"], "question_generated": True}]
+
+
+def test_the_teacher_filter_keeps_generated_questions_it_answers_and_every_other(world):
+    """Paper 4.1: a generated question is kept only if the cross-attention teacher reads its answer exactly."""
+    from npm.densephrases.evaluate import rc_evaluate, teacher_filter
+    from npm.densephrases.train import load_teacher
+
+    teacher = load_teacher(world["encoder"]).eval()
+    tok = load_tokenizer(world["encoder"])
+    examples = _examples()
+    examples[0]["question_generated"] = False  # a human question: kept whatever the teacher reads
+    truth = rc_evaluate(None, examples[1:], 64, 24, teacher=teacher, tokenizer=tok)["predictions"]
+    kept, counts = teacher_filter(examples, teacher, tok, 64, 24)
+    assert [ex["id"] for ex in kept] == ["q0"] + [p["id"] for p in truth if p["em"]]
+    assert counts == {"generated": len(examples) - 1, "kept": len(kept) - 1, "total": len(kept)}
+    human = [dict(ex, question_generated=False) for ex in examples]
+    assert teacher_filter(human, teacher, tok, 64, 24)[0] == human

@@ -179,12 +179,13 @@ def test_a_replug_retriever_of_its_own_reads_the_corpus_in_its_own_tokenization(
 
 def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     """Config `densephrases`: the knowledge-table row reads the query-side fine-tuned model with the dump and index
-    of the model it was fine-tuned from; the negatives ablation adds a training and an evaluation per setting; a
-    config that lists the system without the section is refused at start-up."""
+    of the model it was fine-tuned from; the negatives ablation adds a training and an evaluation per setting;
+    qg_filter trains the students on the questions the teacher answers; a config that lists the system without the
+    section is refused at start-up."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    cfg["densephrases"]["negatives_ablation"] = ["none"]
+    cfg["densephrases"].update(negatives_ablation=["none"], qg_filter=True)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = subprocess.run([SNAKEMAKE, "-n", "-p", "--cores", "1", "--directory", str(tmp_path / "w"), "-s",
                           str(ROOT / "Snakefile"), "results/tables/densephrases.csv",
@@ -201,6 +202,11 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     assert "--train data/densephrases/rc/cloze_train.jsonl" in qft
     trained = sorted(re.search(r"--negatives (\w+)", s).group(1) for s in shells if "densephrases train " in s)
     assert trained == ["none", "pre_batch"]
+    (qg,) = [s for s in shells if "densephrases filter" in s]  # qg_filter: the students train on the kept questions
+    assert "--out data/densephrases/rc/train.filtered.json" in qg
+    assert all("--train data/densephrases/rc/train.filtered.json" in s for s in shells if "densephrases train " in s)
+    (teacher,) = [s for s in shells if "densephrases train-teacher" in s]
+    assert "--train data/densephrases/rc/train.json" in teacher
     (report,) = [s for s in shells if "report densephrases" in s]
     for variant, index in (("pre_batch", "Flat"), ("pre_batch", "IVF256_SQ4"), ("pre_batch", "OPQ48_IVF256_PQ48"),
                            ("none", "Flat"), ("pre_batch_qft", "Flat")):

@@ -1,5 +1,6 @@
-"""``npm-repro densephrases rc | train-teacher | train | dump | index | query-ft | evaluate | search``: DensePhrases
-(Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``); docs/paper-map.md §D. Register with ``add_cli(subparsers)``."""
+"""``npm-repro densephrases rc | train-teacher | filter | train | dump | index | query-ft | evaluate | search``:
+DensePhrases (Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``); docs/paper-map.md
+§D. Register with ``add_cli(subparsers)``."""
 
 from __future__ import annotations
 
@@ -55,6 +56,21 @@ def cmd_train_teacher(args) -> int:
                         lr=args.lr, max_passage_tokens=args.max_passage_tokens,
                         max_question_tokens=args.max_question_tokens, seed=args.seed)
     log.info("teacher: %s", train_teacher(cfg))
+    return 0
+
+
+def cmd_filter(args) -> int:
+    from npm.densephrases.evaluate import teacher_filter
+    from npm.densephrases.rc import read_squad, write_squad
+    from npm.densephrases.train import load_teacher
+    from npm.model import load_tokenizer
+
+    examples = read_squad(args.train)
+    kept, counts = teacher_filter(examples, load_teacher(str(args.teacher)), load_tokenizer(str(args.teacher)),
+                                  args.max_passage_tokens, args.max_question_tokens)
+    write_squad(args.out, kept, f"npm-repro: {args.train} filtered by the teacher {args.teacher}")
+    log.info("%d of %d generated questions answered exactly by the teacher; %d examples -> %s", counts["kept"],
+             counts["generated"], counts["total"], args.out)
     return 0
 
 
@@ -220,6 +236,17 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     _length_args(s)
     s.add_argument("--seed", type=int, default=0, help="seed")
     s.set_defaults(func=cmd_train_teacher)
+
+    s = sub.add_parser("filter", help="keep the generated questions the teacher answers exactly (paper 4.1)",
+                       description="Question generation's filter: a generated question (\"question_generated\": "
+                                   "true) is kept only if the cross-attention teacher reads its answer exactly; "
+                                   "other questions are kept (npm.densephrases.evaluate.teacher_filter).",
+                       formatter_class=fmt)
+    s.add_argument("--teacher", type=Path, required=True, help="teacher folder (train-teacher)")
+    s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON with generated questions")
+    s.add_argument("--out", type=Path, required=True, help="filtered SQuAD v1.1 JSON")
+    _length_args(s)
+    s.set_defaults(func=cmd_filter)
 
     s = sub.add_parser("train", help="the phrase and question encoders (eq. 9), resumable",
                        description="L = lambda_single L_single + lambda_distill L_distill + lambda_neg L_neg "

@@ -4,6 +4,8 @@
   i <= j < i + max_tokens of z_start[i] + z_end[j] over valid tokens (both the query-agnostic model, with
   z = h . q, and the cross-attention teacher read answers this way).
 * :func:`rc_scores`: SQuAD exact match and token F1 (``npm.tasks.metrics``) of span predictions, in percent.
+* :func:`teacher_filter`: the filter of generated questions (paper 4.1): a generated question is kept only if the
+  cross-attention teacher reads its answer exactly; questions that are not generated are always kept.
 * :func:`open_domain`: EM@1 of the top phrase over the index (``npm.densephrases.searcher``) and questions/s.
 * :func:`task_question`: the question DensePhrases encodes for an NPM-style open-set input (its "<mask>" form):
   NQ, TriviaQA and KAMEL keep their question; a cloze (LAMA, TempLAMA) or translation input is its text with the mask
@@ -56,16 +58,17 @@ def _texts(examples: list[dict], feats: dict, tokenizer, spans: np.ndarray, max_
 
 
 def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_question_tokens: int = 64,
-                max_answer_tokens: int = 30, batch_size: int = 32, teacher=None) -> dict:
+                max_answer_tokens: int = 30, batch_size: int = 32, teacher=None, tokenizer=None) -> dict:
     """Reading comprehension of the query-agnostic model (z = h . q over its own passage) or, with ``teacher``, of the
-    cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting)."""
+    cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting).
+    ``tokenizer`` (default: the model's) lays out the passages; the teacher alone needs no ``model``."""
     import torch
 
     from npm.densephrases.features import rc_features
     from npm.densephrases.losses import token_logits
     from npm.densephrases.train import teacher_logits
 
-    tok = model.tokenizer
+    tok = tokenizer or model.tokenizer
     feats = rc_features(examples, tok, max_passage_tokens, max_question_tokens)
     if teacher is not None:
         z_start, z_end = teacher_logits(teacher, feats, batch_size)
@@ -90,6 +93,20 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_
             "predictions": [{"id": examples[n]["id"], "prediction": p, "answers": a, "em": e}
                             for n, p, a, e in zip(feats["example"], predictions, answers, scores["em_each"],
                                                   strict=True)]}
+
+
+def teacher_filter(examples: list[dict], teacher, tokenizer, max_passage_tokens: int = 384,
+                   max_question_tokens: int = 64) -> tuple[list[dict], dict]:
+    """(kept examples, counts): the generated questions whose answer the teacher reads exactly, and every question
+    that is not generated (see the module docstring)."""
+    generated = [ex for ex in examples if ex.get("question_generated")]
+    if not generated:
+        return list(examples), {"generated": 0, "kept": 0, "total": len(examples)}
+    result = rc_evaluate(None, generated, max_passage_tokens, max_question_tokens, teacher=teacher,
+                         tokenizer=tokenizer)
+    answered = {p["id"] for p in result["predictions"] if p["em"]}
+    kept = [ex for ex in examples if not ex.get("question_generated") or ex["id"] in answered]
+    return kept, {"generated": len(generated), "kept": len(answered), "total": len(kept)}
 
 
 def random_span_baseline(examples: list[dict], tokenizer, max_passage_tokens: int = 384, max_answer_tokens: int = 30,

@@ -352,6 +352,11 @@ def dp_rc(split):
     return f"data/densephrases/rc/{split}.json" if rc == "embedded" else rc[split]
 
 
+def dp_train_file():
+    """The student's training file: the RC training split, filtered by the teacher with config `qg_filter`."""
+    return "data/densephrases/rc/train.filtered.json" if DP.get("qg_filter") else dp_rc("train")
+
+
 def dp_qft(split):
     """Questions of query-side fine-tuning: config query_ft.{split}, else the RC facts as cloze questions (embedded
     RC only; without them, no dev set and a config error for train)."""

@@ -68,10 +68,34 @@ rule densephrases_train_teacher:
         " --batch-size {params.t[batch_size]} --lr {params.t[lr]} {params.lengths} --seed {params.seed} > {log} 2>&1"
 
 
+rule densephrases_filter:
+    """Question generation's filter (paper 4.1, config `qg_filter`): the generated training questions that the
+    teacher answers exactly."""
+    input:
+        train=dp_rc("train"),
+        teacher="results/densephrases/teacher",
+    output:
+        "data/densephrases/rc/train.filtered.json",
+    params:
+        lengths=DP_LENGTHS,
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=240,
+    log:
+        "logs/densephrases/filter.log",
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "npm-repro densephrases filter --teacher {input.teacher} --train {input.train} --out {output}"
+        " {params.lengths} > {log} 2>&1"
+
+
 rule densephrases_train:
     """Phrase and question encoders (eq. 9) with the negatives of the wildcard (resumable per epoch)."""
     input:
-        train=dp_rc("train"),
+        train=dp_train_file(),
         teacher="results/densephrases/teacher",
     output:
         directory("results/densephrases/model_{negatives}"),
