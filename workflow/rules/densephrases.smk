@@ -166,6 +166,7 @@ rule densephrases_index:
         seed=config["seed"],
     threads: 1
     resources:
+        gpu=1,
         mem_mb=64000,
         runtime=720,
     log:
@@ -173,7 +174,7 @@ rule densephrases_index:
     benchmark:
         "results/benchmarks/rules/densephrases_index/{negatives}/{corpus}/{index}.tsv"
     conda:
-        "../envs/eval.yaml"
+        "../envs/embed.yaml"
     shell:
         "npm-repro densephrases index --dump {params.folder} --out {output.index} --factory {params.factory:q}"
         " --nprobe {params.nprobe} --seed {params.seed} > {log} 2>&1"
@@ -230,6 +231,7 @@ rule densephrases_evaluate:
         search=f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}",
     threads: 1
     resources:
+        gpu=1,
         mem_mb=32000,
         runtime=720,
     log:
