@@ -184,3 +184,17 @@ def test_the_teacher_filter_keeps_generated_questions_it_answers_and_every_other
     assert counts == {"generated": len(examples) - 1, "kept": len(kept) - 1, "total": len(kept)}
     human = [dict(ex, question_generated=False) for ex in examples]
     assert teacher_filter(human, teacher, tok, 64, 24)[0] == human
+
+
+def test_an_rc_set_without_held_out_leads_is_a_clear_error_not_an_argparse_one(tmp_path):
+    """Fault: rule densephrases_rc passes embedded.max_articles null as `--max-articles 0` (the CLI's "all"), which the
+    option refused (exit 2), and with every lead in the corpus no subject is left to train on. Expected: 0 parses as
+    "all", and building the set says why it cannot, naming the settings to change."""
+    from npm.cli import build_parser
+    from npm.data.embedded import load_leads
+    from npm.densephrases.rc import embedded_rc
+
+    assert build_parser().parse_args(["densephrases", "rc", "--max-articles", "0", "--out-dir", "x"]).max_articles == 0
+    leads = load_leads()
+    with pytest.raises(ValueError, match="embedded.max_articles"):
+        embedded_rc(leads, sorted(leads))

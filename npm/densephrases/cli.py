@@ -37,7 +37,7 @@ def cmd_rc(args) -> int:
     from npm.io import write_jsonl
 
     leads = load_leads()
-    splits = embedded_rc(leads, corpus_titles(leads, args.max_articles), args.seed)
+    splits = embedded_rc(leads, corpus_titles(leads, args.max_articles or None), args.seed)
     for split in SPLITS:
         n = write_squad(args.out_dir / f"{split}.json", splits[split], "npm-repro embedded RC (questions GENERATED)")
         log.info("%s: %d examples -> %s", split, n, args.out_dir / f"{split}.json")
@@ -217,8 +217,8 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                                    "Also cloze_train.jsonl / cloze_dev.jsonl: the same facts as LAMA-style cloze "
                                    "questions, for query-side fine-tuning.",
                        formatter_class=fmt)
-    s.add_argument("--max-articles", type=positive_int, default=2000,
-                   help="leads in the demo corpus (embedded.max_articles): their subjects are never used")
+    s.add_argument("--max-articles", type=bounded(int, minimum=0), default=2000,
+                   help="leads in the demo corpus (embedded.max_articles; 0 = all): their subjects are never used")
     s.add_argument("--seed", type=int, default=0, help="seed of the subject split")
     s.add_argument("--out-dir", type=Path, required=True, help="folder for train.json, dev.json, test.json")
     s.set_defaults(func=cmd_rc)

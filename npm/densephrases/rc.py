@@ -106,6 +106,10 @@ def embedded_rc(leads: dict, corpus_titles: list[str], seed: int = 0,
 
     in_corpus = set(corpus_titles)
     held_out = sorted(t for t in leads if t not in in_corpus)
+    if not held_out:
+        raise ValueError("every embedded lead is in the demo corpus (embedded.max_articles: null), so no subject is "
+                         "left to build reading-comprehension examples from: set embedded.max_articles, or give "
+                         "SQuAD files in densephrases.rc")
     facts = [f for f in collect_facts(leads, held_out) if f["relation"] in RC_QUESTIONS]
     subjects = sorted({f["subject"] for f in facts})
     order = np.random.default_rng(seed).permutation(len(subjects))
