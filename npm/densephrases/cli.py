@@ -158,9 +158,8 @@ def cmd_evaluate(args) -> int:
                      out["open"][name]["n"], out["open"][name]["queries_per_s"])
     if len(out) == 1:
         raise ValueError("nothing to evaluate: give --rc, --questions and/or --task")
-    plain = lambda v: [plain(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v  # noqa: E731
-    settings = {k: plain(v) for k, v in vars(args).items() if k != "func"}
-    write_json(args.out, {**out, "provenance": provenance(settings)})
+    settings = {k: v for k, v in vars(args).items() if k != "func"}
+    write_json(args.out, {**out, "provenance": provenance(settings)}, default=str)  # paths as strings
     return 0
 
 

@@ -67,11 +67,11 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
     for r in rows:
         log.info("%-11s k=%-2d bits/byte %.4f [%.4f, %.4f]  gain %+.2f %%  perplexity %.2f", r["system"], r["k"],
                  r["bpb"], *r["bpb_ci95"], r["gain_pct"], r["perplexity"])
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    settings = {k: v for k, v in vars(args).items() if k != "func"}
     write_json(args.out, {"rows": rows, "lm": args.lm, "retriever": args.retriever, "corpus": args.corpus,
                           "texts": str(args.texts), "n_texts": len(texts), "n_windows": scored["n_windows"],
                           "n_bytes": scored["n_bytes"], "corpus_blocks": len(blocks), "seconds": round(seconds, 2),
-                          "threads": threads, "provenance": provenance(settings)})
+                          "threads": threads, "provenance": provenance(settings)}, default=str)  # paths as strings
     return 0
 
 

@@ -75,8 +75,9 @@ def densephrases_table(paths: list[str | os.PathLike]) -> Table:
                          "±": _se(part["em"], n), "Paper": paper[0], "Note": f"RC test, n = {n}; paper: SQuAD dev"})
             rows.append({"Part": "reading comprehension", "Row": label, "Column": "F1", "Ours": round(part["f1"], 2),
                          "±": None, "Paper": paper[1], "Note": f"RC test, n = {n}"})
-    variants = {i: sum(1 for _, j in evals if j == i) for _, i in evals}
-    main_index = max(variants, key=variants.get, default=None)  # config `index`: every variant is evaluated on it
+    variants_per_index = {i: sum(1 for _, j in evals if j == i) for _, i in evals}
+    # config `index`: every variant is evaluated on it
+    main_index = max(variants_per_index, key=variants_per_index.get, default=None)
     trained = [(v, r) for (v, i), r in evals.items() if i == main_index and v in NEGATIVES]
     if len(trained) > 1:
         for variant, r in sorted(trained, key=lambda x: list(NEGATIVES).index(x[0])):
@@ -88,8 +89,9 @@ def densephrases_table(paths: list[str | os.PathLike]) -> Table:
                 rows += _open_rows("query-side fine-tuning", "before", before,
                                    {t: p[0] for t, p in PAPER_QFT.items()})
             rows += _open_rows("query-side fine-tuning", "after", r, {t: p[1] for t, p in PAPER_QFT.items()})
-    indexes = {v: sum(1 for w, _ in evals if w == v) for v, _ in evals if v in NEGATIVES}
-    main = max(indexes, key=indexes.get, default=None)  # the model of config train, evaluated over every index
+    indexes_per_variant = {v: sum(1 for w, _ in evals if w == v) for v, _ in evals if v in NEGATIVES}
+    # the model of config train: evaluated over every index
+    main = max(indexes_per_variant, key=indexes_per_variant.get, default=None)
     for (variant, _), r in evals.items():
         if variant != main or "index" not in r:
             continue

@@ -12,7 +12,8 @@ from npm.evaluation.systems import SYSTEMS
 from npm.io import resolve_package_path
 from npm.model import locate_checkpoint
 
-TRAINABLE = [m for m in SYSTEM_MODELS if m not in ("lm", "densephrases")]  # config `models`: trained here or released checkpoints
+# config `models`: trained here or released checkpoints (the decoder and DensePhrases have their own sections)
+TRAINABLE = [m for m in SYSTEM_MODELS if m not in ("lm", "densephrases")]
 
 
 wildcard_constraints:
@@ -307,13 +308,9 @@ def encoder_blocks(corpus, encoder, folder):
     return expand(f"{folder}/{{corpus}}/shard{{shard}}.npz", corpus=corpus, shard=shard_ids(corpus))
 
 
-# DensePhrases (config `densephrases`, rules in densephrases.smk; absent = none of its targets).
+# DensePhrases (config `densephrases`, its defaults filled in by the schema; rules in densephrases.smk; absent = none
+# of its targets, and the names below are empty).
 DP = config.get("densephrases") or {}
-DP_ENCODER = DP.get("encoder") or config["model"]["encoder"]
-DP_TEACHER_ENCODER = DP.get("teacher_encoder") or DP_ENCODER
-DP_CORPUS = DP.get("corpus", "")
-DP_NEGATIVES = (DP.get("train") or {}).get("negatives", "pre_batch")
-DP_LENGTHS = f"--max-passage-tokens {DP.get('max_passage_tokens')} --max-question-tokens {DP.get('max_question_tokens')}"
 
 
 def _slug(factory):
@@ -321,12 +318,20 @@ def _slug(factory):
     return re.sub(r"[^A-Za-z0-9]+", "_", factory).strip("_")
 
 
-DP_INDEXES = {_slug(f): f for f in [DP.get("index", "Flat"), *DP.get("compare_indexes", [])]}  # file name -> factory
-DP_INDEX = _slug(DP.get("index", "Flat"))
 if "densephrases" in evaluated_systems() and not DP:
     _config_error("evaluation lists the system densephrases but config has no `densephrases` section")
-if DP and DP_CORPUS not in config["sources"]:
-    _config_error(f"densephrases.corpus: {DP_CORPUS!r} is not a source; sources: {sorted(config['sources'])}")
+DP_ENCODER = DP_TEACHER_ENCODER = DP_CORPUS = DP_NEGATIVES = DP_LENGTHS = DP_INDEX = None
+DP_INDEXES = {}  # file name -> factory string: config `index` first, then `compare_indexes`
+if DP:
+    DP_ENCODER = DP["encoder"] or config["model"]["encoder"]
+    DP_TEACHER_ENCODER = DP["teacher_encoder"] or DP_ENCODER
+    DP_CORPUS = DP["corpus"]
+    DP_NEGATIVES = DP["train"]["negatives"]
+    DP_LENGTHS = f"--max-passage-tokens {DP['max_passage_tokens']} --max-question-tokens {DP['max_question_tokens']}"
+    DP_INDEXES = {_slug(f): f for f in [DP["index"], *DP["compare_indexes"]]}
+    DP_INDEX = _slug(DP["index"])
+    if DP_CORPUS not in config["sources"]:
+        _config_error(f"densephrases.corpus: {DP_CORPUS!r} is not a source; sources: {sorted(config['sources'])}")
 
 
 def dp_blocks(corpus):
@@ -335,7 +340,7 @@ def dp_blocks(corpus):
 
 def dp_model():
     """The DensePhrases model of the knowledge tables: query-side fine-tuned when config has `query_ft`."""
-    return f"results/densephrases/model_{DP_NEGATIVES}" + ("_qft" if DP.get("query_ft") else "")
+    return f"results/densephrases/model_{DP_NEGATIVES}" + ("_qft" if DP["query_ft"] else "")
 
 
 def dp_dump(negatives, corpus):
@@ -348,24 +353,23 @@ def dp_index(negatives, corpus, index):
 
 def dp_rc(split):
     """A SQuAD v1.1 file of the RC data: the embedded set (rule densephrases_rc) or config densephrases.rc."""
-    rc = DP.get("rc", "embedded")
-    return f"data/densephrases/rc/{split}.json" if rc == "embedded" else rc[split]
+    return f"data/densephrases/rc/{split}.json" if DP["rc"] == "embedded" else DP["rc"][split]
 
 
 def dp_train_file():
     """The student's training file: the RC training split, filtered by the teacher with config `qg_filter`."""
-    return "data/densephrases/rc/train.filtered.json" if DP.get("qg_filter") else dp_rc("train")
+    return "data/densephrases/rc/train.filtered.json" if DP["qg_filter"] else dp_rc("train")
 
 
 def dp_qft(split):
     """Questions of query-side fine-tuning: config query_ft.{split}, else the RC facts as cloze questions (embedded
     RC only; without them, no dev set and a config error for train)."""
-    given = (DP.get("query_ft") or {}).get(split)
+    given = (DP["query_ft"] or {}).get(split)
     if given:
         return given
-    if DP.get("rc", "embedded") == "embedded":
+    if DP["rc"] == "embedded":
         return f"data/densephrases/rc/cloze_{split}.jsonl"
-    if split == "train" and DP.get("query_ft"):
+    if split == "train" and DP["query_ft"]:
         _config_error("densephrases.query_ft.train: give a question file (the RC data is not the embedded set)")
     return []
 
@@ -384,9 +388,8 @@ def dp_report_inputs():
     """The evaluations of the table: the model of config train over every index, the negatives ablation and the
     query-side fine-tuned model over config `index`."""
     files = [f"results/densephrases/eval/{DP_NEGATIVES}/{index}.json" for index in DP_INDEXES]
-    files += [f"results/densephrases/eval/{n}/{DP_INDEX}.json" for n in DP.get("negatives_ablation", [])
-              if n != DP_NEGATIVES]
-    if DP.get("query_ft"):
+    files += [f"results/densephrases/eval/{n}/{DP_INDEX}.json" for n in DP["negatives_ablation"] if n != DP_NEGATIVES]
+    if DP["query_ft"]:
         files.append(f"results/densephrases/eval/{DP_NEGATIVES}_qft/{DP_INDEX}.json")
     return files
 

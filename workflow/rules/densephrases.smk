@@ -43,7 +43,7 @@ rule densephrases_rc:
 rule densephrases_train_teacher:
     """The cross-attention reader whose start/end distributions are distilled (resumable per epoch)."""
     input:
-        train=dp_rc("train"),
+        train=lambda wc: dp_rc("train"),
     output:
         directory("results/densephrases/teacher"),
     params:
@@ -72,7 +72,7 @@ rule densephrases_filter:
     """Question generation's filter (paper 4.1, config `qg_filter`): the generated training questions that the
     teacher answers exactly."""
     input:
-        train=dp_rc("train"),
+        train=lambda wc: dp_rc("train"),
         teacher="results/densephrases/teacher",
     output:
         "data/densephrases/rc/train.filtered.json",
@@ -95,7 +95,7 @@ rule densephrases_filter:
 rule densephrases_train:
     """Phrase and question encoders (eq. 9) with the negatives of the wildcard (resumable per epoch)."""
     input:
-        train=dp_train_file(),
+        train=lambda wc: dp_train_file(),
         teacher="results/densephrases/teacher",
     output:
         directory("results/densephrases/model_{negatives}"),
@@ -186,8 +186,8 @@ rule densephrases_query_ft:
         model="results/densephrases/model_{negatives}",
         dump=lambda wc: dp_dump(wc.negatives, DP_CORPUS),
         index=lambda wc: dp_index(wc.negatives, DP_CORPUS, DP_INDEX),
-        train=dp_qft("train"),
-        dev=dp_qft("dev"),
+        train=lambda wc: dp_qft("train"),
+        dev=lambda wc: dp_qft("dev"),
     output:
         directory("results/densephrases/model_{negatives}_qft"),
     params:
@@ -226,7 +226,7 @@ rule densephrases_evaluate:
     params:
         dump=lambda wc, input: Path(input.dump).parent,
         rc=lambda wc, input: f"--rc {input.rc} --teacher {input.teacher}" if "rc" in input.keys() else "",
-        tasks=" ".join(DP.get("eval_tasks", [])),
+        tasks=lambda wc: " ".join(DP["eval_tasks"]),
         lengths=DP_LENGTHS,
         search=f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}",
     threads: 1
@@ -241,14 +241,14 @@ rule densephrases_evaluate:
     conda:
         "../envs/eval.yaml"
     shell:
-        "npm-repro densephrases evaluate --model {input.model} {params.rc} --dump {params.dump} --index {input.index} --task {params.tasks} --tasks-root data/tasks {params.search}"
-        " {params.lengths} --out {output} > {log} 2>&1"
+        "npm-repro densephrases evaluate --model {input.model} {params.rc} --dump {params.dump} --index {input.index}"
+        " --task {params.tasks} --tasks-root data/tasks {params.search} {params.lengths} --out {output} > {log} 2>&1"
 
 
 rule densephrases_report:
     """results/tables/densephrases.csv: the DensePhrases paper's tables that run here, paper numbers beside ours."""
     input:
-        dp_report_inputs(),
+        lambda wc: dp_report_inputs(),
     output:
         csv=report("results/tables/densephrases.csv", category="Tables", caption="../report/densephrases.rst"),
         md="results/tables/densephrases.md",
