@@ -5,6 +5,8 @@ the exact surface text of a phrase and its passage."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -153,33 +155,50 @@ def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_quest
 
 
 def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
-    """`densephrases evaluate` results of several variants and indexes -> results/tables/densephrases.csv: the
-    negatives rows, before / after query-side fine-tuning, and per index its size, build time, EM and queries/s."""
+    """`densephrases evaluate` results -> results/tables/densephrases.csv: reading comprehension and the negatives
+    rows ({p}, D_small) from each negatives model's rc.json, before / after query-side fine-tuning, and per index
+    its size, build time, EM (re-ranked and index-only) and queries/s."""
     import csv
 
     from npm.cli import main
+    from npm.densephrases.rc import write_squad
     from npm.report.densephrases import densephrases_table
 
     root = world["root"]
     write_jsonl(tmp_path / "nq.jsonl", [{"question": "What is the capital of Greece?", "answers": ["Athens"]},
                                          {"question": "Where is the Parthenon?", "answers": ["Athens"]}])
+    rc = [{"id": f"r{n}", "title": f"t{n}", "context": text, "question": f"Which city is named in {n}?",
+           "answers": ["Athens"], "answer_start": [text.index("Athens")]} for n, text in enumerate(DOCS[:2])]
+    write_squad(tmp_path / "rc.json", rc, "test")
+    write_squad(tmp_path / "pool.json", [{**rc[0], "id": "p", "context": DOCS[2] + " Athens.",
+                                          "answer_start": [len(DOCS[2]) + 1]}], "test")
     build_index(root / "dump", tmp_path / "ivf.faiss", "IVF2,Flat", nprobe=2)
     runs = {("pre_batch", "Flat"): root / "flat.faiss", ("pre_batch", "IVF2_Flat"): tmp_path / "ivf.faiss",
-            ("in_batch", "Flat"): root / "flat.faiss", ("pre_batch_qft", "Flat"): root / "flat.faiss"}
+            ("pre_batch_qft", "Flat"): root / "flat.faiss"}
     paths = []
     for (variant, name), index in runs.items():
         paths.append(tmp_path / "eval" / variant / f"{name}.json")
         assert main(["densephrases", "evaluate", "--model", str(root / "model"), "--dump", str(root / "dump"),
                      "--index", str(index), "--questions", str(tmp_path / "nq.jsonl"), "--k", "8", "--max-words",
-                     "3", "--out", str(paths[-1])]) == 0
+                     "3", "--refine-factor", "2" if name == "IVF2_Flat" else "1", "--out", str(paths[-1])]) == 0
+    for variant in ("pre_batch", "in_batch"):
+        paths.append(tmp_path / "eval" / variant / "rc.json")
+        assert main(["densephrases", "evaluate", "--model", str(root / "model"), "--rc", str(tmp_path / "rc.json"),
+                     "--d-small-pool", str(tmp_path / "pool.json"), "--max-passage-tokens", "32",
+                     "--out", str(paths[-1])]) == 0
+    small = json.loads(paths[-1].read_text())["rc_d_small"]
+    assert small["passages"] == 3 and small["n"] == 2 and 0 <= small["own_passage"] <= 100
     table = densephrases_table(paths)
     parts = {(r["Part"], r["Row"], r["Column"]) for r in table.rows}
-    assert {("negatives", "in-batch", "EM@1 nq"), ("negatives", "+ pre-batch", "EM@1 nq"),
+    assert {("reading comprehension", "DensePhrases", "EM"), ("reading comprehension", "random span", "F1"),
+            ("negatives", "in-batch", "EM {p}"), ("negatives", "+ pre-batch", "EM D_small"),
             ("query-side fine-tuning", "before", "EM@1 nq"), ("query-side fine-tuning", "after", "EM@1 nq"),
-            ("index", "Flat", "bytes per vector"), ("index", "IVF2,Flat", "queries/s (CPU)")} <= parts
+            ("index", "Flat", "bytes per vector"), ("index", "IVF2,Flat", "queries/s (CPU)"),
+            ("index", "IVF2,Flat", "EM@1 nq (index only)")} <= parts
+    assert ("index", "Flat", "EM@1 nq (index only)") not in parts  # no re-ranking there
     assert not any(r["Part"] == "index" and r["Row"] == "in-batch" for r in table.rows)
-    neg = {r["Row"]: r for r in table.rows if r["Part"] == "negatives"}
-    assert neg["+ pre-batch"]["Paper"] == 60.4 and 0 <= neg["in-batch"]["Ours"] <= 100
+    neg = {(r["Row"], r["Column"]): r for r in table.rows if r["Part"] == "negatives"}
+    assert neg[("+ pre-batch", "EM D_small")]["Paper"] == 60.4 and 0 <= neg[("in-batch", "EM {p}")]["Ours"] <= 100
     assert main(["report", "densephrases", "--metrics", *map(str, paths), "--out", str(tmp_path / "t.csv")]) == 0
     assert len(list(csv.DictReader(open(tmp_path / "t.csv")))) == len(table.rows)
     with pytest.raises(FileNotFoundError, match="densephrases evaluate"):

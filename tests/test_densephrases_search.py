@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from npm.data.blocks import build_blocks, load_blocks
-from npm.densephrases.search import PhraseTokens, candidates, search
+from npm.densephrases.search import PhraseTokens, candidates, refine, search
 from npm.io import write_jsonl
 from tests.conftest import WORDPIECE
 
@@ -104,3 +104,29 @@ def test_a_filtered_dump_keeps_the_phrases_whose_start_and_end_it_keeps(dump):
     got = {(int(keep[a]), int(keep[b])) for a, b in candidates(rows, rows, kept, 4).tolist()}
     assert got == want  # across a dropped special token no phrase appears: segments come from the full table
     assert PhraseTokens.from_arrays(kept.arrays("t_"), "t_").word.tolist() == kept.word.tolist()
+
+
+def test_refining_a_lossy_index_recovers_the_exact_search(dump):
+    """A compressed index only proposes candidates: with refine_factor r it returns r k starts and ends, and the k
+    with the highest exact inner product with the dump's vectors are kept; an index whose own ranking is wrong then
+    gives the exact result once r k covers the right tokens, and an exact index is unchanged by r."""
+    import faiss
+
+    _, tokens, h = dump
+    exact = faiss.IndexFlatIP(h.shape[1])
+    exact.add(h.astype(np.float32))
+    lossy = faiss.IndexFlatIP(h.shape[1])  # a stand-in for quantisation error: the index holds noisy vectors
+    lossy.add(h.astype(np.float32) + np.random.default_rng(5).standard_normal(h.shape).astype(np.float32))
+    rng = np.random.default_rng(2)
+    q_start, q_end = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    want = search(exact, h, tokens, q_start, q_end, k=3, max_words=4, top_n=5)
+    same = search(exact, h, tokens, q_start, q_end, k=3, max_words=4, top_n=5, refine_factor=4)
+    assert all(a[0].tolist() == b[0].tolist() for a, b in zip(want, same, strict=True))
+    unrefined = search(lossy, h, tokens, q_start, q_end, k=3, max_words=4, top_n=5)
+    assert any(a[0].tolist() != b[0].tolist() for a, b in zip(want, unrefined, strict=True))
+    refined = search(lossy, h, tokens, q_start, q_end, k=3, max_words=4, top_n=5, refine_factor=-(-len(h) // 3))
+    for (pairs, scores), (pairs_r, scores_r) in zip(want, refined, strict=True):
+        assert pairs_r.tolist() == pairs.tolist() and np.allclose(scores_r, scores)
+    assert refine(np.array([[4, -1, 2]]), h, q_start[:1], 5).tolist()[0][2] == -1  # -1 padded, never invented
+    with pytest.raises(ValueError, match="refine_factor"):
+        search(exact, h, tokens, q_start, q_end, k=3, refine_factor=0)

@@ -198,3 +198,41 @@ def test_an_rc_set_without_held_out_leads_is_a_clear_error_not_an_argparse_one(t
     leads = load_leads()
     with pytest.raises(ValueError, match="embedded.max_articles"):
         embedded_rc(leads, sorted(leads))
+
+
+def test_d_small_answers_each_question_with_the_best_span_of_every_pooled_passage(world):
+    """Table 6's D_small: the questions' passages and a pool of others, every question over all of them. Against
+    brute force over every (passage, start, end) of the tiny model; with one passage it is the {p} setting."""
+    from npm.densephrases.evaluate import d_small_evaluate, rc_evaluate
+    from npm.densephrases.model import DensePhrases
+
+    torch.manual_seed(0)
+    model = DensePhrases.from_encoder(world["encoder"]).eval()
+    examples = _examples()[:4]
+    pool = [{**_examples()[5], "context": "Lima lies on the coast; Cairo on the Nile."}]
+    got = d_small_evaluate(model, examples, 64, 24, max_answer_tokens=6, pool=pool)
+    contexts = [ex["context"] for ex in examples] + [pool[0]["context"]]
+    assert got["passages"] == 5 and got["n"] == 4
+    tok = model.tokenizer
+    enc = tok(contexts, padding=True, return_offsets_mapping=True, return_special_tokens_mask=True,
+              return_tensors="pt")
+    with torch.inference_mode():
+        h = model.phrase_vectors(enc["input_ids"], enc["attention_mask"])
+        q = tok([ex["question"] for ex in examples], padding=True, return_tensors="pt")
+        q_s, q_e = model.query_vectors(q["input_ids"], q["attention_mask"])
+    valid = (enc["attention_mask"] == 1) & (enc["special_tokens_mask"] == 0)
+    for n, record in enumerate(got["predictions"]):
+        best, text, where = -np.inf, None, None
+        for p in range(len(contexts)):
+            for i in np.flatnonzero(valid[p]):
+                for j in np.flatnonzero(valid[p]):
+                    score = float(h[p, i] @ q_s[n] + h[p, j] @ q_e[n])
+                    if i <= j < i + 6 and score > best:
+                        best, where = score, p
+                        text = contexts[p][enc["offset_mapping"][p][i][0]:enc["offset_mapping"][p][j][1]]
+        assert record["prediction"] == text and record["own_passage"] == (where == n)
+    shared = [{**ex, "context": examples[0]["context"], "answers": ["Athens"],
+               "answer_start": [examples[0]["context"].index("Athens")]} for ex in examples]
+    one = d_small_evaluate(model, shared, 64, 24)
+    assert one["passages"] == 1 and one["own_passage"] == 100.0
+    assert one["em"] == rc_evaluate(model, shared, 64, 24)["em"]

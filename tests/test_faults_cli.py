@@ -58,6 +58,7 @@ BASE = {
                                    "--checkpoint-dir", "c"],
     "densephrases dump": ["densephrases", "dump", "--model", "m", "--blocks", "b", "--out", "o"],
     "densephrases index": ["densephrases", "index", "--dump", "d", "--out", "o"],
+    "densephrases evaluate": ["densephrases", "evaluate", "--model", "m", "--out", "o"],
     "densephrases query-ft": ["densephrases", "query-ft", "--model", "m", "--dump", "d", "--index", "i", "--train",
                               "t", "--out", "o"],
 }
@@ -230,6 +231,8 @@ SCHEMA_TO_CLI = {
     "densephrases.max_passage_tokens": ("densephrases train", "--max-passage-tokens"),
     "densephrases.max_question_tokens": ("densephrases train", "--max-question-tokens"),
     "densephrases.nprobe": ("densephrases index", "--nprobe"),
+    "densephrases.index_train_sample": ("densephrases index", "--train-sample"),
+    "densephrases.refine_factor": ("densephrases evaluate", "--refine-factor"),
     **{f"densephrases.teacher.{key}": ("densephrases train-teacher", f"--{key.replace('_', '-')}")
        for key in ("epochs", "batch_size", "lr")},
     **{f"densephrases.train.{key}": ("densephrases train", f"--{key.replace('_', '-')}")

@@ -208,11 +208,19 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     (teacher,) = [s for s in shells if "densephrases train-teacher" in s]
     assert "--train data/densephrases/rc/train.json" in teacher
     (report,) = [s for s in shells if "report densephrases" in s]
-    for variant, index in (("pre_batch", "Flat"), ("pre_batch", "IVF256_SQ4"), ("pre_batch", "OPQ48_IVF256_PQ48"),
-                           ("none", "Flat"), ("pre_batch_qft", "Flat")):
+    for variant, index in (("pre_batch", "Flat"), ("pre_batch", "IVF256_SQ4"), ("pre_batch", "IVF256_PQ32"),
+                           ("pre_batch", "rc"), ("none", "rc"), ("pre_batch_qft", "Flat")):
         assert f"results/densephrases/eval/{variant}/{index}.json" in report
-    rc = [s for s in shells if "densephrases evaluate" in s and "--rc " in s]
-    assert rc and all("/Flat.faiss" in s for s in rc)  # reading comprehension once per model, not per index
+    assert "results/densephrases/eval/none/Flat.json" not in report  # the ablation needs no dump: {p} and D_small
+    rc = {re.search(r"--model results/densephrases/model_(\w+) ", s).group(1): s
+          for s in shells if "densephrases evaluate" in s and "--rc " in s}
+    assert sorted(rc) == ["none", "pre_batch"] and not any("--index" in s for s in rc.values())
+    assert "--teacher results/densephrases/teacher" in rc["pre_batch"] and "--teacher" not in rc["none"]
+    assert "--d-small-pool data/densephrases/rc/train.json data/densephrases/rc/dev.json" in rc["none"]
+    encoders = [s for s in shells if re.search(r"densephrases (train|train-teacher|filter|dump|query-ft|evaluate) ", s)]
+    assert len(encoders) >= 8 and all("--precision bf16" in s for s in encoders)  # config densephrases.precision
+    (pq,) = [s for s in shells if "densephrases evaluate" in s and "IVF256_PQ32.faiss" in s]
+    assert "--refine-factor 100" in pq
     del cfg["densephrases"]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = subprocess.run([SNAKEMAKE, "-n", "--cores", "1", "--directory", str(tmp_path / "w"), "-s",

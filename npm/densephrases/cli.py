@@ -54,7 +54,8 @@ def cmd_train_teacher(args) -> int:
     cfg = TeacherConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
                         checkpoint_dir=str(args.checkpoint_dir), epochs=args.epochs, batch_size=args.batch_size,
                         lr=args.lr, max_passage_tokens=args.max_passage_tokens,
-                        max_question_tokens=args.max_question_tokens, seed=args.seed)
+                        max_question_tokens=args.max_question_tokens, seed=args.seed, precision=args.precision,
+                        device=args.device)
     log.info("teacher: %s", train_teacher(cfg))
     return 0
 
@@ -66,8 +67,11 @@ def cmd_filter(args) -> int:
     from npm.model import load_tokenizer
 
     examples = read_squad(args.train)
-    kept, counts = teacher_filter(examples, load_teacher(str(args.teacher)), load_tokenizer(str(args.teacher)),
-                                  args.max_passage_tokens, args.max_question_tokens)
+    from npm.model import torch_device
+
+    kept, counts = teacher_filter(examples, load_teacher(str(args.teacher)).to(torch_device(args.device)),
+                                  load_tokenizer(str(args.teacher)), args.max_passage_tokens, args.max_question_tokens,
+                                  args.precision)
     write_squad(args.out, kept, f"npm-repro: {args.train} filtered by the teacher {args.teacher}")
     log.info("%d of %d generated questions answered exactly by the teacher; %d examples -> %s", counts["kept"],
              counts["generated"], counts["total"], args.out)
@@ -84,7 +88,7 @@ def cmd_train(args) -> int:
                       lambda_single=args.lambda_single, lambda_distill=args.lambda_distill,
                       lambda_neg=args.lambda_neg, lambda_filter=args.lambda_filter,
                       max_passage_tokens=args.max_passage_tokens, max_question_tokens=args.max_question_tokens,
-                      seed=args.seed)
+                      seed=args.seed, precision=args.precision, device=args.device)
     log.info("DensePhrases: %s", train_densephrases(cfg))
     return 0
 
@@ -93,7 +97,7 @@ def cmd_dump(args) -> int:
     from npm.densephrases.dump import dump_phrases
 
     meta = dump_phrases(args.model, [str(b) for b in args.blocks], args.out, args.filter_threshold,
-                        args.batch_blocks)
+                        args.batch_blocks, precision=args.precision, device=args.device)
     log.info("%d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"], 100 * meta["kept_share"], args.out)
     return 0
 
@@ -113,7 +117,7 @@ def cmd_query_ft(args) -> int:
     summary = query_finetune(args.model, args.dump, args.index, _questions(args.train), args.out,
                              dev=_questions(args.dev) if args.dev else None, k=args.k, max_words=args.max_words,
                              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, objective=args.objective,
-                             seed=args.seed)
+                             seed=args.seed, precision=args.precision, device=args.device)
     log.info("query-side fine-tuning: dev EM %s -> %s", summary["dev_em_before"], summary["dev_em_best"])
     return 0
 
@@ -122,22 +126,29 @@ def cmd_evaluate(args) -> int:
     """RC EM/F1 on SQuAD examples (--rc), open-domain EM@1 and queries/s over the index (--questions)."""
     from npm.densephrases.model import DensePhrases
     from npm.io import provenance, read_json, write_json
+    from npm.model import torch_device
 
     out: dict = {"model": str(args.model)}
+    device = torch_device(args.device)
     if args.rc:
-        from npm.densephrases.evaluate import random_span_baseline, rc_evaluate
+        from npm.densephrases.evaluate import d_small_evaluate, random_span_baseline, rc_evaluate
         from npm.densephrases.rc import read_squad
 
         examples = read_squad(args.rc)
-        model = DensePhrases.load(args.model)
-        out["rc"] = {"data": str(args.rc), **rc_evaluate(model, examples, args.max_passage_tokens)}
+        model = DensePhrases.load(args.model).to(device)
+        lengths = (args.max_passage_tokens, args.max_question_tokens)
+        out["rc"] = {"data": str(args.rc), **rc_evaluate(model, examples, *lengths, precision=args.precision)}
+        pool = [ex for path in args.d_small_pool for ex in read_squad(path)]
+        out["rc_d_small"] = {"pool": [str(p) for p in args.d_small_pool],
+                             **d_small_evaluate(model, examples, *lengths, precision=args.precision, pool=pool)}
         out["rc_random_span"] = random_span_baseline(examples, model.tokenizer, args.max_passage_tokens)
         if args.teacher:
             from npm.densephrases.train import load_teacher
 
-            teacher = load_teacher(str(args.teacher))
-            out["rc_teacher"] = rc_evaluate(model, examples, args.max_passage_tokens, teacher=teacher)
-        log.info("RC EM %.1f F1 %.1f (random span %.1f; teacher %s)", out["rc"]["em"], out["rc"]["f1"],
+            teacher = load_teacher(str(args.teacher)).to(device)
+            out["rc_teacher"] = rc_evaluate(model, examples, *lengths, teacher=teacher, precision=args.precision)
+        log.info("RC EM %.1f F1 %.1f, D_small EM %.1f over %d passages (random span %.1f; teacher %s)",
+                 out["rc"]["em"], out["rc"]["f1"], out["rc_d_small"]["em"], out["rc_d_small"]["passages"],
                  out["rc_random_span"]["em"], f"{out['rc_teacher']['em']:.1f}" if args.teacher else "-")
     sets = {Path(q).stem: ("file", q) for q in args.questions} | {t: ("task", t) for t in args.task}
     if sets:
@@ -146,14 +157,17 @@ def cmd_evaluate(args) -> int:
 
         if not (args.dump and args.index):
             raise ValueError("--questions / --task need --dump and --index (open-domain search)")
-        searcher = PhraseSearcher(args.model, args.dump, args.index)
+        searcher = PhraseSearcher(args.model, args.dump, args.index, device=args.device, precision=args.precision)
         out["index"] = read_json(Path(str(args.index) + ".json"), "rebuild the index")
         out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes")}
         out["open"] = {}
         for name, (kind, where) in sets.items():
             questions = _questions(where) if kind == "file" else \
                 task_questions(where, args.tasks_root, searcher.model.tokenizer)
-            out["open"][name] = {"source": str(where), **open_domain(searcher, questions, args.k, args.max_words)}
+            out["open"][name] = {"source": str(where), "refine_factor": args.refine_factor,
+                                 **open_domain(searcher, questions, args.k, args.max_words, args.refine_factor)}
+            if args.refine_factor > 1:  # what the index alone ranks
+                out.setdefault("open_index_only", {})[name] = open_domain(searcher, questions, args.k, args.max_words)
             log.info("%s: open-domain EM@1 %.1f on %d questions, %.1f queries/s", name, out["open"][name]["em"],
                      out["open"][name]["n"], out["open"][name]["queries_per_s"])
     if len(out) == 1:
@@ -166,7 +180,7 @@ def cmd_evaluate(args) -> int:
 def cmd_search(args) -> int:
     from npm.densephrases.searcher import PhraseSearcher
 
-    searcher = PhraseSearcher(args.model, args.dump, args.index)
+    searcher = PhraseSearcher(args.model, args.dump, args.index, device=args.device, precision=args.precision)
     for question, phrases in zip(args.question, searcher.search(args.question, args.k, args.max_words, args.top),
                                  strict=True):
         print(question)
@@ -187,6 +201,15 @@ def _model_args(p, index: bool = True) -> None:
 def _length_args(p) -> None:
     p.add_argument("--max-passage-tokens", type=positive_int, default=384, help="passage tokens (code: SQuAD 384)")
     p.add_argument("--max-question-tokens", type=positive_int, default=64, help="question tokens")
+
+
+def _compute_args(p, training: bool = False) -> None:
+    """--precision and --device of a step that runs an encoder (``npm.model.autocast``)."""
+    choices = ["bf16", "fp32"] if training else ["bf16", "fp16", "fp32"]
+    p.add_argument("--precision", choices=choices, default="bf16" if training else "fp16",
+                   help="autocast: " + "|".join(choices) + " on GPU; on CPU bf16 where the CPU has it natively, "
+                        "else fp32" + (" (no fp16: it would need loss scaling)" if training else ""))
+    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
 
 
 def _search_args(p, k: int | None = None) -> None:
@@ -234,6 +257,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--lr", type=positive_float, default=3e-5, help="learning rate")
     _length_args(s)
     s.add_argument("--seed", type=int, default=0, help="seed")
+    _compute_args(s, training=True)
     s.set_defaults(func=cmd_train_teacher)
 
     s = sub.add_parser("filter", help="keep the generated questions the teacher answers exactly (paper 4.1)",
@@ -245,6 +269,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON with generated questions")
     s.add_argument("--out", type=Path, required=True, help="filtered SQuAD v1.1 JSON")
     _length_args(s)
+    _compute_args(s)
     s.set_defaults(func=cmd_filter)
 
     s = sub.add_parser("train", help="the phrase and question encoders (eq. 9), resumable",
@@ -271,6 +296,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                    help="filter BCE weight (paper: not in eq. 9; code: 1.0)")
     _length_args(s)
     s.add_argument("--seed", type=int, default=0, help="seed")
+    _compute_args(s, training=True)
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("dump", help="the phrase dump: fp16 token vectors of every passage",
@@ -283,6 +309,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                    help="keep tokens whose start- or end-filter logit exceeds it (code: -2 dev, 1 Wikipedia); "
                         "default: keep every token")
     s.add_argument("--batch-blocks", type=positive_int, default=32, help="blocks per forward pass")
+    _compute_args(s)
     s.set_defaults(func=cmd_dump)
 
     s = sub.add_parser("index", help="FAISS index of a dump from a factory string",
@@ -311,6 +338,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--objective", choices=["paper", "code"], default="paper",
                    help="paper: phrase MML; code: + start-only and end-only MML")
     s.add_argument("--seed", type=int, default=0, help="seed")
+    _compute_args(s, training=True)
     s.set_defaults(func=cmd_query_ft)
 
     s = sub.add_parser("evaluate", help="RC EM/F1 (vs a random span and the teacher) and open-domain EM@1",
@@ -319,6 +347,9 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--model", type=Path, required=True, help="DensePhrases model folder")
     s.add_argument("--rc", type=Path, default=None, help="SQuAD JSON for reading comprehension")
     s.add_argument("--teacher", type=Path, default=None, help="teacher folder: its RC EM/F1 beside")
+    s.add_argument("--d-small-pool", type=Path, nargs="*", default=[],
+                   help="SQuAD JSON files whose passages join the --rc passages in D_small (Table 6's semi-open "
+                        "setting: every --rc question over all pooled passages)")
     s.add_argument("--questions", type=Path, nargs="+", default=[],
                    help="open-domain question files (SQuAD .json or JSONL {question, answers}), each named by its stem")
     s.add_argument("--task", nargs="+", default=[], help="open-set tasks of config/tasks.yaml, asked as questions "
@@ -327,8 +358,13 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--dump", type=Path, default=None, help="dump folder (--questions, --task)")
     s.add_argument("--index", type=Path, default=None, help="index file (--questions, --task)")
     _search_args(s)
+    s.add_argument("--refine-factor", type=positive_int, default=1,
+                   help="take refine-factor x k starts and ends from the index, keep the k with the highest exact "
+                        "inner product with the dump (1: the index's ranking, the paper); above 1, the index-only "
+                        "EM is recorded too")
     _length_args(s)
     s.add_argument("--out", type=Path, required=True, help="results JSON")
+    _compute_args(s)
     s.set_defaults(func=cmd_evaluate)
 
     s = sub.add_parser("search", help="print the top phrases of questions with their passages",
@@ -339,5 +375,6 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     _search_args(s)
     s.add_argument("--top", type=positive_int, default=5, help="phrases printed per question")
     s.add_argument("--evidence", action=argparse.BooleanOptionalAction, default=True, help="print the passage")
+    _compute_args(s)
     s.set_defaults(func=cmd_search)
     return p

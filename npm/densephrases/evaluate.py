@@ -4,6 +4,8 @@
   i <= j < i + max_tokens of z_start[i] + z_end[j] over valid tokens (both the query-agnostic model, with
   z = h . q, and the cross-attention teacher read answers this way).
 * :func:`rc_scores`: SQuAD exact match and token F1 (``npm.tasks.metrics``) of span predictions, in percent.
+* :func:`rc_evaluate`: reading comprehension, each question over its own passage (Table 2, and Table 6's D = {p});
+  :func:`d_small_evaluate`: each question over all the passages of the set pooled (Table 6's D_small).
 * :func:`teacher_filter`: the filter of generated questions (paper 4.1): a generated question is kept only if the
   cross-attention teacher reads its answer exactly; questions that are not generated are always kept.
 * :func:`open_domain`: EM@1 of the top phrase over the index (``npm.densephrases.searcher``) and questions/s.
@@ -58,33 +60,24 @@ def _texts(examples: list[dict], feats: dict, tokenizer, spans: np.ndarray, max_
 
 
 def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_question_tokens: int = 64,
-                max_answer_tokens: int = 30, batch_size: int = 32, teacher=None, tokenizer=None) -> dict:
+                max_answer_tokens: int = 30, batch_size: int = 32, teacher=None, tokenizer=None,
+                precision: str = "fp32") -> dict:
     """Reading comprehension of the query-agnostic model (z = h . q over its own passage) or, with ``teacher``, of the
-    cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting).
-    ``tokenizer`` (default: the model's) lays out the passages; the teacher alone needs no ``model``."""
-    import torch
-
+    cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting), computed
+    on the model's device under ``precision``'s autocast. ``tokenizer`` (default: the model's) lays out the passages;
+    the teacher alone needs no ``model``."""
     from npm.densephrases.features import rc_features
-    from npm.densephrases.losses import token_logits
     from npm.densephrases.train import teacher_logits
 
     tok = tokenizer or model.tokenizer
     feats = rc_features(examples, tok, max_passage_tokens, max_question_tokens)
     if teacher is not None:
-        z_start, z_end = teacher_logits(teacher, feats, batch_size)
+        z_start, z_end = teacher_logits(teacher, feats, batch_size, precision)
     else:
-        n, width = feats["passage_ids"].shape
-        z_start, z_end = np.zeros((n, width), np.float32), np.zeros((n, width), np.float32)
-        model.eval()
-        with torch.inference_mode():
-            for a in range(0, n, batch_size):
-                rows = slice(a, a + batch_size)
-                h = model.phrase_vectors(torch.as_tensor(feats["passage_ids"][rows]),
-                                         torch.as_tensor(feats["passage_mask"][rows]))
-                q_s, q_e = model.query_vectors(torch.as_tensor(feats["question_ids"][rows]),
-                                               torch.as_tensor(feats["question_mask"][rows]))
-                z_start[rows] = token_logits(h, q_s).numpy()
-                z_end[rows] = token_logits(h, q_e).numpy()
+        z_start, z_end = np.zeros(feats["passage_ids"].shape, np.float32), np.zeros(feats["passage_ids"].shape,
+                                                                                     np.float32)
+        for rows, h, q_s, q_e in rc_vectors(model, feats, batch_size, precision):
+            z_start[rows], z_end[rows] = np.einsum("bmd,bd->bm", h, q_s), np.einsum("bmd,bd->bm", h, q_e)
     spans = best_spans(z_start, z_end, feats["valid"], max_answer_tokens)
     predictions = _texts(examples, feats, tok, spans, max_passage_tokens)
     answers = [examples[n]["answers"] for n in feats["example"]]
@@ -95,15 +88,92 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_
                                                   strict=True)]}
 
 
+def rc_vectors(model, feats: dict, batch_size: int = 32, precision: str = "fp32"):
+    """Per batch of ``rc_features`` rows: (rows slice, float32 h [b, Lp, d] zero at padding, q_start [b, d], q_end
+    [b, d]), computed on the model's device under ``precision``'s autocast."""
+    import torch
+
+    from npm.model import autocast
+
+    device = next(model.parameters()).device
+    model.eval()
+    for a in range(0, len(feats["passage_ids"]), batch_size):
+        rows = slice(a, a + batch_size)
+        t = {k: torch.as_tensor(feats[k][rows], device=device) for k in ("passage_ids", "passage_mask",
+                                                                         "question_ids", "question_mask")}
+        with torch.inference_mode(), autocast(device, precision):
+            h = model.phrase_vectors(t["passage_ids"], t["passage_mask"]).float() * t["passage_mask"][..., None]
+            qs, qe = model.query_vectors(t["question_ids"], t["question_mask"])
+        yield rows, h.cpu().numpy(), qs.float().cpu().numpy(), qe.float().cpu().numpy()
+
+
+def passage_vectors(model, contexts: list[str], max_passage_tokens: int = 384, batch_size: int = 32,
+                    precision: str = "fp32") -> tuple[np.ndarray, np.ndarray, list]:
+    """float32 h [P, Lp, d], valid bool [P, Lp] (non-special, non-padding tokens) and the tokens' character offsets
+    of ``contexts`` under the phrase encoder (on the model's device, ``precision``'s autocast)."""
+    import torch
+
+    from npm.model import autocast
+
+    device = next(model.parameters()).device
+    enc = model.tokenizer(contexts, truncation=True, max_length=max_passage_tokens, padding=True,
+                          return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="np")
+    mask = enc["attention_mask"].astype(np.int64)
+    h = np.zeros((*mask.shape, model.hidden_size), np.float32)
+    model.eval()
+    for a in range(0, len(contexts), batch_size):
+        rows = slice(a, a + batch_size)
+        with torch.inference_mode(), autocast(device, precision):
+            out = model.phrase_vectors(torch.as_tensor(enc["input_ids"][rows], device=device),
+                                       torch.as_tensor(mask[rows], device=device))
+        h[rows] = out.float().cpu().numpy()
+    valid = mask.astype(bool) & ~enc["special_tokens_mask"].astype(bool)
+    return h * valid[..., None], valid, list(enc["offset_mapping"])
+
+
+def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_question_tokens: int = 64,
+                     max_answer_tokens: int = 30, batch_size: int = 32, precision: str = "fp32",
+                     pool: list[dict] | None = None) -> dict:
+    """The semi-open setting of the paper's Table 6 (D_small): the passages of ``examples`` and of ``pool`` (other
+    SQuAD-style examples, say the training and dev splits) pooled, and each question of ``examples`` answered by the
+    best span over every pooled passage (eq. 10, exactly: no index), not only over its own. EM / F1, the number of
+    pooled passages and the share of questions answered from their own passage."""
+    from npm.densephrases.features import rc_features
+
+    feats = rc_features(examples, model.tokenizer, max_passage_tokens, max_question_tokens)
+    own_contexts = [examples[n]["context"] for n in feats["example"]]
+    contexts = list(dict.fromkeys(own_contexts + [ex["context"] for ex in pool or []]))
+    h, valid, offsets = passage_vectors(model, contexts, max_passage_tokens, batch_size, precision)
+    q_s = np.zeros((len(own_contexts), model.hidden_size), np.float32)
+    q_e = np.zeros_like(q_s)
+    for rows, _, qs_b, qe_b in rc_vectors(model, feats, batch_size, precision):
+        q_s[rows], q_e[rows] = qs_b, qe_b
+    everywhere = np.arange(len(contexts))
+    predictions, own = [], []
+    for r, context in enumerate(own_contexts):
+        z_s, z_e = h @ q_s[r], h @ q_e[r]
+        spans = best_spans(z_s, z_e, valid, max_answer_tokens)
+        p = int(np.argmax(z_s[everywhere, spans[:, 0]] + z_e[everywhere, spans[:, 1]]))
+        predictions.append(span_text(contexts[p], offsets[p], *spans[p]))
+        own.append(contexts[p] == context)
+    answers = [examples[n]["answers"] for n in feats["example"]]
+    scores = rc_scores(predictions, answers)
+    return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"], "passages": len(contexts),
+            "own_passage": 100.0 * float(np.mean(own)),
+            "predictions": [{"id": examples[n]["id"], "prediction": p, "answers": a, "em": e, "own_passage": o}
+                            for n, p, a, e, o in zip(feats["example"], predictions, answers, scores["em_each"], own,
+                                                     strict=True)]}
+
+
 def teacher_filter(examples: list[dict], teacher, tokenizer, max_passage_tokens: int = 384,
-                   max_question_tokens: int = 64) -> tuple[list[dict], dict]:
+                   max_question_tokens: int = 64, precision: str = "fp32") -> tuple[list[dict], dict]:
     """(kept examples, counts): the generated questions whose answer the teacher reads exactly, and every question
     that is not generated (see the module docstring)."""
     generated = [ex for ex in examples if ex.get("question_generated")]
     if not generated:
         return list(examples), {"generated": 0, "kept": 0, "total": len(examples)}
     result = rc_evaluate(None, generated, max_passage_tokens, max_question_tokens, teacher=teacher,
-                         tokenizer=tokenizer)
+                         tokenizer=tokenizer, precision=precision)
     answered = {p["id"] for p in result["predictions"] if p["em"]}
     kept = [ex for ex in examples if not ex.get("question_generated") or ex["id"] in answered]
     return kept, {"generated": len(generated), "kept": len(answered), "total": len(kept)}
@@ -128,12 +198,13 @@ def random_span_baseline(examples: list[dict], tokenizer, max_passage_tokens: in
     return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"]}
 
 
-def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 20) -> dict:
+def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 20, refine_factor: int = 1) -> dict:
     """EM@1 (percent) of the top phrase of each {id, question, answers} record, questions/s, and the predictions."""
     import time
 
     start = time.perf_counter()
-    found = searcher.search([q["question"] for q in questions], k=k, max_words=max_words, top_n=1)
+    found = searcher.search([q["question"] for q in questions], k=k, max_words=max_words, top_n=1,
+                            refine_factor=refine_factor)
     seconds = time.perf_counter() - start
     hits = [bool(f) and exact_match(f[0]["text"], q["answers"]) for f, q in zip(found, questions, strict=True)]
     return {"n": len(hits), "em": 100.0 * float(np.mean(hits)), "queries_per_s": round(len(hits) / seconds, 2),

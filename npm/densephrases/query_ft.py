@@ -38,30 +38,32 @@ def marginal_nll(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(scores, 0) - torch.logsumexp(scores[positive], 0)
 
 
-def question_loss(searcher, question: str, answers: list[str], k: int, max_words: int,
-                  objective: str = "paper") -> torch.Tensor | None:
-    """L_query of one question (with gradient into the query encoders), or None when no candidate matches."""
+def batch_losses(searcher, questions: list[dict], k: int, max_words: int,
+                 objective: str = "paper") -> list[torch.Tensor | None]:
+    """L_query of each {question, answers} record (with gradient into the query encoders), None where no candidate
+    matches: one forward pass of the query encoders and one search for the whole batch."""
     from npm.densephrases.search import search
     from npm.tasks.metrics import exact_match
 
-    enc = searcher.tokenize([question])
-    q_start, q_end = searcher.model.query_vectors(enc["input_ids"], enc["attention_mask"])
-    qs, qe = q_start.detach().float().numpy(), q_end.detach().float().numpy()
-    ((pairs, _),) = search(searcher.index, searcher.dump.vectors, searcher.dump.tokens, qs, qe, k, max_words,
-                           top_n=k)  # S(q): the top-k phrases
-    if not len(pairs):
-        return None
-    positive = torch.as_tensor([exact_match(searcher.phrase(i, j, 0.0)["text"], answers)
-                                for i, j in pairs.tolist()])
-    if not positive.any():
-        return None
-    h_i = torch.as_tensor(np.asarray(searcher.dump.vectors[pairs[:, 0]], dtype=np.float32))
-    h_j = torch.as_tensor(np.asarray(searcher.dump.vectors[pairs[:, 1]], dtype=np.float32))
-    s_start, s_end = h_i @ q_start[0].float(), h_j @ q_end[0].float()
-    loss = marginal_nll(s_start + s_end, positive)
-    if objective == "code":
-        loss = loss + marginal_nll(s_start, positive) + marginal_nll(s_end, positive)
-    return loss
+    q_start, q_end = searcher.query_vectors([q["question"] for q in questions])
+    qs, qe = q_start.detach().float().cpu().numpy(), q_end.detach().float().cpu().numpy()
+    found = search(searcher.index, searcher.dump.vectors, searcher.dump.tokens, qs, qe, k, max_words,
+                   top_n=k)  # S(q): the top-k phrases of each question
+    losses = []
+    for n, (record, (pairs, _)) in enumerate(zip(questions, found, strict=True)):
+        positive = torch.as_tensor([exact_match(searcher.phrase(i, j, 0.0)["text"], record["answers"])
+                                    for i, j in pairs.tolist()], dtype=torch.bool)
+        if not positive.any():
+            losses.append(None)
+            continue
+        h_i = torch.as_tensor(np.asarray(searcher.dump.vectors[pairs[:, 0]], dtype=np.float32), device=q_start.device)
+        h_j = torch.as_tensor(np.asarray(searcher.dump.vectors[pairs[:, 1]], dtype=np.float32), device=q_start.device)
+        s_start, s_end = h_i @ q_start[n].float(), h_j @ q_end[n].float()
+        loss = marginal_nll(s_start + s_end, positive)
+        if objective == "code":
+            loss = loss + marginal_nll(s_start, positive) + marginal_nll(s_end, positive)
+        losses.append(loss)
+    return losses
 
 
 def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) -> float:
@@ -74,7 +76,8 @@ def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) ->
 def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
                    train: list[dict], out_dir: str | os.PathLike, dev: list[dict] | None = None, k: int = 100,
                    max_words: int = 20, epochs: int = 10, batch_size: int = 12, lr: float = 3e-5,
-                   objective: str = "paper", seed: int = 0, progress: bool = True) -> dict:
+                   objective: str = "paper", seed: int = 0, progress: bool = True, precision: str = "fp32",
+                   device: str | None = None) -> dict:
     """Fine-tune the query encoders of ``model_dir`` on ``train`` [{question, answers}] and write the whole model
     (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch."""
     from transformers import get_linear_schedule_with_warmup
@@ -87,7 +90,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
         raise ValueError("no training question for query-side fine-tuning")
     random.seed(seed)
     torch.manual_seed(seed)
-    searcher = PhraseSearcher(model_dir, dump_dir, index_path)
+    searcher = PhraseSearcher(model_dir, dump_dir, index_path, device=device, precision=precision)
     model = searcher.model
     for p in [*model.phrase.parameters(), *model.filter_head.parameters()]:
         p.requires_grad_(False)
@@ -105,8 +108,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
         order = np.random.default_rng([seed, epoch]).permutation(len(train))
         losses, skipped = [], 0
         for a in range(0, len(order), batch_size):
-            batch = [question_loss(searcher, train[i]["question"], train[i]["answers"], k, max_words, objective)
-                     for i in order[a:a + batch_size]]
+            batch = batch_losses(searcher, [train[i] for i in order[a:a + batch_size]], k, max_words, objective)
             kept = [x for x in batch if x is not None]
             skipped += len(batch) - len(kept)
             if kept:

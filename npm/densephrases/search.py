@@ -119,20 +119,39 @@ def phrase_scores(h: np.ndarray, q_start: np.ndarray, q_end: np.ndarray, pairs: 
     return (hi @ np.asarray(q_start, dtype=np.float32) + hj @ np.asarray(q_end, dtype=np.float32)).astype(np.float32)
 
 
+def refine(rows: np.ndarray, h: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+    """Of each question's candidate rows [Q, k'] (-1 = none), the ``k`` with the highest exact q . h_row (``h`` fp16
+    upcast), best first, -1 padded: a compressed index's candidates re-ranked by the dump's vectors."""
+    out = np.full((len(rows), k), -1, dtype=np.int64)
+    for n, r in enumerate(rows):
+        r = np.sort(r[r >= 0])  # in row order: sequential reads of the memmap
+        if len(r):
+            best = np.argsort(-(np.asarray(h[r], dtype=np.float32) @ q[n]), kind="stable")[:k]
+            out[n, :len(best)] = r[best]
+    return out
+
+
 def search(index, h: np.ndarray, tokens: PhraseTokens, q_start: np.ndarray, q_end: np.ndarray, k: int,
-           max_words: int = 20, top_n: int = 10) -> list[tuple[np.ndarray, np.ndarray]]:
+           max_words: int = 20, top_n: int = 10, refine_factor: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """Eq. 10 for a batch of questions: per question, (phrases int64 [n, 2], scores float32 [n]) best first, at most
     ``top_n``. ``index`` is a FAISS index over the rows of ``h`` [N, d] (row = token), ``q_start`` / ``q_end``
-    [Q, d]; ``k`` starts and ``k`` ends are retrieved per question."""
+    [Q, d]; ``k`` starts and ``k`` ends are retrieved per question. ``refine_factor`` r > 1: the index returns r k
+    starts and r k ends, and the k of each with the highest exact inner product with the dump's vectors are kept
+    (FAISS's IndexRefine idea, with the fp16 dump as the exact store): a compressed index then only has to rank the
+    right tokens among its top r k."""
     from npm.datastore.faiss_index import search as faiss_search
 
     if len(tokens) != len(h) or index.ntotal != len(h):
         raise ValueError(f"the index holds {index.ntotal} vectors, the dump {len(h)} and the token table "
                          f"{len(tokens)}: they are not one phrase dump")
+    if refine_factor < 1:
+        raise ValueError(f"refine_factor must be >= 1, got {refine_factor}")
     qs = np.array(q_start, dtype=np.float32, ndmin=2)
     qe = np.array(q_end, dtype=np.float32, ndmin=2)
-    top_starts, _ = faiss_search(index, qs, k)
-    top_ends, _ = faiss_search(index, qe, k)
+    top_starts, _ = faiss_search(index, qs, k * refine_factor)
+    top_ends, _ = faiss_search(index, qe, k * refine_factor)
+    if refine_factor > 1:
+        top_starts, top_ends = refine(top_starts, h, qs, k), refine(top_ends, h, qe, k)
     out = []
     for n in range(len(qs)):
         pairs = candidates(top_starts[n], top_ends[n], tokens, max_words)

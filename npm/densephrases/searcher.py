@@ -20,10 +20,13 @@ MAX_QUESTION_TOKENS = 64
 
 class PhraseSearcher:
     def __init__(self, model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
-                 nprobe: int | None = None):
+                 nprobe: int | None = None, device: str | None = None, precision: str = "fp32"):
+        """``device`` (default CUDA when available) and ``precision`` (``npm.model.autocast``) of the query
+        encoders; the search itself runs on the CPU over the FAISS index."""
         from npm.data.blocks import load_blocks
         from npm.densephrases.dump import PhraseDump, load_index
         from npm.densephrases.model import DensePhrases
+        from npm.model import torch_device
 
         self.dump = PhraseDump(dump_dir)
         self.index = load_index(index_path, self.dump, model_dir)
@@ -31,7 +34,8 @@ class PhraseSearcher:
             import faiss
 
             faiss.ParameterSpace().set_index_parameter(self.index, "nprobe", int(nprobe))
-        self.model = DensePhrases.load(model_dir).eval()
+        self.device, self.precision = torch_device(device), precision
+        self.model = DensePhrases.load(model_dir).eval().to(self.device)
         self._files, firsts_b, firsts_t = [], [0], [0]
         for path in self.dump.meta["blocks"]:
             arrays = load_blocks(path, text=True)
@@ -48,14 +52,22 @@ class PhraseSearcher:
         if empty:
             raise ValueError(f"question {empty[0]} has no text: DensePhrases needs a question to encode")
         return self.model.tokenizer(list(questions), padding=True, truncation=True, max_length=MAX_QUESTION_TOKENS,
-                                    return_tensors="pt")
+                                    return_tensors="pt").to(self.device)
+
+    def query_vectors(self, questions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_start, q_end [n, d] of the questions on the model's device (with gradient unless called in inference
+        mode)."""
+        from npm.model import autocast
+
+        enc = self.tokenize(questions)
+        with autocast(self.device, self.precision):
+            return self.model.query_vectors(enc["input_ids"], enc["attention_mask"])
 
     def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """q_start, q_end float32 [n, d] of the questions."""
-        enc = self.tokenize(questions)
         with torch.inference_mode():
-            qs, qe = self.model.query_vectors(enc["input_ids"], enc["attention_mask"])
-        return qs.float().numpy(), qe.float().numpy()
+            qs, qe = self.query_vectors(questions)
+        return qs.float().cpu().numpy(), qe.float().cpu().numpy()
 
     def phrase(self, i: int, j: int, score: float) -> dict:
         """Phrase (dump rows i, j) with its exact surface text, passage, document and passage text."""
@@ -71,15 +83,16 @@ class PhraseSearcher:
                 "doc": str(arrays["doc_ids"][arrays["block_doc"][b]]), "rows": [int(i), int(j)],
                 "context": decode(base, int(arrays["text_offsets"][b + 1]))}
 
-    def search(self, questions: list[str], k: int = 10, max_words: int = 20, top_n: int = 10) -> list[list[dict]]:
+    def search(self, questions: list[str], k: int = 10, max_words: int = 20, top_n: int = 10,
+               refine_factor: int = 1) -> list[list[dict]]:
         """The best ``top_n`` phrases of each question, best first, phrases of identical text merged into their
-        best occurrence (the original's de-duplication)."""
+        best occurrence (the original's de-duplication); ``refine_factor``: ``npm.densephrases.search.search``."""
         from npm.densephrases.search import search
 
         q_start, q_end = self.encode(questions)
         out = []
         for pairs, scores in search(self.index, self.dump.vectors, self.dump.tokens, q_start, q_end, k, max_words,
-                                    top_n=max(top_n * 4, top_n)):
+                                    top_n=max(top_n * 4, top_n), refine_factor=refine_factor):
             seen, best = set(), []
             for (i, j), s in zip(pairs.tolist(), scores.tolist(), strict=True):
                 p = self.phrase(i, j, s)

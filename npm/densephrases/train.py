@@ -58,6 +58,8 @@ class TrainConfig:
     max_passage_tokens: int = 384
     max_question_tokens: int = 64
     seed: int = 0
+    precision: str = "bf16"  # autocast: bf16 | fp16 | fp32 on CUDA; on CPU bf16 where native, else fp32
+    device: str | None = None  # None: CUDA when available, else the CPU
 
 
 @dataclass
@@ -72,17 +74,23 @@ class TeacherConfig:
     max_passage_tokens: int = 384
     max_question_tokens: int = 64
     seed: int = 0
+    precision: str = "bf16"
+    device: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------ run folders
 
 def _run_dir(cfg, kind: str) -> Path:
+    """The run folder of these settings: the id hashes them (the precision as this machine runs it, not the device
+    name) and the fingerprints of the encoder, the training file and the teacher."""
     from npm.fingerprint import file_fingerprint, model_fingerprint
+    from npm.model import effective_precision, torch_device
 
     hashed = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "checkpoint_dir", "encoder", "train",
-                                                                "teacher")}
+                                                                "teacher", "device")}
     hashed.update(kind=kind, encoder=model_fingerprint(cfg.encoder), train=file_fingerprint(cfg.train),
-                  teacher=model_fingerprint(cfg.teacher) if getattr(cfg, "teacher", None) else None)
+                  teacher=model_fingerprint(cfg.teacher) if getattr(cfg, "teacher", None) else None,
+                  precision=effective_precision(torch_device(cfg.device), cfg.precision))
     run_id = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
     run_dir = Path(cfg.checkpoint_dir) / f"run-{run_id[:16]}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +109,7 @@ def _save_state(tmp: Path, epoch: int, optimizer, scheduler, rows: list[dict]) -
 
 
 def _load_state(folder: Path, optimizer, scheduler) -> list[dict]:
-    state = torch.load(folder / "state.pt", weights_only=False)
+    state = torch.load(folder / "state.pt", weights_only=False, map_location="cpu")
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
@@ -158,10 +166,11 @@ def _update(loss: torch.Tensor, model, optimizer, scheduler) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _t(x, rows, width: int | None = None) -> torch.Tensor:
-    """Rows of a feature array as a tensor, cut to ``width`` columns (the longest sequence of the batch: the
-    features are padded to the longest of the whole set, and every column past the batch's own is padding)."""
-    return torch.as_tensor(x[rows] if width is None else x[rows, :width])
+def _t(x, rows, width: int | None = None, device=None) -> torch.Tensor:
+    """Rows of a feature array as a tensor on ``device``, cut to ``width`` columns (the longest sequence of the
+    batch: the features are padded to the longest of the whole set, and every column past the batch's own is
+    padding)."""
+    return torch.as_tensor(x[rows] if width is None else x[rows, :width], device=device)
 
 
 def _width(mask: np.ndarray, rows) -> int:
@@ -180,23 +189,28 @@ def load_teacher(path: str):
 
 
 def _teacher_forward(teacher, ids, mask, types):
-    """The reader on [CLS] q [SEP] p [SEP]; segment ids only where the model has two segment types (BERT,
-    SpanBERT; not RoBERTa)."""
+    """The reader on [CLS] q [SEP] p [SEP] (on the teacher's device); segment ids only where the model has two
+    segment types (BERT, SpanBERT; not RoBERTa)."""
+    device = teacher.device
     extra = {}
     if getattr(teacher.config, "type_vocab_size", 1) > 1:
-        extra["token_type_ids"] = torch.as_tensor(types)
-    return teacher(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **extra)
+        extra["token_type_ids"] = torch.as_tensor(types, device=device)
+    return teacher(input_ids=torch.as_tensor(ids, device=device), attention_mask=torch.as_tensor(mask, device=device),
+                   **extra)
 
 
-def teacher_logits(teacher, feats: dict, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
-    """The teacher's start and end logits float32 [n, Lp] at the student's passage positions (-inf elsewhere)."""
+def teacher_logits(teacher, feats: dict, batch_size: int = 32, precision: str = "fp32") -> tuple[np.ndarray,
+                                                                                                 np.ndarray]:
+    """The teacher's start and end logits float32 [n, Lp] at the student's passage positions (-inf elsewhere),
+    computed on the teacher's device under ``precision``'s autocast."""
     from npm.densephrases.features import teacher_inputs
+    from npm.model import autocast
 
     n, width = feats["passage_ids"].shape
     out_s = np.full((n, width), -np.inf, dtype=np.float32)
     out_e = np.full((n, width), -np.inf, dtype=np.float32)
     teacher.eval()
-    with torch.inference_mode():
+    with torch.inference_mode(), autocast(teacher.device, precision):
         for a in range(0, n, batch_size):
             rows = np.arange(a, min(n, a + batch_size))
             ids, mask, types, offset = teacher_inputs(feats, rows)
@@ -204,26 +218,25 @@ def teacher_logits(teacher, feats: dict, batch_size: int = 32) -> tuple[np.ndarr
             for k, r in enumerate(rows):
                 pn = int(feats["passage_mask"][r].sum())
                 src = offset[k] + np.arange(1, pn)
-                out_s[r, 1:pn] = res.start_logits[k, src].float().numpy()
-                out_e[r, 1:pn] = res.end_logits[k, src].float().numpy()
+                out_s[r, 1:pn] = res.start_logits[k, src].float().cpu().numpy()
+                out_e[r, 1:pn] = res.end_logits[k, src].float().cpu().numpy()
     return out_s, out_e
 
 
 def train_teacher(cfg: TeacherConfig, progress: bool = True) -> dict:
     """Fine-tune the cross-attention reader (resumable per epoch); writes ``cfg.out_dir`` (``save_pretrained``)."""
     from npm.densephrases.features import teacher_inputs
-    from npm.model import load_tokenizer
+    from npm.model import autocast, load_tokenizer, torch_device
 
+    device = torch_device(cfg.device)
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases teacher training"):
         run_dir, feats = _start(cfg, "teacher")
         n = len(feats["start"])
-        teacher = load_teacher(cfg.encoder)
+        start_epoch, rows = _last_epoch(run_dir), []
+        teacher = load_teacher(str(run_dir / f"epoch-{start_epoch}") if start_epoch else cfg.encoder).to(device)
         steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
         optimizer, scheduler = _optimizer(teacher.parameters(), cfg.lr, steps)
-        start_epoch, rows = _last_epoch(run_dir), []
         if start_epoch:
-            teacher = load_teacher(str(run_dir / f"epoch-{start_epoch}"))
-            optimizer, scheduler = _optimizer(teacher.parameters(), cfg.lr, steps)
             rows = _load_state(run_dir / f"epoch-{start_epoch}", optimizer, scheduler)
         teacher.train()
         bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases teacher", disable=not progress or None)
@@ -231,10 +244,11 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True) -> dict:
             for rows_b in _batches(n, cfg.batch_size, cfg.seed, epoch):
                 t0 = time.perf_counter()
                 ids, mask, types, offset = teacher_inputs(feats, rows_b)
-                res = _teacher_forward(teacher, ids, mask, types)
-                gold_s = torch.as_tensor(offset + feats["start"][rows_b])
-                gold_e = torch.as_tensor(offset + feats["end"][rows_b])
-                valid = torch.as_tensor(types.astype(bool) & mask.astype(bool))  # passage tokens only
+                with autocast(device, cfg.precision):
+                    res = _teacher_forward(teacher, ids, mask, types)
+                gold_s = torch.as_tensor(offset + feats["start"][rows_b], device=device)
+                gold_e = torch.as_tensor(offset + feats["end"][rows_b], device=device)
+                valid = torch.as_tensor(types.astype(bool) & mask.astype(bool), device=device)  # passage tokens
                 ls = torch.nn.functional.cross_entropy(res.start_logits.float().masked_fill(~valid, -1e4), gold_s)
                 le = torch.nn.functional.cross_entropy(res.end_logits.float().masked_fill(~valid, -1e4), gold_e)
                 loss = (ls + le) / 2
@@ -271,15 +285,17 @@ def step_loss(model, feats: dict, rows: np.ndarray, cfg: TrainConfig, queue, tea
         total_loss,
     )
 
+    dev = next(model.parameters()).device
     lp, lq = _width(feats["passage_mask"], rows), _width(feats["question_mask"], rows)
-    valid = _t(feats["valid"], rows, lp)
-    start, end = _t(feats["start"], rows), _t(feats["end"], rows)
-    h = model.phrase_vectors(_t(feats["passage_ids"], rows, lp), _t(feats["passage_mask"], rows, lp))
-    q_start, q_end = model.query_vectors(_t(feats["question_ids"], rows, lq), _t(feats["question_mask"], rows, lq))
+    valid = _t(feats["valid"], rows, lp, dev)
+    start, end = _t(feats["start"], rows, device=dev), _t(feats["end"], rows, device=dev)
+    h = model.phrase_vectors(_t(feats["passage_ids"], rows, lp, dev), _t(feats["passage_mask"], rows, lp, dev))
+    q_start, q_end = model.query_vectors(_t(feats["question_ids"], rows, lq, dev),
+                                         _t(feats["question_mask"], rows, lq, dev))
     parts = {"single": single_passage_loss(h, valid, q_start, q_end, start, end)}
     if teacher_s is not None and cfg.lambda_distill:
-        parts["distill"] = distill_loss(token_logits(h, q_start), token_logits(h, q_end), _t(teacher_s, rows, lp),
-                                        _t(teacher_e, rows, lp), valid)
+        parts["distill"] = distill_loss(token_logits(h, q_start), token_logits(h, q_end),
+                                        _t(teacher_s, rows, lp, dev), _t(teacher_e, rows, lp, dev), valid)
     g_start, g_end = gold_vectors(h, start, end)
     if cfg.negatives != "none" and cfg.lambda_neg:
         parts["neg"] = in_batch_loss(q_start, q_end, g_start, g_end, *(queue.negatives() if queue else (None, None)))
@@ -296,7 +312,9 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
     """Train (or resume) the phrase and query encoders; writes the model folder ``cfg.out_dir``."""
     from npm.densephrases.losses import PreBatchQueue
     from npm.densephrases.model import DensePhrases
+    from npm.model import autocast, torch_device
 
+    device = torch_device(cfg.device)
     if cfg.negatives not in NEGATIVES:
         raise ValueError(f"negatives must be one of {NEGATIVES}, not {cfg.negatives!r}")
     if not 0 <= cfg.pre_batch_epochs <= cfg.epochs:
@@ -306,10 +324,12 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
         n = len(feats["start"])
         teacher_s = teacher_e = None
         if cfg.teacher and cfg.lambda_distill:
-            teacher_s, teacher_e = teacher_logits(load_teacher(cfg.teacher), feats)
+            teacher_s, teacher_e = teacher_logits(load_teacher(cfg.teacher).to(device), feats,
+                                                  precision=cfg.precision)
         start_epoch = _last_epoch(run_dir)
         model = DensePhrases.load(run_dir / f"epoch-{start_epoch}") if start_epoch else \
             DensePhrases.from_encoder(cfg.encoder)
+        model.to(device)
         steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
         optimizer, scheduler = _optimizer(model.parameters(), cfg.lr, steps)
         rows = _load_state(run_dir / f"epoch-{start_epoch}", optimizer, scheduler) if start_epoch else []
@@ -321,7 +341,8 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
             for batch in _batches(n, cfg.batch_size, cfg.seed, epoch):
                 t0 = time.perf_counter()
                 used = len(queue) if queue else 0  # pre-batch batches this step scores against
-                loss, parts = step_loss(model, feats, batch, cfg, queue, teacher_s, teacher_e)
+                with autocast(device, cfg.precision):
+                    loss, parts = step_loss(model, feats, batch, cfg, queue, teacher_s, teacher_e)
                 _update(loss, model, optimizer, scheduler)
                 rows.append({"step": len(rows) + 1, "epoch": epoch + 1, "loss": round(float(loss.detach()), 6),
                              **{f"loss_{k}": round(parts.get(k, float("nan")), 6) for k in

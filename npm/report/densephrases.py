@@ -7,12 +7,15 @@ One row per (part, row, column), in four parts:
 * ``reading comprehension`` (its Table 2): EM / F1 of the query-agnostic model, the cross-attention teacher and a
   random span on the RC test split; paper: SQuAD dev, DensePhrases 78.3 / 86.3, SpanBERT-base (query-dependent)
   85.7 / 92.2;
-* ``negatives`` (its Table 6): open-domain EM@1 per task of the models trained with none / in-batch / + pre-batch
-  negatives; paper: NQ dev over D_small, 35.3 / 54.2 / 60.4 (B = 84 for the last two);
+* ``negatives`` (its Table 6): EM of the models trained with none / in-batch / + pre-batch negatives, each question
+  over its own passage ({p}) and over all the test passages pooled (D_small); paper: NQ dev, {p} 70.4 / 70.3 / 71.9,
+  D_small 35.3 / 54.2 / 60.4 (B = 48 for none, 84 for the others, C = 2);
 * ``query-side fine-tuning`` (its Table 7): EM@1 per task before and after; paper: C_phrase = {NQ, SQuAD}, NQ
   28.9 -> 40.9, TriviaQA 31.9 -> 50.7;
-* ``index`` (its Table 1 / A.1 and section 7.1): per FAISS factory string, bytes per stored vector, build seconds,
-  EM@1 per task and CPU queries/s; paper: IVF-SQ4 over 60 GB of Wikipedia vectors, 320 GB, 13.6 questions/s on CPU.
+* ``index`` (its Table 1 / A.1 and section 7.1): per FAISS factory string, bytes per stored vector (the index file
+  over its vectors), build seconds, EM@1 per task and CPU queries/s, and, when the evaluation re-ranked the index's
+  candidates by the dump (``--refine-factor``), the EM of the index's own ranking ("index only"); paper: IVF-SQ4
+  over 60 GB of Wikipedia vectors, 320 GB, 13.6 questions/s on CPU.
 
 Each EM has its binomial standard error (``±``, sqrt(p (1 - p) / n)).
 """
@@ -28,7 +31,7 @@ from npm.report.tables import Table
 
 NEGATIVES = {"none": "none", "in_batch": "in-batch", "pre_batch": "+ pre-batch"}
 PAPER_RC = {"DensePhrases": (78.3, 86.3), "teacher (cross-attention)": (85.7, 92.2)}
-PAPER_NEGATIVES_NQ = {"none": 35.3, "in_batch": 54.2, "pre_batch": 60.4}
+PAPER_NEGATIVES = {"none": (70.4, 35.3), "in_batch": (70.3, 54.2), "pre_batch": (71.9, 60.4)}  # NQ dev: {p}, D_small
 PAPER_QFT = {"nq": (28.9, 40.9), "triviaqa": (31.9, 50.7)}
 PAPER_CPU_QPS = 13.6
 COLUMNS = ["Part", "Row", "Column", "Ours", "±", "Paper", "Note"]
@@ -40,7 +43,8 @@ def _se(em: float, n: int) -> float:
 
 
 def load_evaluations(paths: list[str | os.PathLike]) -> dict[tuple[str, str], dict]:
-    """(variant, index file name) -> results, from paths results/densephrases/eval/{variant}/{index}.json."""
+    """(variant, index file name or "rc") -> results, from paths results/densephrases/eval/{variant}/{index}.json
+    (open-domain) and results/densephrases/eval/{negatives}/rc.json (reading comprehension)."""
     out = {}
     for path in map(Path, paths):
         if not path.is_file():
@@ -53,35 +57,48 @@ def load_evaluations(paths: list[str | os.PathLike]) -> dict[tuple[str, str], di
     return out
 
 
-def _open_rows(part: str, row: str, results: dict, paper: dict | None = None, note: str = "") -> list[dict]:
-    return [{"Part": part, "Row": row, "Column": f"EM@1 {task}", "Ours": round(r["em"], 2), "±": _se(r["em"], r["n"]),
-             "Paper": (paper or {}).get(task), "Note": note or f"n = {r['n']}"}
-            for task, r in results.get("open", {}).items()]
+def _open_rows(part: str, row: str, results: dict, paper: dict | None = None, key: str = "open",
+               suffix: str = "") -> list[dict]:
+    """EM@1 per task of ``results[key]`` (``open``: as evaluated; ``open_index_only``: the index's own ranking, no
+    re-ranking by the dump)."""
+    rows = []
+    for task, r in results.get(key, {}).items():
+        refine = r.get("refine_factor", 1)
+        note = f"n = {r['n']}" + (f"; the index's top {refine} k re-ranked by the fp16 dump" if refine > 1 else "")
+        rows.append({"Part": part, "Row": row, "Column": f"EM@1 {task}{suffix}", "Ours": round(r["em"], 2),
+                     "±": _se(r["em"], r["n"]), "Paper": (paper or {}).get(task), "Note": note})
+    return rows
 
 
 def densephrases_table(paths: list[str | os.PathLike]) -> Table:
     evals = load_evaluations(paths)
     rows: list[dict] = []
-    rc = [(v, r) for (v, _), r in evals.items() if "rc" in r and not v.endswith("_qft")]
-    for variant, r in rc:
-        n = r["rc"]["n"]
-        for name, part in (("DensePhrases", r["rc"]), ("teacher (cross-attention)", r.get("rc_teacher")),
-                           ("random span", r.get("rc_random_span"))):
+    rc = {v: r for (v, name), r in evals.items() if name == "rc"}
+    main_rc = next((r for r in rc.values() if "rc_teacher" in r), next(iter(rc.values()), None))
+    if main_rc is not None:
+        n = main_rc["rc"]["n"]
+        for name, part in (("DensePhrases", main_rc["rc"]), ("teacher (cross-attention)", main_rc.get("rc_teacher")),
+                           ("random span", main_rc.get("rc_random_span"))):
             if part is None:
                 continue
-            label = f"{name} ({NEGATIVES[variant]})" if name == "DensePhrases" and len(rc) > 1 else name
             paper = PAPER_RC.get(name, (None, None))
-            rows.append({"Part": "reading comprehension", "Row": label, "Column": "EM", "Ours": round(part["em"], 2),
+            rows.append({"Part": "reading comprehension", "Row": name, "Column": "EM", "Ours": round(part["em"], 2),
                          "±": _se(part["em"], n), "Paper": paper[0], "Note": f"RC test, n = {n}; paper: SQuAD dev"})
-            rows.append({"Part": "reading comprehension", "Row": label, "Column": "F1", "Ours": round(part["f1"], 2),
+            rows.append({"Part": "reading comprehension", "Row": name, "Column": "F1", "Ours": round(part["f1"], 2),
                          "±": None, "Paper": paper[1], "Note": f"RC test, n = {n}"})
-    variants_per_index = {i: sum(1 for _, j in evals if j == i) for _, i in evals}
-    # config `index`: every variant is evaluated on it
+    if len(rc) > 1:
+        for variant in [v for v in NEGATIVES if v in rc]:
+            r, paper = rc[variant], PAPER_NEGATIVES[variant]
+            small = r["rc_d_small"]
+            rows += [{"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM {p}",
+                      "Ours": round(r["rc"]["em"], 2), "±": _se(r["rc"]["em"], r["rc"]["n"]), "Paper": paper[0],
+                      "Note": f"RC test, each question over its own passage, n = {r['rc']['n']}"},
+                     {"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM D_small",
+                      "Ours": round(small["em"], 2), "±": _se(small["em"], small["n"]), "Paper": paper[1],
+                      "Note": f"RC test, every question over all {small['passages']} passages, n = {small['n']}"}]
+    # config `index`: the index every variant is evaluated on
+    variants_per_index = {i: sum(1 for _, j in evals if j == i) for _, i in evals if i != "rc"}
     main_index = max(variants_per_index, key=variants_per_index.get, default=None)
-    trained = [(v, r) for (v, i), r in evals.items() if i == main_index and v in NEGATIVES]
-    if len(trained) > 1:
-        for variant, r in sorted(trained, key=lambda x: list(NEGATIVES).index(x[0])):
-            rows += _open_rows("negatives", NEGATIVES[variant], r, {"nq": PAPER_NEGATIVES_NQ[variant]})
     for (variant, index), r in evals.items():
         if variant.endswith("_qft") and index == main_index:
             before = evals.get((variant.removesuffix("_qft"), index))
@@ -89,11 +106,11 @@ def densephrases_table(paths: list[str | os.PathLike]) -> Table:
                 rows += _open_rows("query-side fine-tuning", "before", before,
                                    {t: p[0] for t, p in PAPER_QFT.items()})
             rows += _open_rows("query-side fine-tuning", "after", r, {t: p[1] for t, p in PAPER_QFT.items()})
-    indexes_per_variant = {v: sum(1 for w, _ in evals if w == v) for v, _ in evals if v in NEGATIVES}
+    indexes_per_variant = {v: sum(1 for w, i in evals if w == v and i != "rc") for v, _ in evals if v in NEGATIVES}
     # the model of config train: evaluated over every index
     main = max(indexes_per_variant, key=indexes_per_variant.get, default=None)
-    for (variant, _), r in evals.items():
-        if variant != main or "index" not in r:
+    for (variant, name), r in evals.items():
+        if variant != main or name == "rc" or "index" not in r:
             continue
         idx, d = r["index"], r.get("dump", {}).get("hidden_size")
         factory = idx.get("factory_effective") or idx.get("factory")
@@ -106,6 +123,7 @@ def densephrases_table(paths: list[str | os.PathLike]) -> Table:
                   "Ours": round(sum(qps) / len(qps), 1) if qps else None, "±": None, "Paper": PAPER_CPU_QPS,
                   "Note": "mean over the tasks; paper: 1,000 NQ questions over all of Wikipedia"}]
         rows += _open_rows("index", factory, r)
+        rows += _open_rows("index", factory, r, key="open_index_only", suffix=" (index only)")
     notes = ["Ours: the embedded default unless the config says otherwise (see results/config.yaml); ± = binomial "
              "standard error of EM. Paper: Lee et al. 2021, Tables 1, 2, 6 and 7 (SQuAD / NQ over all of Wikipedia, "
              "so not the same data: compare the shapes, not the values)."]

@@ -320,7 +320,7 @@ def _slug(factory):
 
 if "densephrases" in evaluated_systems() and not DP:
     _config_error("evaluation lists the system densephrases but config has no `densephrases` section")
-DP_ENCODER = DP_TEACHER_ENCODER = DP_CORPUS = DP_NEGATIVES = DP_LENGTHS = DP_INDEX = None
+DP_ENCODER = DP_TEACHER_ENCODER = DP_CORPUS = DP_NEGATIVES = DP_LENGTHS = DP_INDEX = DP_COMPUTE = None
 DP_INDEXES = {}  # file name -> factory string: config `index` first, then `compare_indexes`
 if DP:
     DP_ENCODER = DP["encoder"] or config["model"]["encoder"]
@@ -328,6 +328,7 @@ if DP:
     DP_CORPUS = DP["corpus"]
     DP_NEGATIVES = DP["train"]["negatives"]
     DP_LENGTHS = f"--max-passage-tokens {DP['max_passage_tokens']} --max-question-tokens {DP['max_question_tokens']}"
+    DP_COMPUTE = f"--precision {DP['precision']}"
     DP_INDEXES = {_slug(f): f for f in [DP["index"], *DP["compare_indexes"]]}
     DP_INDEX = _slug(DP["index"])
     if DP_CORPUS not in config["sources"]:
@@ -375,20 +376,25 @@ def dp_qft(split):
 
 
 def dp_evaluate_inputs(wildcards):
-    """Model, dump and index of one variant of the table; RC test data and teacher with config `index`."""
+    """Model, dump and index of one variant of the table."""
     negatives = wildcards.variant.removesuffix("_qft")
-    inputs = {"model": f"results/densephrases/model_{wildcards.variant}", "tasks": embedded_task_targets(),
-              "dump": dp_dump(negatives, DP_CORPUS), "index": dp_index(negatives, DP_CORPUS, wildcards.index)}
-    if wildcards.index == DP_INDEX:
-        inputs.update(rc=dp_rc("test"), teacher="results/densephrases/teacher")
-    return inputs
+    return {"model": f"results/densephrases/model_{wildcards.variant}", "tasks": embedded_task_targets(),
+            "dump": dp_dump(negatives, DP_CORPUS), "index": dp_index(negatives, DP_CORPUS, wildcards.index)}
+
+
+def dp_search_args():
+    """--k, --max-words (config inference) and --refine-factor (config densephrases.refine_factor) of the table's
+    open-domain evaluations."""
+    return (f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}"
+            f" --refine-factor {DP['refine_factor']}")
 
 
 def dp_report_inputs():
-    """The evaluations of the table: the model of config train over every index, the negatives ablation and the
-    query-side fine-tuned model over config `index`."""
-    files = [f"results/densephrases/eval/{DP_NEGATIVES}/{index}.json" for index in DP_INDEXES]
-    files += [f"results/densephrases/eval/{n}/{DP_INDEX}.json" for n in DP["negatives_ablation"] if n != DP_NEGATIVES]
+    """The evaluations of the table: reading comprehension of the model of config train and of the negatives
+    ablation's models; the model of config train over every index and, query-side fine-tuned, over config `index`."""
+    negatives = dict.fromkeys([DP_NEGATIVES, *DP["negatives_ablation"]])
+    files = [f"results/densephrases/eval/{n}/rc.json" for n in negatives]
+    files += [f"results/densephrases/eval/{DP_NEGATIVES}/{index}.json" for index in DP_INDEXES]
     if DP["query_ft"]:
         files.append(f"results/densephrases/eval/{DP_NEGATIVES}_qft/{DP_INDEX}.json")
     return files

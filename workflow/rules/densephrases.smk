@@ -5,7 +5,8 @@
 # (config/paper.yaml) = no DensePhrases targets.
 #   results/densephrases/teacher, results/densephrases/model_{negatives}[_qft]
 #   data/densephrases/dump/{negatives}/{corpus}/, data/densephrases/index/{negatives}/{corpus}/{index}.faiss
-#   results/densephrases/eval/{variant}/{index}.json     variant = {negatives} or {negatives}_qft
+#   results/densephrases/eval/{variant}/{index}.json     open-domain; variant = {negatives} or {negatives}_qft
+#   results/densephrases/eval/{negatives}/rc.json         reading comprehension ({p} and D_small)
 
 
 use rule tokenize_blocks as densephrases_tokenize_blocks with:
@@ -51,6 +52,7 @@ rule densephrases_train_teacher:
         encoder=DP_TEACHER_ENCODER,
         lengths=DP_LENGTHS,
         seed=config["seed"],
+        compute=DP_COMPUTE,
     threads: 1
     resources:
         gpu=1,
@@ -65,7 +67,8 @@ rule densephrases_train_teacher:
     shell:
         "npm-repro densephrases train-teacher --encoder {params.encoder:q} --train {input.train} --out {output}"
         " --checkpoint-dir results/checkpoints/densephrases_teacher --epochs {params.t[epochs]}"
-        " --batch-size {params.t[batch_size]} --lr {params.t[lr]} {params.lengths} --seed {params.seed} > {log} 2>&1"
+        " --batch-size {params.t[batch_size]} --lr {params.t[lr]} {params.lengths} --seed {params.seed}"
+        " {params.compute} > {log} 2>&1"
 
 
 rule densephrases_filter:
@@ -78,6 +81,7 @@ rule densephrases_filter:
         "data/densephrases/rc/train.filtered.json",
     params:
         lengths=DP_LENGTHS,
+        compute=DP_COMPUTE,
     threads: 1
     resources:
         gpu=1,
@@ -89,7 +93,7 @@ rule densephrases_filter:
         "../envs/train.yaml"
     shell:
         "npm-repro densephrases filter --teacher {input.teacher} --train {input.train} --out {output}"
-        " {params.lengths} > {log} 2>&1"
+        " {params.lengths} {params.compute} > {log} 2>&1"
 
 
 rule densephrases_train:
@@ -106,6 +110,7 @@ rule densephrases_train:
         encoder=DP_ENCODER,
         lengths=DP_LENGTHS,
         seed=config["seed"],
+        compute=DP_COMPUTE,
     threads: 1
     resources:
         gpu=1,
@@ -123,7 +128,7 @@ rule densephrases_train:
         " --epochs {params.t[epochs]} --pre-batch-epochs {params.t[pre_batch_epochs]} --pre-batch {params.t[pre_batch]}"
         " --batch-size {params.t[batch_size]} --lr {params.t[lr]} --lambda-single {params.t[lambda_single]}"
         " --lambda-distill {params.t[lambda_distill]} --lambda-neg {params.t[lambda_neg]}"
-        " --lambda-filter {params.t[lambda_filter]} {params.lengths} --seed {params.seed} > {log} 2>&1"
+        " --lambda-filter {params.t[lambda_filter]} {params.lengths} --seed {params.seed} {params.compute} > {log} 2>&1"
 
 
 rule densephrases_dump:
@@ -136,6 +141,7 @@ rule densephrases_dump:
     params:
         folder=lambda wc, output: Path(output[0]).parent,
         threshold=lambda wc: "" if DP["filter_threshold"] is None else f"--filter-threshold {DP['filter_threshold']}",
+        compute=DP_COMPUTE,
     threads: 1
     resources:
         gpu=1,
@@ -149,7 +155,7 @@ rule densephrases_dump:
         "../envs/eval.yaml"
     shell:
         "npm-repro densephrases dump --model {input.model} --blocks {input.blocks} --out {params.folder}"
-        " {params.threshold} > {log} 2>&1"
+        " {params.threshold} {params.compute} > {log} 2>&1"
 
 
 rule densephrases_index:
@@ -163,6 +169,7 @@ rule densephrases_index:
         factory=lambda wc: DP_INDEXES[wc.index],
         folder=lambda wc, input: Path(input[0]).parent,
         nprobe=lambda wc: DP["nprobe"],
+        train_sample=lambda wc: DP["index_train_sample"],
         seed=config["seed"],
     threads: 1
     resources:
@@ -177,7 +184,7 @@ rule densephrases_index:
         "../envs/embed.yaml"
     shell:
         "npm-repro densephrases index --dump {params.folder} --out {output.index} --factory {params.factory:q}"
-        " --nprobe {params.nprobe} --seed {params.seed} > {log} 2>&1"
+        " --nprobe {params.nprobe} --train-sample {params.train_sample} --seed {params.seed} > {log} 2>&1"
 
 
 rule densephrases_query_ft:
@@ -196,6 +203,7 @@ rule densephrases_query_ft:
         dev=lambda wc, input: f"--dev {input.dev}" if input.dev else "",
         max_words=INFERENCE.phrase_max_words,
         seed=config["seed"],
+        compute=DP_COMPUTE,
     threads: 1
     resources:
         gpu=1,
@@ -211,24 +219,58 @@ rule densephrases_query_ft:
         "npm-repro densephrases query-ft --model {input.model} --dump {params.dump} --index {input.index}"
         " --train {input.train} {params.dev} --out {output} --k {params.q[k]} --max-words {params.max_words}"
         " --epochs {params.q[epochs]} --batch-size {params.q[batch_size]} --lr {params.q[lr]}"
-        " --objective {params.q[objective]} --seed {params.seed} > {log} 2>&1"
+        " --objective {params.q[objective]} --seed {params.seed} {params.compute} > {log} 2>&1"
+
+
+rule densephrases_evaluate_rc:
+    """Reading comprehension of one negatives model on the RC test split: each question over its own passage ({p})
+    and over all the test passages pooled (D_small); for the model of config train, the teacher and a random span
+    beside."""
+    input:
+        model="results/densephrases/model_{negatives}",
+        rc=lambda wc: dp_rc("test"),
+        pool=lambda wc: [dp_rc(split) for split in DP["d_small_pool"]],
+        teacher="results/densephrases/teacher",
+    output:
+        "results/densephrases/eval/{negatives}/rc.json",
+    wildcard_constraints:
+        negatives="none|in_batch|pre_batch",
+    params:
+        teacher=lambda wc, input: f"--teacher {input.teacher}" if wc.negatives == DP_NEGATIVES else "",
+        pool=lambda wc, input: f"--d-small-pool {input.pool}" if input.pool else "",
+        lengths=DP_LENGTHS,
+        compute=DP_COMPUTE,
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=16000,
+        runtime=240,
+    log:
+        "logs/densephrases/evaluate_rc/{negatives}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_evaluate_rc/{negatives}.tsv"
+    conda:
+        "../envs/eval.yaml"
+    shell:
+        "npm-repro densephrases evaluate --model {input.model} --rc {input.rc} {params.pool} {params.teacher}"
+        " {params.lengths} {params.compute} --out {output} > {log} 2>&1"
 
 
 rule densephrases_evaluate:
-    """One model variant over one index: open-domain EM@1 with queries/s on the table's tasks, and (over config
-    `index`) RC EM/F1 on the test split against a random span and the teacher."""
+    """One model variant over one index: open-domain EM@1 with queries/s on the table's tasks."""
     input:
         unpack(dp_evaluate_inputs),
     output:
         "results/densephrases/eval/{variant}/{index}.json",
     wildcard_constraints:
         variant="(none|in_batch|pre_batch)(_qft)?",
+        index="|".join(DP_INDEXES) or "^$",
     params:
         dump=lambda wc, input: Path(input.dump).parent,
-        rc=lambda wc, input: f"--rc {input.rc} --teacher {input.teacher}" if "rc" in input.keys() else "",
         tasks=lambda wc: " ".join(DP["eval_tasks"]),
         lengths=DP_LENGTHS,
-        search=f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}",
+        search=lambda wc: dp_search_args(),
+        compute=DP_COMPUTE,
     threads: 1
     resources:
         gpu=1,
@@ -241,8 +283,9 @@ rule densephrases_evaluate:
     conda:
         "../envs/eval.yaml"
     shell:
-        "npm-repro densephrases evaluate --model {input.model} {params.rc} --dump {params.dump} --index {input.index}"
-        " --task {params.tasks} --tasks-root data/tasks {params.search} {params.lengths} --out {output} > {log} 2>&1"
+        "npm-repro densephrases evaluate --model {input.model} --dump {params.dump} --index {input.index}"
+        " --task {params.tasks} --tasks-root data/tasks {params.search} {params.lengths} {params.compute}"
+        " --out {output} > {log} 2>&1"
 
 
 rule densephrases_report:
