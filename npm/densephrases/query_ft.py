@@ -52,7 +52,7 @@ def batch_losses(searcher, questions: list[dict], k: int, max_words: int,
     losses = []
     for n, (record, (pairs, _)) in enumerate(zip(questions, found, strict=True)):
         positive = torch.as_tensor([exact_match(searcher.phrase(i, j, 0.0)["text"], record["answers"])
-                                    for i, j in pairs.tolist()], dtype=torch.bool)
+                                    for i, j in pairs.tolist()], dtype=torch.bool, device=q_start.device)
         if not positive.any():
             losses.append(None)
             continue
