@@ -13,11 +13,13 @@ class DensePhrasesScorer:
             raise ValueError(f"{system.name} reads one corpus: give one --phrase-dump and one --phrase-index "
                              f"(got {len(inputs.phrase_dump)} and {len(inputs.phrase_index)})")
         self.settings = settings
-        self.searcher = PhraseSearcher(inputs.model, inputs.phrase_dump[0], inputs.phrase_index[0])
+        self.searcher = PhraseSearcher(inputs.model, inputs.phrase_dump[0], inputs.phrase_index[0],
+                                       device=inputs.device)
         self.tokenizer = self.searcher.model.tokenizer
         meta = self.searcher.dump.meta
         self.info = {"model": str(inputs.model), "corpus": inputs.corpus, "corpus_tokens": meta["tokens"],
-                     "retrieval": f"phrase index {inputs.phrase_index[0]}", "device": "cpu",
+                     "retrieval": f"phrase index {inputs.phrase_index[0]}",
+                     "device": str(self.searcher.device),
                      "parameters": int(sum(p.numel() for p in self.searcher.model.parameters())),
                      "phrase_k": settings.phrase_k, "phrase_max_words": settings.phrase_max_words}
 
