@@ -19,7 +19,7 @@ GPU_PINS = ENVS / "gpu-pins.txt"
 GPU_RULES = {"pretrain", "embed_shard", "build_faiss_index", "evaluate", "_name",  # _name: evaluate_{group}
              "evaluate_negative_control", "replug_eval_lm", "replug_train_lsr", "densephrases_train_teacher",
              "densephrases_filter", "densephrases_train", "densephrases_dump", "densephrases_index",
-             "densephrases_query_ft", "densephrases_evaluate"}
+             "densephrases_query_ft", "densephrases_evaluate", "densephrases_evaluate_rc"}
 PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)==([0-9][0-9A-Za-z.]*(?:\+[0-9A-Za-z.]+)?)")
 CONDA_PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)==([0-9][0-9A-Za-z.]*)")  # == is exact; = is a prefix match
 CUDA_LABEL = re.compile(r"\+cu(\d+)")
