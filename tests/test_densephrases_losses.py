@@ -119,3 +119,17 @@ def test_total_loss_weighs_the_parts_as_eq_9():
     assert float(total_loss({**parts, "filter": torch.tensor(3.0)}, {**PAPER_LAMBDAS, "filter": 1.0})) == 6.0
     with pytest.raises(ValueError, match="no lambda"):
         total_loss({"other": torch.tensor(1.0)})
+
+
+def test_scores_stay_fp32_under_a_bf16_autocast():
+    """Mixed precision encodes in bf16 but scores in fp32: in bf16 a phrase score of ~50 is rounded to steps of 0.25,
+    enough to reorder the in-batch and passage softmaxes (eq. 5-8) and wreck open-domain retrieval."""
+    g = torch.Generator().manual_seed(0)
+    h, q = torch.randn(2, 7, 64, generator=g) * 3, torch.randn(2, 64, generator=g) * 3
+    gs, ge = torch.randn(2, 64, generator=g) * 3, torch.randn(2, 64, generator=g) * 3
+    want_z, want_l = token_logits(h, q), in_batch_loss(q, q, gs, ge)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z, loss = token_logits(h, q), in_batch_loss(q, q, gs, ge)
+    assert z.dtype == torch.float32
+    torch.testing.assert_close(z, want_z)
+    torch.testing.assert_close(loss, want_l)

@@ -44,8 +44,9 @@ def _gold(logp: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def token_logits(h: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """z [B, m] = h_i . q for every passage token: ``h`` [B, m, d], ``q`` [B, d]."""
-    return torch.einsum("bmd,bd->bm", h.float(), q.float())
+    """z [B, m] = h_i . q for every passage token: ``h`` [B, m, d], ``q`` [B, d]; in fp32 under any autocast."""
+    with torch.autocast(h.device.type, enabled=False):
+        return torch.einsum("bmd,bd->bm", h.float(), q.float())
 
 
 def single_passage_loss(h, valid, q_start, q_end, start, end) -> torch.Tensor:
@@ -119,7 +120,8 @@ def in_batch_loss(q_start, q_end, g_start, g_end, pre_start=None, pre_end=None) 
     losses = []
     for q, g, pre in ((q_start, g_start, pre_start), (q_end, g_end, pre_end)):
         keys = g if pre is None else torch.cat([g, pre.detach().to(g.dtype)])
-        scores = q.float() @ keys.float().T
+        with torch.autocast(q.device.type, enabled=False):  # fp32 scores, as token_logits
+            scores = q.float() @ keys.float().T
         losses.append(torch.nn.functional.cross_entropy(scores, torch.arange(len(q), device=q.device)))
     return (losses[0] + losses[1]) / 2
 
