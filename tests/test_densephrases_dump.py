@@ -199,6 +199,8 @@ def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
     assert not any(r["Part"] == "index" and r["Row"] == "in-batch" for r in table.rows)
     neg = {(r["Row"], r["Column"]): r for r in table.rows if r["Part"] == "negatives"}
     assert neg[("+ pre-batch", "EM D_small")]["Paper"] == 60.4 and 0 <= neg[("in-batch", "EM {p}")]["Ours"] <= 100
+    alone = densephrases_table([p for p in paths if "in_batch" not in str(p)])  # the demo: one trained variant
+    assert {r["Column"] for r in alone.rows if r["Part"] == "negatives"} == {"EM {p}", "EM D_small"}
     assert main(["report", "densephrases", "--metrics", *map(str, paths), "--out", str(tmp_path / "t.csv")]) == 0
     assert len(list(csv.DictReader(open(tmp_path / "t.csv")))) == len(table.rows)
     with pytest.raises(FileNotFoundError, match="densephrases evaluate"):

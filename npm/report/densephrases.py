@@ -86,16 +86,16 @@ def densephrases_table(paths: list[str | os.PathLike]) -> Table:
                          "±": _se(part["em"], n), "Paper": paper[0], "Note": f"RC test, n = {n}; paper: SQuAD dev"})
             rows.append({"Part": "reading comprehension", "Row": name, "Column": "F1", "Ours": round(part["f1"], 2),
                          "±": None, "Paper": paper[1], "Note": f"RC test, n = {n}"})
-    if len(rc) > 1:
-        for variant in [v for v in NEGATIVES if v in rc]:
-            r, paper = rc[variant], PAPER_NEGATIVES[variant]
-            small = r["rc_d_small"]
-            rows += [{"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM {p}",
-                      "Ours": round(r["rc"]["em"], 2), "±": _se(r["rc"]["em"], r["rc"]["n"]), "Paper": paper[0],
-                      "Note": f"RC test, each question over its own passage, n = {r['rc']['n']}"},
-                     {"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM D_small",
-                      "Ours": round(small["em"], 2), "±": _se(small["em"], small["n"]), "Paper": paper[1],
-                      "Note": f"RC test, every question over all {small['passages']} passages, n = {small['n']}"}]
+    for variant in [v for v in NEGATIVES if v in rc]:  # each trained variant: over its own passage and D_small
+        r, paper = rc[variant], PAPER_NEGATIVES[variant]
+        small = r.get("rc_d_small")  # absent when the evaluation had no --d-small-pool
+        rows.append({"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM {p}",
+                     "Ours": round(r["rc"]["em"], 2), "±": _se(r["rc"]["em"], r["rc"]["n"]), "Paper": paper[0],
+                     "Note": f"RC test, each question over its own passage, n = {r['rc']['n']}"})
+        if small:
+            rows.append({"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM D_small",
+                         "Ours": round(small["em"], 2), "±": _se(small["em"], small["n"]), "Paper": paper[1],
+                         "Note": f"RC test, every question over all {small['passages']} passages, n = {small['n']}"})
     # config `index`: the index every variant is evaluated on
     variants_per_index = {i: sum(1 for _, j in evals if j == i) for _, i in evals if i != "rc"}
     main_index = max(variants_per_index, key=variants_per_index.get, default=None)
