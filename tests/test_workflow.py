@@ -180,8 +180,8 @@ def test_a_replug_retriever_of_its_own_reads_the_corpus_in_its_own_tokenization(
 def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     """Config `densephrases`: the knowledge-table row reads the query-side fine-tuned model with the dump and index
     of the model it was fine-tuned from; the negatives ablation adds a training and an evaluation per setting;
-    qg_filter trains the students on the questions the teacher answers; a config that lists the system without the
-    section is refused at start-up."""
+    qg_filter trains the students on the questions the teacher answers, and they distil it only at lambda_distill
+    > 0; a config that lists the system without the section is refused at start-up."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -207,6 +207,8 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     assert all("--train data/densephrases/rc/train.filtered.json" in s for s in shells if "densephrases train " in s)
     (teacher,) = [s for s in shells if "densephrases train-teacher" in s]
     assert "--train data/densephrases/rc/train.json" in teacher
+    distill = cfg["densephrases"]["train"].get("lambda_distill", 2.0) > 0  # the student waits on the teacher only then
+    assert all(("--teacher results/densephrases/teacher" in s) == distill for s in shells if "densephrases train " in s)
     (report,) = [s for s in shells if "report densephrases" in s]
     for variant, index in (("pre_batch", "Flat"), ("pre_batch", "IVF256_SQ4"), ("pre_batch", "IVF256_PQ32"),
                            ("pre_batch", "rc"), ("none", "rc"), ("pre_batch_qft", "Flat")):

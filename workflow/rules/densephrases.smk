@@ -97,10 +97,11 @@ rule densephrases_filter:
 
 
 rule densephrases_train:
-    """Phrase and question encoders (eq. 9) with the negatives of the wildcard (resumable per epoch)."""
+    """Phrase and question encoders (eq. 9) with the negatives of the wildcard (resumable per epoch); the teacher
+    only where train.lambda_distill > 0."""
     input:
         train=lambda wc: dp_train_file(),
-        teacher="results/densephrases/teacher",
+        teacher=lambda wc: ["results/densephrases/teacher"] if DP["train"]["lambda_distill"] else [],
     output:
         directory("results/densephrases/model_{negatives}"),
     wildcard_constraints:
@@ -111,6 +112,7 @@ rule densephrases_train:
         lengths=DP_LENGTHS,
         seed=config["seed"],
         compute=DP_COMPUTE,
+        teacher=lambda wc, input: f"--teacher {input.teacher}" if input.teacher else "",
     threads: 1
     resources:
         gpu=1,
@@ -123,7 +125,7 @@ rule densephrases_train:
     conda:
         "../envs/train.yaml"
     shell:
-        "npm-repro densephrases train --encoder {params.encoder:q} --train {input.train} --teacher {input.teacher}"
+        "npm-repro densephrases train --encoder {params.encoder:q} --train {input.train} {params.teacher}"
         " --out {output} --checkpoint-dir results/checkpoints/densephrases --negatives {wildcards.negatives}"
         " --epochs {params.t[epochs]} --pre-batch-epochs {params.t[pre_batch_epochs]} --pre-batch {params.t[pre_batch]}"
         " --batch-size {params.t[batch_size]} --lr {params.t[lr]} --lambda-single {params.t[lambda_single]}"
