@@ -74,8 +74,8 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_
     if teacher is not None:
         z_start, z_end = teacher_logits(teacher, feats, batch_size, precision)
     else:
-        z_start, z_end = np.zeros(feats["passage_ids"].shape, np.float32), np.zeros(feats["passage_ids"].shape,
-                                                                                     np.float32)
+        z_start = np.zeros(feats["passage_ids"].shape, np.float32)
+        z_end = np.zeros_like(z_start)
         for rows, h, q_s, q_e in rc_vectors(model, feats, batch_size, precision):
             z_start[rows], z_end[rows] = np.einsum("bmd,bd->bm", h, q_s), np.einsum("bmd,bd->bm", h, q_e)
     spans = best_spans(z_start, z_end, feats["valid"], max_answer_tokens)
@@ -88,9 +88,9 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_
                                                   strict=True)]}
 
 
-def rc_vectors(model, feats: dict, batch_size: int = 32, precision: str = "fp32"):
-    """Per batch of ``rc_features`` rows: (rows slice, float32 h [b, Lp, d] zero at padding, q_start [b, d], q_end
-    [b, d]), computed on the model's device under ``precision``'s autocast."""
+def rc_vectors(model, feats: dict, batch_size: int = 32, precision: str = "fp32", passages: bool = True):
+    """Per batch of ``rc_features`` rows: (rows slice, float32 h [b, Lp, d] zero at padding, or None without
+    ``passages``, q_start [b, d], q_end [b, d]), computed on the model's device under ``precision``'s autocast."""
     import torch
 
     from npm.model import autocast
@@ -102,9 +102,10 @@ def rc_vectors(model, feats: dict, batch_size: int = 32, precision: str = "fp32"
         t = {k: torch.as_tensor(feats[k][rows], device=device) for k in ("passage_ids", "passage_mask",
                                                                          "question_ids", "question_mask")}
         with torch.inference_mode(), autocast(device, precision):
-            h = model.phrase_vectors(t["passage_ids"], t["passage_mask"]).float() * t["passage_mask"][..., None]
+            h = (model.phrase_vectors(t["passage_ids"], t["passage_mask"]).float() * t["passage_mask"][..., None]
+                 if passages else None)
             qs, qe = model.query_vectors(t["question_ids"], t["question_mask"])
-        yield rows, h.cpu().numpy(), qs.float().cpu().numpy(), qe.float().cpu().numpy()
+        yield rows, None if h is None else h.cpu().numpy(), qs.float().cpu().numpy(), qe.float().cpu().numpy()
 
 
 def passage_vectors(model, contexts: list[str], max_passage_tokens: int = 384, batch_size: int = 32,
@@ -146,7 +147,7 @@ def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = 384,
     h, valid, offsets = passage_vectors(model, contexts, max_passage_tokens, batch_size, precision)
     q_s = np.zeros((len(own_contexts), model.hidden_size), np.float32)
     q_e = np.zeros_like(q_s)
-    for rows, _, qs_b, qe_b in rc_vectors(model, feats, batch_size, precision):
+    for rows, _, qs_b, qe_b in rc_vectors(model, feats, batch_size, precision, passages=False):
         q_s[rows], q_e[rows] = qs_b, qe_b
     everywhere = np.arange(len(contexts))
     predictions, own = [], []
