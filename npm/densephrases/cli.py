@@ -64,11 +64,9 @@ def cmd_filter(args) -> int:
     from npm.densephrases.evaluate import teacher_filter
     from npm.densephrases.rc import read_squad, write_squad
     from npm.densephrases.train import load_teacher
-    from npm.model import load_tokenizer
+    from npm.model import load_tokenizer, torch_device
 
     examples = read_squad(args.train)
-    from npm.model import torch_device
-
     kept, counts = teacher_filter(examples, load_teacher(str(args.teacher)).to(torch_device(args.device)),
                                   load_tokenizer(str(args.teacher)), args.max_passage_tokens, args.max_question_tokens,
                                   args.precision)

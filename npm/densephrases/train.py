@@ -199,8 +199,8 @@ def _teacher_forward(teacher, ids, mask, types):
                    **extra)
 
 
-def teacher_logits(teacher, feats: dict, batch_size: int = 32, precision: str = "fp32") -> tuple[np.ndarray,
-                                                                                                 np.ndarray]:
+def teacher_logits(teacher, feats: dict, batch_size: int = 32,
+                   precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
     """The teacher's start and end logits float32 [n, Lp] at the student's passage positions (-inf elsewhere),
     computed on the teacher's device under ``precision``'s autocast."""
     from npm.densephrases.features import teacher_inputs
