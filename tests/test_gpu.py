@@ -1,18 +1,28 @@
-"""GPU paths (``pytest -m gpu``; skipped where torch sees no CUDA device): DensePhrases' steps run on the device they
-are given, in the precision they are given, and agree with the CPU."""
+"""GPU paths (``pytest -m gpu``): each test runs a real step on the GPU, in the precision it is given, and checks it
+against the same step on the CPU. A test that needs CUDA is skipped where torch sees no CUDA device; the FAISS one is
+skipped where FAISS has no GPU support (the pinned faiss-cpu). Paper-map §2.4-§2.5 (training), §3.3 (embedding),
+§3.5 (index) and §D1 (DensePhrases)."""
 
 from __future__ import annotations
 
+import math
+
+import faiss
 import numpy as np
 import pytest
 import torch
+from transformers import AutoConfig, BertModel
 
 from tests.test_densephrases_train import _examples
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=f"no CUDA device (torch {torch.__version__} "
+                                                                       "sees none)")
+needs_faiss_gpu = pytest.mark.skipif(faiss.get_num_gpus() == 0, reason="faiss has no GPU support "
+                                     "(faiss.get_num_gpus() == 0): install faiss-gpu in place of faiss-cpu")
 
 
+@needs_cuda
 def test_densephrases_trains_dumps_and_answers_on_the_gpu(tmp_path):
     from npm.data.blocks import build_blocks
     from npm.densephrases.dump import build_index, dump_phrases
@@ -48,3 +58,96 @@ def test_densephrases_trains_dumps_and_answers_on_the_gpu(tmp_path):
     assert len(searcher.search(["What is the capital of Greece?"], k=4, max_words=3, top_n=2)[0]) >= 1
     model = DensePhrases.load(tmp_path / "model").to("cuda")
     assert 0 <= rc_evaluate(model, _examples(), 64, 24, precision="bf16")["em"] <= 100
+
+
+def _tiny_bert_without_dropout(path) -> str:
+    """``save_tiny_bert`` with dropout off, so that a training step is the same computation on every device."""
+    from tests.conftest import save_tiny_bert
+
+    save_tiny_bert(path)
+    config = AutoConfig.from_pretrained(path)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    config.save_pretrained(path)
+    return str(path)
+
+
+def _parameters(path) -> dict[str, torch.Tensor]:
+    return {k: p.detach() for k, p in BertModel.from_pretrained(path, add_pooling_layer=False).named_parameters()}
+
+
+@needs_cuda
+def test_one_npm_training_step_on_cuda_in_bf16_agrees_with_the_cpu(tmp_path):
+    """``train`` takes the GPU when there is one: one step of the real loop (bf16 autocast, the candidate pool "all"
+    of a single device, AdamW) has the fp32 CPU loss of the same batch line within bf16 rounding, and moves every
+    parameter."""
+    from npm.model import load_encoder, load_tokenizer
+    from npm.training.collate import collate_phrase
+    from npm.training.data import BatchLines
+    from npm.training.loop import step_loss, train
+    from tests.test_training import config, write_shard
+
+    encoder = _tiny_bert_without_dropout(tmp_path / "encoder")
+    shards = write_shard(tmp_path)
+    torch.cuda.reset_peak_memory_stats()
+    summary = train(config(tmp_path, encoder, shards, "run", steps=1, warmup_steps=0, precision="bf16", pool="all"))
+    assert torch.cuda.max_memory_allocated() > 0, "the training step did not run on the GPU"
+    (logged,) = summary["first_losses"]
+
+    data = BatchLines(shards)
+    sequences, spans, _ = data.line(int(data.order(0, 0)[0]))  # the line step 1 took (seed 0, epoch 0, one rank)
+    batch = collate_phrase(sequences, spans, load_tokenizer(encoder).mask_token_id)
+    on_cpu, _ = step_loss(load_encoder(encoder).train(), batch, "npm", "all", torch.device("cpu"))
+    assert math.isfinite(logged) and logged == pytest.approx(float(on_cpu), rel=2e-2, abs=2e-2)
+
+    before, after = _parameters(encoder), _parameters(tmp_path / "run")
+    unchanged = [k for k in before if torch.equal(before[k], after[k])]
+    assert not unchanged and all(torch.isfinite(p).all() for p in after.values())
+
+
+@needs_faiss_gpu
+def test_faiss_builds_an_ivf_index_on_the_gpu_that_finds_what_the_cpu_one_finds(tmp_path):
+    """``build_faiss_index(use_gpu=True)`` trains and fills an IVF index on the GPU (fp16 storage, as the original)
+    and writes it for the CPU; probing every list, it returns the neighbours of the CPU-built index."""
+    from npm.datastore.faiss_index import build_faiss_index, load_faiss_index, search
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(4000, 32)).astype(np.float16)  # fp16, as a datastore stores them
+    vectors.tofile(tmp_path / "shard0.f16")
+    shards = [(tmp_path / "shard0.f16", len(vectors))]
+    queries = rng.normal(size=(50, 32)).astype(np.float32)
+    found = {}
+    for where in ("gpu", "cpu"):
+        record = build_faiss_index(shards, 32, tmp_path / f"{where}.faiss", factory="IVF16,Flat", nprobe=16,
+                                   use_gpu=where == "gpu")
+        assert record["built_on"] == where and record["ntotal"] == len(vectors)
+        found[where], valid = search(load_faiss_index(tmp_path / f"{where}.faiss"), queries, k=10)
+        assert valid.all()
+    exact = np.argsort(-(queries @ vectors.astype(np.float32).T), axis=1, kind="stable")[:, :10]
+    assert np.array_equal(found["gpu"], found["cpu"])
+    assert np.mean([len(np.intersect1d(f, e)) / 10 for f, e in zip(found["gpu"], exact, strict=True)]) >= 0.99
+
+
+@needs_cuda
+def test_the_datastore_embedding_loop_on_cuda_stores_the_cpu_vectors(tmp_path):
+    """``embed_corpus`` on the GPU at fp16 (the datastore default) writes the rows the CPU writes at fp32, within fp16
+    rounding, and records the device it ran on."""
+    from npm.data.blocks import build_blocks
+    from npm.datastore.embed import embed_corpus
+    from npm.datastore.store import load_datastore
+    from npm.io import write_jsonl
+    from tests.conftest import WORDPIECE, save_tiny_bert
+
+    encoder = save_tiny_bert(tmp_path / "encoder")
+    write_jsonl(tmp_path / "docs.jsonl", [{"id": ex["id"], "units": [ex["context"]]} for ex in _examples()])
+    build_blocks(tmp_path / "docs.jsonl", tmp_path / "blocks.npz", WORDPIECE, max_seq_length=16)
+    stores = {}
+    for device, precision in (("cuda", "fp16"), ("cpu", "fp32")):
+        embed_corpus(encoder, [tmp_path / "blocks.npz"], tmp_path / device, batch_blocks=4, shards=2, device=device,
+                     precision=precision, progress=False)
+        stores[device] = load_datastore(tmp_path / device)
+    assert stores["cuda"].meta["devices"] == ["cuda"] and stores["cuda"].meta["precision"] == "fp16"
+    rows = np.arange(stores["cpu"].n_rows)
+    assert stores["cuda"].n_rows == len(rows) > 0
+    on_gpu, on_cpu = stores["cuda"].vectors(rows), stores["cpu"].vectors(rows)
+    assert np.isfinite(on_gpu).all()
+    np.testing.assert_allclose(on_gpu, on_cpu, atol=2e-2, rtol=1e-2)
