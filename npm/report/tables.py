@@ -11,7 +11,8 @@ Each builder reads metrics JSON files (the contract of ``npm-repro evaluate``: t
 the path is never parsed) and returns a :class:`Table`; :func:`write_table` writes it as CSV (2 decimals) and
 Markdown (1 decimal, same basename, ``.md``, with a provenance footer), both atomically. Which paper row each of
 our systems is compared with is data (``paper_values.yaml``, ``mapping``). A cell we have no number for is empty:
-nothing is filled in or carried over from another setting.
+nothing is filled in or carried over from another setting. :func:`paper_cells` lists the same comparisons cell by
+cell, for the paper check (``npm.report.check``, docs/expected-numbers.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ KNOWLEDGE_TASKS = {"lama_trex": "trex", "lama_google_re": "gre", "kamel": "kamel
                    "nq": "nq"}
 TEMPLAMA_TASKS = {"templama_unchanged": "Unchanged", "templama_changed": "Changed"}
 TRANSLATION_TASK = "entity_translation"
+# Table 3's columns and the paper's key of each.
+TABLE3_COLUMNS = {"w/o BM25": "wo_bm25", "w/ BM25": "w_bm25"}
 OPEN_SET_TASKS = (*KNOWLEDGE_TASKS, *TEMPLAMA_TASKS, TRANSLATION_TASK)
 KNOWN_TASKS = (*CLOSED_SET_TASKS, *OPEN_SET_TASKS)
 LAMA_TASKS = ("lama_trex", "lama_google_re")
@@ -351,6 +354,11 @@ def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", 
 
 # ------------------------------------------------------------------------------------------------ Table 3
 
+def table3_column(retrieval: str | None) -> str:
+    """Table 3's column of a run by its metrics ``retrieval``: "w/ BM25" for BM25, else "w/o BM25"."""
+    return "w/ BM25" if retrieval == "bm25" else "w/o BM25"
+
+
 def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
     """Paper Table 3 and Table 10 (paper-map §7.4): entity translation EM (macro over languages).
 
@@ -365,7 +373,7 @@ def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
     slots: dict[tuple[str, str], dict] = {}
     for rec in records:
         row_key = layout["same_row"].get(rec["system"], rec["system"])
-        col = "w/ BM25" if rec.get("retrieval") == "bm25" else "w/o BM25"
+        col = table3_column(rec.get("retrieval"))
         if (row_key, col) in slots:
             other = slots[(row_key, col)]
             raise ValueError(f"table3: two metrics files for the {row_key!r} row, column {col!r}: {other['_file']} "
@@ -387,8 +395,9 @@ def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
         params = [rec["parameters"] / 1e6 for rec in (w, wo) if rec and _number(rec.get("parameters"))]
         row = {"_system": key, "System": display_name(key, model), "Paper row": paper_name,
                "#Params (M)": params[0] if params else None,
-               "w/o BM25": wo["score"] if wo else None, "w/o BM25 (paper)": paper_vals.get("wo_bm25"),
-               "w/ BM25": w["score"] if w else None, "w/ BM25 (paper)": paper_vals.get("w_bm25")}
+               "w/o BM25": wo["score"] if wo else None,
+               "w/o BM25 (paper)": paper_vals.get(TABLE3_COLUMNS["w/o BM25"]),
+               "w/ BM25": w["score"] if w else None, "w/ BM25 (paper)": paper_vals.get(TABLE3_COLUMNS["w/ BM25"])}
         groups = ((w or wo).get("groups") or {})
         per_lang = paper["table10_npm"] if paper_name == "NPM" else {}
         for lang in langs:
@@ -476,6 +485,58 @@ def table8(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
              "filtered subsets (empty where a subset has no example).", STDERR_NOTE]
     return Table("table8", "Table 8: open-set exact match (%)", columns, rows, notes + footer(records),
                  stderr=tuple(label for label, _, subset, _ in TABLE8_COLUMNS if subset is None))
+
+
+# ------------------------------------------------------------------------------------------------ paper cells
+
+@dataclass(frozen=True)
+class PaperCell:
+    """One number of the paper and the metrics cell of ours that our tables print it beside."""
+
+    table: str  # table1 | table2 | table3 | table8
+    paper_row: str
+    column: str  # the column of our table
+    cell: str  # "{task}/{run}" (results/metrics/{task}/{run}.json) or "{task}/{run}#{subset}" (its `subsets`)
+    value: float
+
+
+def paper_cells(paper: Mapping | None, outdated_corpus: str) -> list[PaperCell]:
+    """Every number of the paper's Tables 1, 2, 3 and 8 that one of our metrics cells is compared with, by the
+    tables' own mapping (``paper_values.yaml`` ``mapping``) and columns: Table 1 ``{task}/{system}``; Table 8 the
+    same, UHN / Hard as ``{task}/{system}#{subset}``; Table 2 "a→b" as ``{task}/{system}@{outdated_corpus}`` (a) and
+    ``{task}/{system}`` (b, the task's default, updated corpus), a single number as ``{task}/{system}``; Table 3 the
+    column of the system's retrieval (registry: an open-set system reading ``bm25`` is "w/ BM25"). A paper cell that
+    is null ("–") is left out, and so are the averages, which have no metrics file of their own. ``paper`` None: the
+    packaged values; ``outdated_corpus``: TempLAMA's 2019 corpus (config/tasks.yaml ``outdated_corpus``)."""
+    paper = paper or load_paper_values()
+    cells: list[PaperCell] = []
+
+    def add(table: str, system: str, column: str, cell: str, value) -> None:
+        if _number(value):
+            cells.append(PaperCell(table, _paper_row(paper, table, system), column, cell, float(value)))
+
+    def row(table: str, system: str) -> dict:
+        return _paper_vals(paper, table, _paper_row(paper, table, system))
+
+    for system in paper["mapping"]["table1"]:
+        for task, label in CLOSED_SET_TASKS.items():
+            add("table1", system, label, f"{task}/{system}", row("table1", system).get(task))
+    for system in paper["mapping"]["table8"]:
+        for label, task, subset, key in TABLE8_COLUMNS:
+            cell = f"{task}/{system}" + (f"#{subset}" if subset else "")
+            add("table8", system, label, cell, row("table8", system).get(key))
+    for system in paper["mapping"]["table2"]:
+        for task, label in TEMPLAMA_TASKS.items():
+            value = _pair(row("table2", system).get(label.lower()))
+            if isinstance(value, Arrow):
+                add("table2", system, f"{label} (outdated)", f"{task}/{system}@{outdated_corpus}", value.before)
+                add("table2", system, label, f"{task}/{system}", value.after)
+            else:
+                add("table2", system, label, f"{task}/{system}", value)
+    for system in paper["mapping"]["table3"]:
+        column = table3_column("bm25" if system in SYSTEMS and "bm25" in (SYSTEMS[system].open or ()) else None)
+        add("table3", system, column, f"{TRANSLATION_TASK}/{system}", row("table3", system).get(TABLE3_COLUMNS[column]))
+    return cells
 
 
 # ------------------------------------------------------------------------------------------------ writers

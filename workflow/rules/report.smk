@@ -15,6 +15,7 @@ localrules:
     figure7,
     figure8,
     resolved_config,
+    check_paper,
 
 
 rule table1:
@@ -140,6 +141,24 @@ rule figure8:
         "../envs/report.yaml"
     shell:
         "npm-repro report figure8 --predictions {input} --tokenizer {params.tokenizer:q} --out {output.pdf} > {log} 2>&1"
+
+
+rule check_paper:
+    """OK / FAIL / not run per cell of the paper's Tables 1, 2, 3 and 8 (`npm-repro check --paper`,
+    npm/report/expected/paper.yaml; docs/expected-numbers.md), after the tables those cells appear in. The report is
+    the result: FAIL cells do not fail the rule (--report-only), since a cell off the paper is a finding to read
+    beside the others, and a failed rule would lose the report; `npm-repro check --paper` run by hand exits 1 on any
+    FAIL. A bad expected-numbers file still fails the rule."""
+    input:
+        expand("results/tables/table{n}.csv", n=[1, 2, 3, 8]),
+    output:
+        "results/check/paper.txt",
+    log:
+        "logs/report/check_paper.log",
+    conda:
+        "../envs/report.yaml"
+    shell:
+        "npm-repro check --paper --report-only --metrics-root results/metrics > {output} 2> {log}; cat {output}"
 
 
 rule resolved_config:
