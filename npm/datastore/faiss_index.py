@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 
 METRICS = ("ip", "l2")
 BLAS_THRESHOLD = 20  # queries from which FAISS's exhaustive search uses one matrix product (see search)
+ADD_CHUNK = 1_000_000  # vectors added to the index at a time
 MIN_POINTS_PER_CENTROID = 39  # below this FAISS's k-means warns that the clustering is unreliable
 
 Shards = Sequence[tuple[str | os.PathLike, int]]
@@ -356,6 +357,66 @@ def _make_index(factory: str, dim: int, metric: str):
         ) from None
 
 
+def index_bytes(factory: str, ntotal: int, dim: int, metric: str = "ip") -> int:
+    """RAM of a filled ``factory`` index over ``ntotal`` vectors of dimension ``dim``, computed up front from FAISS's
+    own code sizes (no vector is read): per vector, the stored code (``Flat`` 4·dim, ``SQ8`` dim, ``PQm`` m bytes)
+    plus the 8-byte id of an IVF list entry or the HNSW links (int32 neighbours: 2M at level 0 and M per upper level,
+    1/M of the vectors reaching each; plus its level and offset); fixed, the IVF centroids and any pre-transform
+    matrix. Within a few percent of the written index for large ``ntotal`` (tested against FAISS)."""
+    faiss = _faiss()
+    effective, _ = _check_factory(factory, dim, max(ntotal, 1 << 20))  # nlist as requested (a full-size sample)
+    index = outer = _make_index(effective, dim, metric)  # outer owns the inner indexes: keep it alive
+    fixed = 0
+    while isinstance(index, faiss.IndexPreTransform):
+        for i in range(index.chain.size()):
+            t = faiss.downcast_VectorTransform(index.chain.at(i))
+            fixed += 4 * t.d_in * t.d_out if isinstance(t, faiss.LinearTransform) else 0
+        index = faiss.downcast_index(index.index)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        fixed += index_bytes_of_quantizer(ivf)
+        pq = getattr(faiss.downcast_index(ivf), "pq", None)
+        fixed += 4 * pq.d * pq.ksub if pq is not None else 0  # the PQ codebooks
+        del outer
+        return int(fixed + ntotal * (ivf.code_size + 8))
+    if isinstance(index, faiss.IndexHNSW):
+        m = index.hnsw.nb_neighbors(1)
+        links = 4 * (2 * m + m / max(m - 1, 1)) + 4 + 8  # neighbours, level, offset
+        return int(fixed + ntotal * (faiss.downcast_index(index.storage).code_size + links))
+    return int(fixed + ntotal * index.code_size)
+
+
+def index_bytes_of_quantizer(ivf) -> int:
+    """The IVF coarse quantizer's RAM: nlist centroids in fp32 (plus HNSW links for an IVF..._HNSW quantizer)."""
+    faiss = _faiss()
+    quantizer = faiss.downcast_index(ivf.quantizer)
+    links = 4 * 2 * quantizer.hnsw.nb_neighbors(1) if isinstance(quantizer, faiss.IndexHNSW) else 0
+    return (4 * ivf.d + links) * ivf.nlist
+
+
+def check_memory(factory: str, ntotal: int, dim: int, mem_mb: int, train_sample: int) -> dict:
+    """Refuse, before any training, an index that does not fit the job's memory ``mem_mb`` (the SLURM profile's
+    ``mem_mb``): the filled index, plus the fp32 training sample, plus a chunk of vectors being added, must fit in 90 %
+    of it. Returns the estimate for the sidecar."""
+    need = index_bytes(factory, ntotal, dim) + 4 * dim * min(train_sample, ntotal) + 4 * dim * min(ADD_CHUNK, ntotal)
+    have = mem_mb * 1_000_000
+    record = {"index_bytes_estimate": index_bytes(factory, ntotal, dim), "memory_needed_bytes": need,
+              "memory_mb": mem_mb}
+    if need > 0.9 * have:
+        per = index_bytes(factory, 1_000_000, dim) / 1_000_000
+        try:
+            smaller = f"{index_bytes('IVF4096,PQ64', ntotal, dim) / 1e9:.1f} GB"
+        except ValueError:  # PQ64 does not divide this dimension
+            smaller = "with M dividing the dimension"
+        raise ValueError(
+            f"a {factory!r} index over {ntotal:,} vectors of dimension {dim} needs about {need / 1e9:.1f} GB "
+            f"({per:,.0f} B per vector, plus the training sample), more than 90 % of this job's {mem_mb / 1000:.0f} "
+            f"GB; give the job more memory (e.g. --set-resources build_faiss_index:mem_mb=...) or choose a "
+            f"compressed index in config datastore.faiss_factory (e.g. 'IVF4096,PQ64', {smaller}; "
+            "docs/paper-scale.md section 4)")
+    return record
+
+
 def _hnsw(index):
     """The IndexHNSW inside ``index`` (through a pre-transform), or None."""
     faiss = _faiss()
@@ -482,20 +543,22 @@ def build_faiss_index(
     metric: str = "ip",
     train_sample: int = 1_000_000,
     seed: int = 1,
-    add_chunk: int = 1_000_000,
+    add_chunk: int = ADD_CHUNK,
     nprobe: int = 8,
     ef_search: int = 128,
     ef_construction: int = 200,
     use_gpu: bool | None = None,
     threads: int | None = None,
     datastore=None,
+    mem_mb: int | None = None,
 ) -> dict:
     """Build a FAISS index over the fp16 shard memmaps and write it (with its JSON sidecar) atomically.
 
     ``shards`` is ``[(path, rows), ...]`` in datastore order. ``dim`` is the hidden size h. ``threads`` sets FAISS's
     OpenMP threads for the build only. ``datastore``: the ``Datastore`` (or its meta dict) the shards belong to; its
     :func:`datastore_record` goes into the sidecar, which a reader checks (``load_faiss_index(datastore=...)``);
-    its row count and hidden size must be those of the shards. Returns the sidecar record (factory, metric, ntotal,
+    its row count and hidden size must be those of the shards. ``mem_mb``: the job's memory; an index that would not
+    fit (:func:`check_memory`) is refused before any work. Returns the sidecar record (factory, metric, ntotal,
     dim, training sample size, seed, search params, build seconds, datastore, ...).
     """
     faiss = _faiss()
@@ -514,6 +577,8 @@ def build_faiss_index(
                          f"the shards given {ntotal} rows of dimension {dim}: they are not that datastore's vectors")
     n_train = min(train_sample, ntotal)
     effective, info = _check_factory(factory, dim, n_train)
+    if mem_mb:
+        info.update(check_memory(effective, ntotal, dim, mem_mb, n_train))
     index = _make_index(effective, dim, metric)
     if _disable_polysemous_training(index):
         info["polysemous_training"] = False

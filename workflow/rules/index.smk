@@ -2,7 +2,8 @@
 
 
 rule build_faiss_index:
-    """FAISS index from a factory string, inner product (paper: HNSW; original code: IVF4096,PQ64)."""
+    """FAISS index from a factory string, inner product (paper: HNSW; original code: IVF4096,PQ64). An index that would
+    not fit the job's memory (mem_mb, the profile's) is refused before training, with its size and a smaller choice."""
     input:
         "data/datastore/{model}/{corpus}/meta.json",
     output:
@@ -25,7 +26,7 @@ rule build_faiss_index:
     shell:
         "npm-repro build-faiss-index --datastore {params.datastore} --out {output.index} --factory {params.d[faiss_factory]:q}"
         " --train-sample {params.d[faiss_train_sample]} --nprobe {params.d[nprobe]} --ef-search {params.d[ef_search]}"
-        " > {log} 2>&1"
+        " --mem-mb {resources.mem_mb} > {log} 2>&1"
 
 
 rule build_bm25_index:
