@@ -283,7 +283,9 @@ def subsample_blocks(paths: list[str | Path], fraction: float, out_path: str | P
     the blocks kept in corpus order (paper 6.4, Figure 7: the reference corpus subsampled from 5% to 100%).
 
     Blocks are the unit (every block keeps its tokens, flags, text and document), so a subsampled corpus's
-    datastore and BM25 index are exactly those of its blocks in the full corpus. ``fraction`` in (0, 1]."""
+    datastore and BM25 index are exactly those of its blocks in the full corpus; ``source_blocks`` int64 [n_keep]
+    records the global block id of each kept block in the corpus (its datastore's vectors are copied from the full
+    datastore's rows, npm.datastore.embed.slice_shard). ``fraction`` in (0, 1]."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     if not paths:
@@ -315,6 +317,7 @@ def subsample_blocks(paths: list[str | Path], fraction: float, out_path: str | P
     docs, out["block_doc"] = np.unique(cat["block_doc"][keep], return_inverse=True)
     out["block_doc"] = out["block_doc"].astype(np.int32)
     out["doc_ids"] = cat["doc_ids"][docs]
+    out["source_blocks"] = keep.astype(np.int64)  # the corpus block each block is (its datastore rows are copied)
     save_npz(out_path, **out)
     return {"fraction": fraction, "seed": seed, "blocks": int(n_keep), "of_blocks": int(n_blocks),
             "tokens": int(new_block_offsets[-1]), "of_tokens": int(block_offsets[-1]), "documents": int(len(docs)),

@@ -42,6 +42,7 @@ from npm.datastore.store import (
     VECTOR_DTYPE,
     derive_stopword_ids,
     done_path,
+    load_datastore,
     read_plan,
     shard_path,
     stored_mask,
@@ -362,6 +363,64 @@ def embed_shard(out_dir: str | Path, k: int, batch_blocks: int = 64, device: str
         return {**_embed_one(root, plan, arrays, k, encoder, batch_blocks, bar), "reused": False}
     finally:
         bar.close()
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """int64: the concatenation of ``arange(starts[i], ends[i])``."""
+    lengths = (ends - starts).astype(np.int64)
+    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+
+
+def slice_shard(out_dir: str | Path, k: int, base_dir: str | Path, chunk_rows: int = 1 << 20) -> dict:
+    """Step 2 for a datastore of a subsampled corpus (Figure 7, paper 6.4): shard ``k``'s vectors are copied from
+    the datastore of the full corpus ``base_dir`` instead of being encoded again. Every block is encoded on its own
+    (no attention crosses blocks), so a block's vectors are the same rows in both datastores; re-embedding would
+    spend GPU time on vectors that exist. The subsampled blocks file records which base block each block is
+    (``source_blocks``); the model, precision and stored-row rule must be the base's, and each block's token ids and
+    stored-row count are checked against the base's before a row is copied."""
+    root = Path(out_dir)
+    plan = read_plan(root)
+    if not 0 <= k < len(plan["shards"]):
+        raise ValueError(f"{root / PLAN} plans shards 0..{len(plan['shards']) - 1}, not shard {k}")
+    sh = plan["shards"][k]
+    (b0, b1), (r0, r1) = sh["blocks"], sh["rows"]
+    if _shard_is_done(root, k, plan["plan"], r1 - r0, plan["hidden_size"]):
+        return {**_read_done(root, k), "reused": True}
+    t0 = time.perf_counter()
+    base = load_datastore(base_dir, verify=False)  # a finished datastore; the blocks copied are checked below
+    base_plan = read_plan(base_dir)
+    differ = {key: (plan[key], base_plan[key]) for key in ("model_fingerprint", "hidden_size", "drop_stopwords",
+                                                          "max_length", "precision") if plan[key] != base_plan[key]}
+    if differ:
+        raise ValueError(f"datastore {root} cannot take its vectors from {base_dir}: they differ in {differ}")
+    if len(plan["sources"]) != 1 or "source_blocks" not in load_npz(plan["sources"][0]):
+        raise ValueError(f"datastore {root}: its blocks {plan['sources']} are not one subsampled blocks file (with "
+                         "`source_blocks`, written by subsample-blocks); embed it with --step shard instead")
+    source = load_npz(plan["sources"][0])["source_blocks"].astype(np.int64)[b0:b1]
+    arrays = load_npz(root / TOKENS)
+    bo, ro = arrays["block_offsets"], arrays["row_offsets"]
+    if len(source) and source.max() >= len(base.block_offsets) - 1:
+        raise ValueError(f"{plan['sources'][0]}: source block {int(source.max())} is outside {base_dir}'s "
+                         f"{len(base.block_offsets) - 1} blocks: not a subsample of that corpus")
+    ours = arrays["input_ids"][bo[b0]:bo[b1]]
+    theirs = base.input_ids[_ranges(base.block_offsets[source], base.block_offsets[source + 1])]
+    counts = base.row_offsets[source + 1] - base.row_offsets[source]
+    if not np.array_equal(ours, theirs) or not np.array_equal(np.diff(ro[b0:b1 + 1]), counts):
+        raise ValueError(f"datastore {root}: the blocks of shard {k} are not the blocks {base_dir} stores at their "
+                         "source_blocks (other token ids or stored rows): not a subsample of that corpus")
+    rows = _ranges(base.row_offsets[source], base.row_offsets[source + 1])
+    done_path(root, k).unlink(missing_ok=True)
+    f = shard_path(root, k)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(f) as tmp:
+        with open(tmp, "wb") as handle:
+            for a in range(0, len(rows), chunk_rows):
+                handle.write(base.vectors(rows[a:a + chunk_rows]).astype(VECTOR_DTYPE).tobytes())
+    info = {"shard": k, "n_rows": r1 - r0, "rows": [r0, r1], "blocks": [b0, b1], "tokens": 0,
+            "seconds": round(time.perf_counter() - t0, 3), "device": f"rows of {base.root}",
+            "precision": base.meta["precision"], "plan": plan["plan"], "sliced_from": base.meta["plan"]}
+    write_json(done_path(root, k), info)
+    return {**info, "reused": False}
 
 
 def finish_datastore(out_dir: str | Path) -> dict:

@@ -6,7 +6,8 @@
 # Three rules (npm.datastore.embed): plan_datastore (token arrays + plan.json), one embed_shard job per shard
 # (`datastore.shards` of them: a cluster embeds them in parallel, and a failed or killed job loses only its own
 # shard, since every finished shard is the output of a finished job), and embed_corpus (meta.json, written last:
-# the datastore is complete). Downstream rules read data/datastore/{model}/{corpus}/meta.json.
+# the datastore is complete). Downstream rules read data/datastore/{model}/{corpus}/meta.json. A subsampled corpus of
+# Figure 7 ({base}_p{percent}) takes its shards from rule slice_shard instead: rows of the full corpus's datastore.
 
 
 rule plan_datastore:
@@ -63,6 +64,36 @@ rule embed_shard:
     shell:
         "npm-repro embed --step shard --shard {wildcards.shard} --out {params.out}"
         " --batch-blocks {params.d[batch_blocks]} > {log} 2>&1"
+
+
+rule slice_shard:
+    """One shard of a subsampled corpus's datastore (Figure 7, {base}_p{percent}) copied from the rows of the full
+    corpus's datastore: each block is encoded on its own, so its vectors are the same rows there (no GPU)."""
+    input:
+        tokens="data/datastore/{model}/{corpus}/tokens.npz",
+        plan="data/datastore/{model}/{corpus}/plan.json",
+        base=lambda wc: f"data/datastore/{wc.model}/{subsample_of(wc.corpus)[0]}/meta.json",
+    output:
+        vectors="data/datastore/{model}/{corpus}/embeddings/shard{shard}.f16",
+        done="data/datastore/{model}/{corpus}/embeddings/shard{shard}.done.json",
+    wildcard_constraints:
+        corpus=r"[A-Za-z0-9_]+_p[0-9]+",
+    params:
+        out=datastore_dir,
+        base=lambda wc, input: str(Path(input.base).parent),
+    resources:
+        mem_mb=16000,
+        runtime=240,
+        cpus_per_task=1,
+    log:
+        "logs/slice_shard/{model}/{corpus}/shard{shard}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro embed --step slice --shard {wildcards.shard} --out {params.out} --base {params.base} > {log} 2>&1"
+
+
+ruleorder: slice_shard > embed_shard
 
 
 rule embed_corpus:
