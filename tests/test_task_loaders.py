@@ -79,8 +79,8 @@ def test_registry_entries():
     assert reg["templama_changed"].reference_corpus == ("enwiki_2022",)
     assert reg["templama_changed"].outdated_corpus == ("enwiki",)
     assert {n: t.hf_dataset["name"] for n, t in reg.items() if t.hf_dataset} == {
-        "yahoo": "yahoo_answers_topics", "rt": "rotten_tomatoes", "amazon": "amazon_polarity", "rte": "glue",
-        "triviaqa": "trivia_qa"}
+        "yahoo": "community-datasets/yahoo_answers_topics", "rt": "cornell-movie-review-data/rotten_tomatoes",
+        "amazon": "fancyzhx/amazon_polarity", "rte": "nyu-mll/glue", "triviaqa": "mandarjoshi/trivia_qa"}
     urls = sorted({u for t in reg.values() for u in t.urls})
     assert urls == sorted([
         "https://github.com/tonyzhaozh/few-shot-learning/raw/main/data/agnews/train.csv",

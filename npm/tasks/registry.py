@@ -10,15 +10,21 @@
 Sampling (paper-map §5.2): ``sampling.n_samples`` -> ``metrics.sample_indices`` (the first n of a seed-0
 permutation; smaller sets are kept whole, reordered); ``sampling.per_group`` -> ``metrics.sample_by_group`` over
 ``group_by`` (LAMA bucket, translation language). ``n_samples=0`` keeps every example in file order.
+
+Downloads (``npm.tasks.fetch``, docs/task-formats.md): a task's ``fetch`` steps say how its ``url`` files (or its
+``hf_dataset``) become the contract files; ``download_checksums`` is the registry's ``checksums`` section (sha256 by
+URL, where one is known). Both are validated here, with the rest of the registry.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -46,7 +52,22 @@ SEED = 0
 
 REQUIRED = ("family", "loader", "files", "template", "verbalizer", "metric", "average", "sampling",
             "reference_corpus", "is_question", "l_max", "url", "source")
-OPTIONAL = ("hf_dataset", "outdated_corpus")
+OPTIONAL = ("hf_dataset", "outdated_corpus", "fetch")
+
+# The kinds of a `fetch` step (npm.tasks.fetch runs them): kind -> (required keys, optional keys). A step's kind is the
+# first of these keys it has (KIND_KEYS); a step with none of them copies a download (or one archive `member`).
+FETCH_KINDS = {
+    "copy": ({"file"}, {"from", "member", "add_ids"}),
+    "members": ({"folder", "members"}, {"from", "rename"}),
+    "uuids": ({"file", "uuids"}, {"from"}),
+    "records": ({"file", "records"}, set()),
+    "uhn_of": ({"file", "uhn_of", "model", "top_k"}, set()),
+    "hf": ({"file", "hf", "columns"}, {"header", "values"}),
+}
+KIND_KEYS = ("hf", "records", "uhn_of", "members", "uuids")
+DOWNLOAD_KINDS = ("copy", "members", "uuids")  # the steps that read a `url` file
+HF_FORMATS = ("jsonl", "csv", "tsv")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,7 @@ class Task:
     source: str
     hf_dataset: dict | None = None
     outdated_corpus: tuple[str, ...] = field(default_factory=tuple)
+    fetch: tuple[dict, ...] = field(default_factory=tuple)
 
     @property
     def closed(self) -> bool:
@@ -84,8 +106,9 @@ class Task:
         if self.hf_dataset:
             hf = " ".join(str(v) for v in (self.hf_dataset.get("name"), self.hf_dataset.get("config")) if v)
             hf = f"; HF dataset {hf} ({self.hf_dataset.get('split')})"
+        fetch = f"; `npm-repro download-task --task {self.name}` fetches them" if self.fetch else ""
         return (f"task {self.name} expects {list(self.files)} in the format of docs/task-formats.md: "
-                f"{get}{hf}; source: {self.source}")
+                f"{get}{hf}; source: {self.source}{fetch}")
 
 
 class RegistryError(ValueError):
@@ -110,6 +133,102 @@ def _positive_int(name: str, key: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise _err(name, key, f"must be a positive integer, got {value!r}")
     return value
+
+
+def download_name(url: str) -> str:
+    """The file name of a download URL (its path's last part, query dropped): what a `fetch` step's `from` names."""
+    return PurePosixPath(urllib.parse.urlsplit(url).path).name
+
+
+def _relative(name: str, key: str, value) -> str:
+    """A path inside the task folder: relative, without `..`."""
+    if not isinstance(value, str) or not value or PurePosixPath(value).is_absolute() or ".." in value.split("/"):
+        raise _err(name, key, f"must be a relative path inside the task folder, got {value!r}")
+    return value
+
+
+def hf_columns(step: Mapping):
+    """``{written column: dataset column}`` of an hf step (a list of columns keeps their names)."""
+    columns = step["columns"]
+    if isinstance(columns, list) and all(isinstance(c, str) for c in columns):
+        return {c: c for c in columns}
+    return columns
+
+
+def fetch_kind(step: Mapping) -> str:
+    """The kind of a `fetch` step (FETCH_KINDS)."""
+    return next((k for k in KIND_KEYS if k in step), "copy")
+
+
+def _fetch_step(name: str, i: int, step, urls: tuple[str, ...], hf) -> dict:
+    key = f"fetch[{i}]"
+    if not isinstance(step, Mapping):
+        raise _err(name, key, f"must be a mapping, got {step!r}")
+    kind = fetch_kind(step)
+    required, optional = FETCH_KINDS[kind]
+    missing, unknown = sorted(required - set(step)), sorted(set(step) - required - optional)
+    if missing or unknown:
+        raise _err(name, key, f"a {kind} step needs {sorted(required)} and may have {sorted(optional)}; "
+                              f"missing {missing}, unknown {unknown}")
+    _relative(name, f"{key}.{'folder' if kind == 'members' else 'file'}", step.get("folder", step.get("file")))
+    for glob_key in ("member", "members", "uuids", "uhn_of"):
+        if glob_key in step and not (isinstance(step[glob_key], str) and step[glob_key]):
+            raise _err(name, f"{key}.{glob_key}", f"must be a path or glob, got {step[glob_key]!r}")
+    if kind in DOWNLOAD_KINDS:
+        names = [download_name(u) for u in urls]
+        if not urls:
+            raise _err(name, key, f"a {kind} step reads a download, but the task has no url")
+        if "from" in step and step["from"] not in names:
+            raise _err(name, f"{key}.from", f"{step['from']!r} is not the file name of one of its urls {names}")
+        if "from" not in step and len(urls) > 1:
+            raise _err(name, f"{key}.from", f"the task has {len(urls)} urls: say which one ({names})")
+    if "add_ids" in step and not isinstance(step["add_ids"], bool):
+        raise _err(name, f"{key}.add_ids", f"must be true or false, got {step['add_ids']!r}")
+    if "rename" in step and not (isinstance(step["rename"], list) and len(step["rename"]) == 2
+                                 and all(isinstance(v, str) for v in step["rename"])):
+        raise _err(name, f"{key}.rename", f"must be [old suffix, new suffix], got {step['rename']!r}")
+    if kind == "records" and not (isinstance(step["records"], list) and step["records"]
+                                  and all(isinstance(r, Mapping) for r in step["records"])):
+        raise _err(name, f"{key}.records", "must be a non-empty list of mappings (one JSON line each)")
+    if kind == "uhn_of":
+        if not isinstance(step["model"], str) or not step["model"]:
+            raise _err(name, f"{key}.model", f"must name a BERT masked LM, got {step['model']!r}")
+        _positive_int(name, f"{key}.top_k", step["top_k"])
+    if kind == "hf":
+        if hf is None:
+            raise _err(name, key, "an hf step exports the task's hf_dataset, which it does not have")
+        if step["hf"] not in HF_FORMATS:
+            raise _err(name, f"{key}.hf", f"must be one of {list(HF_FORMATS)}, got {step['hf']!r}")
+        columns = hf_columns(step)
+        if not (isinstance(columns, Mapping) and columns
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items())):
+            raise _err(name, f"{key}.columns", f"must be a list of columns or {{output: dataset column}}, "
+                                               f"got {step['columns']!r}")
+        if "header" in step and not isinstance(step["header"], bool):
+            raise _err(name, f"{key}.header", f"must be true or false, got {step['header']!r}")
+        values = step.get("values") or {}
+        if not isinstance(values, Mapping) or not all(k in columns and isinstance(v, Mapping)
+                                                       for k, v in values.items()):
+            raise _err(name, f"{key}.values", f"must map output columns {list(columns)} to {{value: written "
+                                              f"value}}, got {values!r}")
+    return dict(step)
+
+
+def _fetch(name: str, value, files: tuple[str, ...], urls: tuple[str, ...], hf) -> tuple[dict, ...]:
+    """The validated `fetch` steps of a task; every file of `files` that is no glob must be a step's `file`."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise _err(name, "fetch", f"must be a non-empty list of steps, got {value!r}")
+    names = [download_name(u) for u in urls]
+    if len(set(names)) != len(names):
+        raise _err(name, "url", f"two urls have the same file name {names}; `fetch` steps could not tell them apart")
+    steps = tuple(_fetch_step(name, i, step, urls, hf) for i, step in enumerate(value))
+    written = {s["file"] for s in steps if "file" in s}
+    unmade = [f for f in files if not any(c in f for c in "*?[") and f not in written]
+    if unmade:
+        raise _err(name, "fetch", f"no step writes {unmade} (a step's `file`)")
+    return steps
 
 
 def parse_task(name: str, entry) -> Task:
@@ -201,13 +320,15 @@ def parse_task(name: str, entry) -> Task:
     hf = entry.get("hf_dataset")
     if hf is not None and not (isinstance(hf, Mapping) and isinstance(hf.get("name"), str) and "split" in hf):
         raise _err(name, "hf_dataset", f"must be {{name, config, split}}, got {hf!r}")
+    fetch = _fetch(name, entry.get("fetch"), files, urls, hf)
 
     return Task(name=name, family=family, loader=loader, files=files, template=template, label_words=label_words,
                 fuzzy=fuzzy, metric=metric, average=average, n_samples=n_samples, per_group=per_group,
                 group_by=group_by, reference_corpus=_str_list(name, "reference_corpus", entry["reference_corpus"]),
                 is_question=question, l_max=l_max, urls=urls, source=source.strip(),
                 hf_dataset=dict(hf) if hf is not None else None,
-                outdated_corpus=_str_list(name, "outdated_corpus", entry.get("outdated_corpus", []), True))
+                outdated_corpus=_str_list(name, "outdated_corpus", entry.get("outdated_corpus", []), True),
+                fetch=fetch)
 
 
 def read_registry_file(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
@@ -224,6 +345,23 @@ def read_registry_file(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
 def load_registry(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict[str, Task]:
     """``{task name: Task}`` of config/tasks.yaml, in file order, every entry validated."""
     return {str(name): parse_task(str(name), entry) for name, entry in read_registry_file(path)["tasks"].items()}
+
+
+def download_checksums(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict[str, str]:
+    """The registry's ``checksums`` section: ``{url: sha256}`` of the task downloads whose checksum is known; every
+    URL must be one of a task's ``url``."""
+    raw = read_registry_file(path)
+    sums = raw.get("checksums") or {}
+    urls = {u for name, entry in raw["tasks"].items() for u in parse_task(str(name), entry).urls}
+    if not isinstance(sums, Mapping):
+        raise RegistryError(f"{path}: `checksums` must map URLs to sha256 hex digests, got {sums!r}")
+    for url, digest in sums.items():
+        if url not in urls:
+            raise RegistryError(f"{path}: checksums: {url!r} is not the url of any task")
+        if not isinstance(digest, str) or not SHA256.fullmatch(digest):
+            raise RegistryError(f"{path}: checksums: {url!r} must be a sha256 of 64 lowercase hex digits, "
+                                f"got {digest!r}")
+    return dict(sums)
 
 
 def fuzzy_verbalizer_info(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:

@@ -1,0 +1,50 @@
+# Evaluation sets at paper scale (paper 4.2 and 5.1; docs/task-formats.md, docs/paper-scale.md section 2): each
+# task's public files are downloaded once into data/raw/tasks (rule download_task_file, however many tasks read one
+# archive), then turned into its task folder and validated by its loader (rule download_task; config/tasks.yaml
+# `fetch`). The evaluations take a task's folder through common.smk task_inputs; with the embedded default, rule
+# prepare_embedded_tasks makes all of data/tasks instead and these rules are never planned.
+from npm.tasks.fetch import cache_path
+from npm.tasks.registry import download_checksums, load_registry
+
+TASK_REGISTRY_FILE = Path(workflow.basedir, "config", "tasks.yaml")
+TASK_REGISTRY = load_registry(TASK_REGISTRY_FILE)  # every entry validated at start-up
+TASK_CHECKSUMS = download_checksums(TASK_REGISTRY_FILE)
+TASK_DOWNLOADS = {str(cache_path(url)): url for task in TASK_REGISTRY.values() for url in task.urls}
+
+
+rule download_task_file:
+    """One public file of the evaluation sets into the download cache (resumable; sha256-checked where
+    config/tasks.yaml `checksums` knows it; a later download is checked against the task folder's SOURCE.json)."""
+    output:
+        "{task_download}",
+    wildcard_constraints:
+        task_download="|".join(re.escape(path) for path in TASK_DOWNLOADS) or "(?!)",
+    params:
+        url=lambda wc: TASK_DOWNLOADS[wc.task_download],
+        sha256=lambda wc: TASK_CHECKSUMS.get(TASK_DOWNLOADS[wc.task_download], ""),
+    log:
+        "logs/download_task_file/{task_download}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} > {log} 2>&1"
+
+
+rule download_task:
+    """A task folder from its cached downloads (or its HF dataset) in the format of docs/task-formats.md, built
+    under a temporary name and renamed into place once its loader reads it; `.complete` marks it done."""
+    input:
+        lambda wc: [str(cache_path(url)) for url in TASK_REGISTRY[wc.task].urls],
+    output:
+        f"data/tasks/{{task}}/{TASK_COMPLETE}",
+    wildcard_constraints:
+        task="|".join(TASK_REGISTRY),
+    params:
+        registry=TASK_REGISTRY_FILE,
+    log:
+        "logs/download_task/{task}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro download-task --task {wildcards.task} --out data/tasks/{wildcards.task}"
+        " --registry {params.registry:q} > {log} 2>&1"
