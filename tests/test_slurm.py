@@ -95,6 +95,8 @@ def test_slurm_profile_by_name_plans_the_paper_dag_with_gpus(tmp_path):
     assert link.is_dir() and link.resolve() == (ROOT / "profiles" / "slurm").resolve(), (
         "`snakemake --profile slurm` needs the top-level symlink slurm -> profiles/slurm")
     env = {**os.environ, **SITE, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # The profile's conda envs need `conda` even for -n (Snakemake asks `conda info`); without it, the venv.
+    env["NPM_SLURM_SOFTWARE"] = "conda" if shutil.which("conda", path=env["PATH"]) else "venv"
     out = subprocess.run([SNAKEMAKE, "--profile", "slurm", "-n", "results/tables/table1.csv",
                           "--directory", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
