@@ -1,9 +1,15 @@
 # npm-repro: Nonparametric Masked Language Modeling (Min et al., 2023), end to end.
 #   snakemake --cores all                                   # embedded default (config/config.yaml)
 #   snakemake --profile slurm results/tables/table1.csv     # paper scale on a SLURM cluster
+import os
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
+
+# This checkout, for the conda envs' post-deploy scripts (workflow/envs/*.post-deploy.sh): Snakemake runs them with
+# its own environment, from a copy under the conda prefix and in its working directory (--directory), not here.
+os.environ.update(NPM_REPRO_ROOT=workflow.basedir)  # set, not read: no `envvars:` needed
 
 
 # The embedded default, unless --configfile names another (the slurm profile names config/paper.yaml).
@@ -22,6 +28,7 @@ validate(config, "config/schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/tasks.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/corpus.smk"
 include: "workflow/rules/index.smk"

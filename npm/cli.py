@@ -70,6 +70,30 @@ def cmd_download(args):
     _summary(args, download(args.url, args.out, sha256=args.sha256 or None))
 
 
+def cmd_unpack(args):
+    from npm.data.download import unpack
+
+    _summary(args, unpack(args.archive, args.out))
+
+
+def cmd_download_checkpoint(args):
+    from npm.data.download import download_checkpoint
+
+    _summary(args, download_checkpoint(args.repo, args.out, revision=args.revision))
+
+
+def cmd_import_corpus(args):
+    from npm.data.released import import_shard
+
+    _summary(args, import_shard(args.folder, args.stem, args.tokenizer, args.out))
+
+
+def cmd_download_task(args):
+    from npm.tasks.fetch import fetch_task
+
+    _summary(args, fetch_task(args.task, args.out, cache=args.cache, registry=args.registry))
+
+
 def cmd_extract_documents(args):
     from npm.data.documents import extract_documents
 
@@ -157,8 +181,10 @@ def cmd_embed(args):
         missing = [flag for flag, value in (("--model", args.model), ("--blocks", args.blocks)) if not value]
         if missing:
             raise ValueError(f"--step {args.step} needs {' and '.join(missing)}")
-    if (args.step == "shard") != (args.shard is not None):
-        raise ValueError("--shard K goes with --step shard (and only with it)")
+    if (args.step in ("shard", "slice")) != (args.shard is not None):
+        raise ValueError("--shard K goes with --step shard or slice (and only with them)")
+    if (args.step == "slice") != (args.base is not None):
+        raise ValueError("--base DIR goes with --step slice (and only with it)")
     if args.step == "all":
         summary = embed.embed_corpus(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
                                      batch_blocks=args.batch_blocks, shards=args.shards,
@@ -170,6 +196,8 @@ def cmd_embed(args):
         summary["shards"] = len(plan["shards"])
     elif args.step == "shard":
         summary = embed.embed_shard(args.out, args.shard, batch_blocks=args.batch_blocks)
+    elif args.step == "slice":
+        summary = embed.slice_shard(args.out, args.shard, args.base)
     else:
         meta = embed.finish_datastore(args.out)
         summary = {k: meta[k] for k in ("plan", "n_tokens", "n_blocks", "n_rows", "seconds_embedding")}
@@ -183,7 +211,8 @@ def cmd_build_faiss_index(args):
     ds = load_datastore(args.datastore)
     summary = build_faiss_index(ds.vector_shards(), ds.hidden_size, args.out, factory=args.factory, metric="ip",
                                 train_sample=args.train_sample, seed=args.seed, nprobe=args.nprobe,
-                                ef_search=args.ef_search, datastore=ds)  # the sidecar records which datastore
+                                ef_search=args.ef_search, datastore=ds,  # the sidecar records which datastore
+                                mem_mb=args.mem_mb or None)
     _summary(args, summary)
 
 
@@ -262,6 +291,52 @@ def build_parser() -> argparse.ArgumentParser:
                    help="expected SHA-256 hex digest of the file (empty = not checked)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_download)
+
+    p = _command(sub, "unpack", "unpack a downloaded .tar/.tar.gz/.zip archive into a folder (atomically)")
+    p.add_argument("--archive", type=Path, required=True, help="the archive (e.g. a released corpus tarball)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the folder to create; it appears only once the whole archive is unpacked")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
+    p.set_defaults(func=cmd_unpack)
+
+    p = _command(sub, "download-checkpoint", "a released checkpoint from the Hugging Face hub, sha256-verified")
+    p.add_argument("--repo", required=True, help="hub id, e.g. facebook/npm or facebook/npm-single")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the folder to create (save_pretrained layout); it appears only once every file is verified")
+    p.add_argument("--revision", help="branch, tag or commit (default: the main branch; the commit used is recorded "
+                                      "in OUT/download.json)")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
+    p.set_defaults(func=cmd_download_checkpoint)
+
+    p = _command(sub, "import-corpus", "one shard of the original's released pre-tokenised corpus (X.npy, "
+                                        "X_blocks.npy, X_valid.pkl) -> a blocks file (paper-map §3.1)")
+    p.add_argument("--folder", type=Path, required=True, help="the unpacked corpus folder")
+    p.add_argument("--stem", required=True,
+                   help="the shard's path in FOLDER without .npy, e.g. enwiki/0 or cc_news/text")
+    p.add_argument("--tokenizer", required=True,
+                   help="the corpus's tokenizer (roberta-large for the released corpora): hub id, folder or "
+                        "pypi:PACKAGE/SUBDIR; it must be a byte-level BPE")
+    p.add_argument("--out", type=Path, required=True, help="blocks .npz (docs/data-contracts.md)")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP + "; it reports how often the released word "
+                                                               "boundaries disagree with npm.boundaries' rule")
+    p.set_defaults(func=cmd_import_corpus)
+
+    from npm.tasks.fetch import DEFAULT_CACHE
+    from npm.tasks.registry import DEFAULT_REGISTRY
+
+    p = _command(sub, "download-task", "download one evaluation set into its task folder: public files or an HF "
+                                       "dataset, checksum-checked, validated by the task's loader (paper 4.2, 5.1)")
+    p.add_argument("--task", required=True,
+                   help="task of the registry (fuzzy_verbalizers: says how to place them by hand)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the task folder (data/tasks/TASK); built under a temporary name and renamed into place only "
+                        "once it loads, with SOURCE.json (url, bytes, sha256, date of each download)")
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                   help="downloads are kept here as HOST/PATH and reused (tasks that read one archive fetch it once)")
+    p.add_argument("--registry", type=Path, default=DEFAULT_REGISTRY,
+                   help="the task registry: each task's url, hf_dataset and `fetch` recipe, and known checksums")
+    p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
+    p.set_defaults(func=cmd_download_task)
 
     p = _command(sub, "extract-documents", "raw dump -> documents JSONL (paper 4.1)")
     p.add_argument("--format", choices=["mediawiki", "kilt", "cc_news"], required=True,
@@ -380,11 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "embed", "blocks -> datastore: the encoder's final-layer vector of every stored token, "
                                "streamed as fp16 (paper 3.1, 4.2)")
-    p.add_argument("--step", choices=["all", "plan", "shard", "finish"], default="all",
+    p.add_argument("--step", choices=["all", "plan", "shard", "slice", "finish"], default="all",
                    help="all: the whole datastore in this process (resumable); the workflow runs the steps as jobs: "
-                        "plan (token arrays + plan.json), shard (the vectors of --shard K), finish (meta.json)")
+                        "plan (token arrays + plan.json), shard (the vectors of --shard K), finish (meta.json); slice: "
+                        "shard K of a subsampled corpus copied from the rows of the full corpus's datastore --base")
     p.add_argument("--shard", type=nonneg_int, default=None, metavar="K",
-                   help="--step shard: the shard to embed (0-based)")
+                   help="--step shard / slice: the shard to embed or copy (0-based)")
+    p.add_argument("--base", type=Path, default=None, metavar="DIR",
+                   help="--step slice: the finished datastore of the corpus the blocks were subsampled from")
     p.add_argument("--model", help="the encoder: trained model folder, hub id or pypi:PACKAGE/SUBDIR (steps all, plan)")
     p.add_argument("--blocks", type=Path, nargs="+", help="blocks .npz files, in corpus order (steps all, plan)")
     p.add_argument("--out", type=Path, required=True, help="datastore folder (meta.json is written last)")
@@ -412,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nprobe", type=positive_int, default=8, help="IVF lists probed per search (the original code: 8)")
     p.add_argument("--ef-search", type=positive_int, default=128, help="HNSW efSearch (raised to k for a larger k)")
     p.add_argument("--seed", type=int, default=1, help="seed of the training sample")
+    p.add_argument("--mem-mb", type=nonneg_int, default=0,
+                   help="the job's memory in MB: refuse, before training, an index that would not fit (0 = no check)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_build_faiss_index)
 

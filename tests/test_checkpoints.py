@@ -127,7 +127,8 @@ def test_local_checkpoint_replaces_pretraining_of_its_model(tmp_path, checkpoint
 
 
 def test_default_target_trains_no_model_that_has_a_checkpoint(tmp_path, checkpoint):
-    """A hub id is no file: no input, the name goes to --model (read from the Hugging Face cache at run time)."""
+    """A hub id is fetched by rule download_checkpoint into data/checkpoints/{hub id}: that folder is the job's input
+    and what --model names, so a missing network fails one download job before any GPU job."""
     overlay = write_overlay(tmp_path / "overlay.yaml", {"npm": str(checkpoint), "npm_single": "facebook/npm-single"})
     out, jobs = dry_run(tmp_path / "work", overlay)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -135,10 +136,14 @@ def test_default_target_trains_no_model_that_has_a_checkpoint(tmp_path, checkpoi
     assert [wc for rule, wc, _ in jobs if rule == "pretrain"] == [{"model": "mlm"}]
     embed = {(wc["model"], wc["corpus"]): block for rule, wc, block in jobs if rule == "plan_datastore"}
     assert {(m, c) for m in ("npm", "npm_single") for c in ("enwiki", "cc_news")} <= set(embed)
-    assert all("--model facebook/npm-single " in b for (m, _), b in embed.items() if m == "npm_single")
+    assert all("--model data/checkpoints/facebook/npm-single " in b for (m, _), b in embed.items() if m == "npm_single")
     single = embed["npm_single", "enwiki"]
-    assert "--model facebook/npm-single " in single
-    assert re.search(r"input: data/blocks/enwiki/shard0.npz, data/blocks/enwiki/shard1.npz\n", single), single
+    assert "input: data/checkpoints/facebook/npm-single, " in single
+    assert [wc for rule, wc, _ in jobs if rule == "download_checkpoint"] == [
+        {"checkpoint": "data/checkpoints/facebook/npm-single"}]
+    # The shared enwiki blocks (tokenised once for every model of one tokenizer) follow the checkpoint.
+    assert re.search(r"input: data/checkpoints/facebook/npm-single, data/blocks/enwiki/shard0.npz, "
+                     r"data/blocks/enwiki/shard1.npz\n", single), single
 
 
 def test_missing_checkpoint_folder_is_a_config_error(tmp_path):

@@ -33,3 +33,26 @@ def test_checksum_mismatch_is_an_error_and_leaves_no_file(server, tmp_path):
 def test_unreachable_url_says_where_to_put_the_file(tmp_path):
     with pytest.raises(ValueError, match="place it at"):
         download("http://127.0.0.1:9/none.json", tmp_path / "none.json", timeout=2)
+
+
+def test_a_checkpoint_file_that_differs_from_the_hub_sha256_is_refused(tmp_path):
+    from npm.data.download import sha256_of, verify_checkpoint
+
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    good = sha256_of(tmp_path / "model.safetensors")
+    assert verify_checkpoint(tmp_path, {"model.safetensors": good}) == {"model.safetensors": good}
+    with pytest.raises(ValueError, match="checksum mismatch.*model.safetensors"):
+        verify_checkpoint(tmp_path, {"model.safetensors": "0" * 64})
+    with pytest.raises(ValueError, match="pytorch_model.bin is missing"):
+        verify_checkpoint(tmp_path, {"pytorch_model.bin": good})
+
+
+def test_an_unreachable_hub_says_how_to_place_the_checkpoint_by_hand(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from npm.data.download import download_checkpoint
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(ValueError, match=r"cannot download facebook/npm .*hf download facebook/npm --local-dir"):
+        download_checkpoint("facebook/npm", tmp_path / "npm")
+    assert not (tmp_path / "npm").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -75,3 +76,79 @@ def download(url: str, out: str | os.PathLike, sha256: str | None = None, timeou
     os.replace(part, out)
     record.unlink(missing_ok=True)
     return {"url": url, "bytes": out.stat().st_size, "sha256": sha256 or sha256_of(out)}
+
+
+def unpack(archive: str | os.PathLike, out: str | os.PathLike) -> dict:
+    """Unpack a ``.tar[.gz|.bz2|.xz]`` or ``.zip`` archive into the folder ``out``, which appears only once complete
+    (unpacked under ``out.tmp`` first, then renamed). Members that would land outside ``out`` (absolute paths, ``..``,
+    links out of the folder) are refused (tarfile's ``data`` filter; zip names checked)."""
+    import tarfile
+    import zipfile
+
+    archive, out = Path(archive), Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; remove it to unpack {archive} again")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as z:
+                for name in z.namelist():
+                    if Path(name).is_absolute() or ".." in Path(name).parts:
+                        raise ValueError(f"{archive}: member {name!r} would unpack outside {out}")
+                z.extractall(tmp)
+        elif tarfile.is_tarfile(archive):
+            with tarfile.open(archive) as t:
+                t.extractall(tmp, filter="data")
+        else:
+            raise ValueError(f"{archive} is neither a tar nor a zip archive (a partial or failed download?)")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    os.replace(tmp, out)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    return {"archive": str(archive), "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+
+
+def verify_checkpoint(folder: str | os.PathLike, published: dict[str, str]) -> dict[str, str]:
+    """Check every file that has a published sha256 (``{relative path: sha256}``) in ``folder``; returns them."""
+    folder = Path(folder)
+    for name, expected in published.items():
+        path = folder / name
+        if not path.exists():
+            raise ValueError(f"{path} is missing: the hub lists {name} in this checkpoint")
+        got = sha256_of(path)
+        if got != expected:
+            raise ValueError(f"checksum mismatch for {path}: the hub publishes {expected}, the file has {got}; "
+                             f"delete it and run again")
+    return dict(published)
+
+
+def download_checkpoint(repo: str, out: str | os.PathLike, revision: str | None = None) -> dict:
+    """A released checkpoint from the Hugging Face hub (``facebook/npm``) into the folder ``out``, which appears only
+    once every file is there and matches the sha256 the hub publishes for it (its large, LFS-stored files).
+
+    Files are fetched into ``out.tmp`` (kept on failure: a second run resumes there); the exact revision, the files
+    and their checksums are written to ``out/download.json``. Offline, the error says how to fetch it elsewhere."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+        snapshot_download(repo, revision=info.sha, local_dir=tmp)
+    except Exception as e:  # network, offline mode, unknown repo: one line that says what to do
+        raise ValueError(f"cannot download {repo} from the Hugging Face hub ({type(e).__name__}: {e}). Offline? On "
+                         f"a machine with network run `hf download {repo} --local-dir {out}`, copy the folder here and "
+                         "run again") from None
+    published = {s.rfilename: s.lfs.sha256 for s in info.siblings if s.lfs is not None}
+    verify_checkpoint(tmp, published)
+    record = {"repo": repo, "revision": info.sha, "files": sorted(s.rfilename for s in info.siblings),
+              "sha256": published}
+    (tmp / "download.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    shutil.rmtree(tmp / ".cache", ignore_errors=True)  # the hub client's resume records
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; remove it to download {repo} again")
+    os.replace(tmp, out)
+    return record

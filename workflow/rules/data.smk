@@ -26,6 +26,65 @@ rule download_source:
         "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} > {log} 2>&1"
 
 
+rule unpack_source:
+    """Unpack a released corpus archive (format npm_corpus) into the folder of the same name without the suffix."""
+    input:
+        lambda wc: UNPACK[wc.unpacked],
+    output:
+        directory("{unpacked}"),
+    wildcard_constraints:
+        unpacked=UNPACK_PATTERN,
+    log:
+        "logs/unpack_source/{unpacked}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro unpack --archive {input} --out {output} > {log} 2>&1"
+
+
+rule import_blocks:
+    """One shard of a released pre-tokenised corpus (X.npy, X_blocks.npy, X_valid.pkl) -> a blocks file: the released
+    ids, blocks and valid positions, the surface text recovered from the byte-level BPE ids (npm.data.released)."""
+    input:
+        lambda wc: released_folder(wc.corpus),
+    output:
+        blocks="data/blocks/{corpus}/shard{shard}.npz",
+        summary="data/blocks/{corpus}/shard{shard}.summary.json",
+    wildcard_constraints:
+        corpus=IMPORTED_PATTERN,
+    params:
+        stem=lambda wc: released_stem(wc.corpus, wc.shard),
+        tokenizer=config["model"]["tokenizer"],
+    log:
+        "logs/import_blocks/{corpus}/shard{shard}.log",
+    benchmark:
+        "results/benchmarks/rules/import_blocks/{corpus}/shard{shard}.tsv"
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro import-corpus --folder {input} --stem {params.stem:q} --tokenizer {params.tokenizer:q}"
+        " --out {output.blocks} --summary {output.summary} > {log} 2>&1"
+
+
+rule download_checkpoint:
+    """A released checkpoint named by config `models` (hub id) -> data/checkpoints/{org}--{name}, every file checked
+    against the sha256 the hub publishes for it."""
+    output:
+        directory("{checkpoint}"),
+    wildcard_constraints:
+        checkpoint=HUB_PATTERN,
+    params:
+        repo=lambda wc: HUB_CHECKPOINTS[wc.checkpoint],
+    resources:
+        runtime=240,
+    log:
+        "logs/download_checkpoint/{checkpoint}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro download-checkpoint --repo {params.repo:q} --out {output} > {log} 2>&1"
+
+
 rule manual_source:
     """A raw source without a public download (config/paper.yaml comments, docs/paper-scale.md): place it at its
     `path`; this job only fails with that instruction, so that `snakemake -n` still plans the whole DAG."""
@@ -177,7 +236,7 @@ rule tokenize_blocks:
         blocks="data/blocks/{corpus}/shard{shard}.npz",
         summary="data/blocks/{corpus}/shard{shard}.summary.json",
     wildcard_constraints:
-        corpus=SOURCE_PATTERN,
+        corpus=TOKENIZED_PATTERN,
     params:
         tokenizer=config["model"]["tokenizer"],
         max_len=config["data"]["max_seq_length"],

@@ -34,7 +34,8 @@ for _name, _pairs in evaluation_groups().items():
         name:
             _name
         input:
-            unpack(lambda wc, first=_first: evaluate_inputs(first)),
+            unpack(lambda wc, first=_first, pairs=_pairs:
+                   evaluate_inputs(first) | {"tasks": task_inputs([t for t, _ in pairs])}),
         output:
             predictions=[f"results/predictions/{t}/{r}.jsonl" for t, r in _pairs],
             metrics=[f"results/metrics/{t}/{r}.json" for t, r in _pairs],

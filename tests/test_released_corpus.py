@@ -1,0 +1,239 @@
+"""The importer of the original's released pre-tokenised corpora (npm.data.released; paper-map §3.1, §3.2).
+
+The released files are written here in exactly their format (``X.npy`` flat ids, ``X_blocks.npy`` block starts,
+``X_valid.pkl`` a pickled list of (starts, ends) uint8 position arrays per block, ``X.jsonl`` decoded blocks) from real
+text (gensim's Lee corpus plus non-ASCII units), tokenized with a byte-level BPE in roberta-large's layout
+(``bpe_tokenizer``) and packed with our own block packing, the same algorithm as the original's. The valid positions
+are computed with the original's decoded-string rule (paper-map §3.2), written independently below. The import must
+give back the same ids, blocks and surface text as our own tokenization of that text, and keep the released valid
+positions exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import string
+import tarfile
+
+import numpy as np
+import pytest
+
+from npm.boundaries import SPECIAL, valid_ends, valid_starts
+from npm.data.blocks import block_text, load_blocks, tokenize_documents
+from npm.data.released import import_shard, read_shard, released_blocks
+from npm.datastore.store import stored_mask
+from tests.conftest import lee_corpus_lines
+
+EXTRA_UNITS = ["Café au lait — naïve “quotes” and 東京 in one line.", "Prices rose 3.5% (about $2,000) in 2019...",
+               "The cat's hat."]
+
+
+def _token_strings(tokenizer, ids):
+    """Each token decoded on its own with its leading space, as the original's rule reads it (paper-map §3.2)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    out = []
+    for tok in tokenizer.convert_ids_to_tokens([int(i) for i in ids]):
+        if tok in tokenizer.all_special_tokens:
+            out.append(tok)
+        else:
+            out.append(bytes(byte_of[c] for c in tok).decode("utf-8", errors="replace"))
+    return out
+
+
+def original_valid(tokenizer, ids, block_offsets):
+    """(starts, ends) per block by the original's rule: valid start at i if i == 0, or token i starts with a space,
+    or token i-1 ends with punctuation; valid end at i if i is last, or token i+1 starts with a space or with
+    punctuation; ids 0 and 2 (``<s>``, ``</s>``) never listed."""
+    valid = []
+    for b in range(len(block_offsets) - 1):
+        block = ids[block_offsets[b]:block_offsets[b + 1]]
+        s = _token_strings(tokenizer, block)
+        n = len(block)
+        starts = [i for i in range(n) if i == 0 or s[i].startswith(" ") or s[i - 1][-1:] in set(string.punctuation)]
+        ends = [i for i in range(n)
+                if i == n - 1 or s[i + 1].startswith(" ") or s[i + 1][:1] in set(string.punctuation)]
+        skip = set(np.flatnonzero(np.isin(block, [0, 2])).tolist())
+        valid.append((np.array([i for i in starts if i not in skip], dtype=np.uint8),
+                      np.array([i for i in ends if i not in skip], dtype=np.uint8)))
+    return valid
+
+
+@pytest.fixture(scope="module")
+def released(bpe_tokenizer, tmp_path_factory):
+    """Our own blocks of the text (max 64 tokens, so that units spill across blocks) and the released files of the
+    same corpus, shard ``corpus/enwiki/0``."""
+    lines = lee_corpus_lines()[:60]
+    docs = [{"id": str(i), "units": [lines[i], lines[i + 1]]} for i in range(0, len(lines), 2)]
+    docs.append({"id": "extra", "units": EXTRA_UNITS})
+    ours = tokenize_documents(docs, bpe_tokenizer, max_seq_length=64)
+    folder = tmp_path_factory.mktemp("released")
+    shard = folder / "corpus" / "enwiki"
+    shard.mkdir(parents=True)
+    ids, offsets = ours["input_ids"].astype(np.int32), ours["block_offsets"]
+    np.save(shard / "0.npy", ids)
+    np.save(shard / "0_blocks.npy", offsets[:-1])
+    valid = original_valid(bpe_tokenizer, ids, offsets)
+    with open(shard / "0_valid.pkl", "wb") as f:
+        pickle.dump(valid, f)
+    with open(shard / "0.jsonl", "w", encoding="utf-8") as f:
+        for b in range(len(offsets) - 1):
+            f.write(json.dumps({"id": b, "contents": bpe_tokenizer.decode(ids[offsets[b]:offsets[b + 1]])}) + "\n")
+    return {"ours": ours, "folder": folder, "valid": valid, "tokenizer": bpe_tokenizer}
+
+
+def test_import_gives_back_the_ids_blocks_and_exact_surface_text(released, tmp_path):
+    tok_path = tmp_path / "tok"
+    released["tokenizer"].save_pretrained(tok_path)
+    summary = import_shard(released["folder"], "corpus/enwiki/0", str(tok_path), tmp_path / "blocks.npz")
+    got, ours = load_blocks(tmp_path / "blocks.npz", text=True), released["ours"]
+    np.testing.assert_array_equal(got["input_ids"], ours["input_ids"])
+    np.testing.assert_array_equal(got["block_offsets"], ours["block_offsets"])
+    np.testing.assert_array_equal(got["text_offsets"], ours["text_offsets"])
+    np.testing.assert_array_equal(got["text"], ours["text"])
+    texts = [block_text(got, b) for b in range(len(got["block_offsets"]) - 1)]
+    assert any("Café au lait — naïve “quotes” and 東京" in t for t in texts)
+    # Every token's span holds exactly its own bytes, spaces trimmed (the byte-level BPE is lossless).
+    spans, special = got["token_spans"], (got["flags"] & SPECIAL) != 0
+    from npm.data.released import vocab_bytes
+
+    flat, voff = vocab_bytes(released["tokenizer"])
+    block = np.repeat(np.arange(len(texts)), np.diff(got["block_offsets"]))
+    for t in np.flatnonzero(~special):
+        tb = got["text"][got["text_offsets"][block[t]]:].tobytes()
+        piece = flat[voff[got["input_ids"][t]]:voff[got["input_ids"][t] + 1]].tobytes()
+        assert tb[spans[t, 0]:spans[t, 1]] == piece.strip(b" ")  # a token of spaces only: the empty span
+    assert summary["blocks"] == len(texts) and summary["tokens"] == len(ours["input_ids"])
+    assert len(got["doc_ids"]) == len(texts) and got["doc_ids"][1] == "corpus/enwiki/0/1"
+
+
+def test_released_valid_positions_are_kept_and_the_disagreement_is_reported(released):
+    tok, ours = released["tokenizer"], released["ours"]
+    shard = read_shard(released["folder"], "corpus/enwiki/0")
+    arrays, summary = released_blocks(shard["ids"], shard["block_offsets"], shard["valid"], tok, "0")
+    offsets = arrays["block_offsets"]
+    for b, (starts, ends) in enumerate(released["valid"]):
+        a, e = offsets[b], offsets[b + 1]
+        assert np.flatnonzero(valid_starts(arrays["flags"], offsets)[a:e]).tolist() == starts.tolist()
+        assert np.flatnonzero(valid_ends(arrays["flags"], offsets)[a:e]).tolist() == ends.tolist()
+    # The disagreement between the original's rule and ours, counted independently.
+    ours_s, ours_e = valid_starts(ours["flags"], offsets), valid_ends(ours["flags"], offsets)
+    rel_s, rel_e = valid_starts(arrays["flags"], offsets), valid_ends(arrays["flags"], offsets)
+    assert summary["start_disagreements"] == int((ours_s != rel_s).sum())
+    assert summary["end_disagreements"] == int((ours_e != rel_e).sum())
+    assert summary["unrepresentable"] == 0 and summary["valid"] == "released"
+    assert 0 <= summary["valid_disagreement_rate"] < 0.05
+    # The datastore stores exactly the released positions (their union), as the original's embedder did.
+    stored = stored_mask(arrays["input_ids"], arrays["flags"], offsets)
+    assert stored.sum() == sum(len(set(s.tolist()) | set(e.tolist())) for s, e in released["valid"])
+
+
+def test_a_changed_released_position_is_kept_and_counted(released):
+    shard = read_shard(released["folder"], "corpus/enwiki/0")
+    _, base = released_blocks(shard["ids"], shard["block_offsets"], shard["valid"], released["tokenizer"], "0")
+    valid = [(s.copy(), e.copy()) for s, e in shard["valid"]]
+    starts, ends = valid[3]
+    dropped = int(starts[len(starts) // 2])
+    valid[3] = (np.array([p for p in starts if p != dropped], dtype=np.uint8), ends)
+    arrays, summary = released_blocks(shard["ids"], shard["block_offsets"], valid, released["tokenizer"], "0")
+    a = arrays["block_offsets"][3]
+    assert not valid_starts(arrays["flags"], arrays["block_offsets"])[a + dropped]
+    assert summary["start_disagreements"] == base["start_disagreements"] + 1
+
+
+def test_without_a_valid_file_the_flags_are_ours(released, tmp_path):
+    shard = read_shard(released["folder"], "corpus/enwiki/0")
+    arrays, summary = released_blocks(shard["ids"], shard["block_offsets"], None, released["tokenizer"], "0")
+    np.testing.assert_array_equal(arrays["flags"], released["ours"]["flags"])
+    assert summary["valid"].startswith("npm.boundaries")
+
+
+def test_a_wrong_tokenizer_or_a_broken_shard_is_refused(released, wordpiece_tokenizer, tmp_path):
+    shard = read_shard(released["folder"], "corpus/enwiki/0")
+    with pytest.raises(ValueError, match="not a byte-level BPE|outside"):
+        released_blocks(shard["ids"], shard["block_offsets"], None, wordpiece_tokenizer, "0")
+    assert read_shard(released["folder"], "enwiki/0")["block_offsets"][-1] == len(shard["ids"])  # below corpus/
+    with pytest.raises(FileNotFoundError, match=r"corpus/enwiki/0.npy"):
+        read_shard(released["folder"], "new-enwiki/0")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    np.save(bad / "0.npy", shard["ids"])
+    np.save(bad / "0_blocks.npy", shard["block_offsets"][:-1][::-1])
+    with pytest.raises(ValueError, match="increase strictly"):
+        read_shard(bad, "0")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_a_valid_file_that_would_run_code_is_refused(released, tmp_path):
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    shard = read_shard(released["folder"], "corpus/enwiki/0")
+    np.save(folder / "0.npy", shard["ids"])
+    np.save(folder / "0_blocks.npy", shard["block_offsets"][:-1])
+    (folder / "0_valid.pkl").write_bytes(pickle.dumps([_Evil()]))
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
+        read_shard(folder, "0")
+
+
+def test_the_cli_unpacks_a_tarball_and_imports_a_shard(released, tmp_path):
+    from npm.cli import main
+
+    archive = tmp_path / "enwiki-0.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(released["folder"] / "corpus", arcname="corpus")
+    released["tokenizer"].save_pretrained(tmp_path / "tok")
+    assert main(["unpack", "--archive", str(archive), "--out", str(tmp_path / "unpacked")]) == 0
+    assert not (tmp_path / "unpacked.tmp").exists()
+    assert main(["import-corpus", "--folder", str(tmp_path / "unpacked"), "--stem", "corpus/enwiki/0",
+                 "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "b.npz"),
+                 "--summary", str(tmp_path / "b.summary.json")]) == 0
+    summary = json.loads((tmp_path / "b.summary.json").read_text())
+    assert summary["valid"] == "released" and "valid_disagreement_rate" in summary
+    np.testing.assert_array_equal(load_blocks(tmp_path / "b.npz")["input_ids"], released["ours"]["input_ids"])
+
+
+def test_unpack_refuses_members_outside_the_folder_and_leaves_nothing(tmp_path):
+    from npm.data.download import unpack
+
+    evil = tmp_path / "evil.tar"
+    payload = tmp_path / "x.txt"
+    payload.write_text("x")
+    with tarfile.open(evil, "w") as t:
+        t.add(payload, arcname="../escaped.txt")
+    with pytest.raises(tarfile.TarError):
+        unpack(evil, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+    assert not (tmp_path.parent / "escaped.txt").exists()
+
+
+# ------------------------------------------------------------------------------------------------ the released route
+
+
+def test_the_released_route_plans_downloads_import_embedding_indexes_evaluation_tables_and_check(tmp_path):
+    """config/released.yaml: `snakemake -n results/check/paper.txt` plans downloads -> import -> per-shard embedding ->
+    indexes -> evaluation -> tables -> check, with the task sets as inputs of the evaluations, and trains nothing."""
+    from npm.tasks.fetch import COMPLETE
+    from tests.test_task_fetch import ROOT, dry_run, jobs
+
+    planned = jobs(dry_run(tmp_path, ROOT / "config" / "released.yaml", "results/check/paper.txt"))
+    rules = {j["rule"] for j in planned}
+    assert {"download_checkpoint", "download_source", "unpack_source", "import_blocks", "plan_datastore",
+            "embed_shard", "embed_corpus", "build_faiss_index", "build_bm25_index", "download_task", "evaluate",
+            "table1", "table2", "table3", "table8", "check_paper"} <= rules
+    assert not rules & {"pretrain", "mask_batches", "extract_documents", "tokenize_blocks"}
+    outputs = {j["output"] for j in planned if j["rule"] == "download_checkpoint"}
+    assert outputs == {"data/checkpoints/facebook/npm", "data/checkpoints/facebook/npm-single",
+                       "data/checkpoints/roberta-large", "data/checkpoints/facebook/opt-2.7b"}
+    imported = {j["output"].split(",")[0] for j in planned if j["rule"] == "import_blocks"}
+    assert "data/blocks/enwiki/shard19.npz" in imported and "data/blocks/cc_news/shard0.npz" in imported
+    agn = next(j for j in planned if j["rule"] == "evaluate" and j["output"].endswith("agn/npm.json"))
+    for needed in ("data/checkpoints/facebook/npm", "data/datastore/npm/enwiki_0/meta.json",
+                   "data/datastore/npm/cc_news/meta.json", f"data/tasks/agn/{COMPLETE}"):
+        assert needed in agn["input"].split(", ")
