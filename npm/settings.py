@@ -58,6 +58,10 @@ class Settings:
     skip_blank_lines: bool = _setting(False, "decoder answer = the first non-empty generated line (instruction-tuned "
                                              "LMs); false = the first line, as the original code")
     batch_size: int = _setting(8, "examples per decoder-LM batch (REPLUG: each with `passages` rows)", minimum=1)
+    lm_precision: str = _setting("fp32", "decoder baselines' arithmetic: fp32, or bf16 / fp16 autocast (the original "
+                                         "code: fp16 weights, int8 linear layers); on CPU bf16 only where native "
+                                         "(AVX512-BF16 or AMX), else fp32; the metrics record the precision used",
+                                 choices=("fp32", "bf16", "fp16"))
     phrase_k: int = _setting(10, "DensePhrases: start and end vectors retrieved per question (the original's top_k "
                                  "of 10)", minimum=1)
     phrase_max_words: int = _setting(20, "DensePhrases: longest phrase in words (paper 20; the original code 10)",

@@ -136,6 +136,31 @@ def test_each_system_writes_predictions_and_metrics(world, tmp_path, task, syste
     assert config["sampling_seed"] == 0
 
 
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_lm_precision_runs_the_decoder_under_autocast_and_is_recorded(world, tmp_path, monkeypatch, native_bf16):
+    """inference.lm_precision bf16: every decoder forward (prompt and decoding) runs under a bf16 CPU autocast where
+    the CPU has native bf16, in fp32 where it has not; the metrics say which; fp32 (the default) runs no autocast."""
+    import npm.model
+    from npm.baselines import lm as lm_module
+
+    monkeypatch.setattr(npm.model, "cpu_has_bf16", lambda: native_bf16)
+    seen = []
+    real = lm_module.forward_last
+
+    def spy(model, **inputs):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return real(model, **inputs)
+
+    monkeypatch.setattr(lm_module, "forward_last", spy)
+    _, _, saved = run(world, "nq", "bm25_lm", tmp_path / "bf16", lm_precision="bf16")
+    assert saved["precision"] == ("bf16" if native_bf16 else "fp32")
+    assert seen and set(seen) == {native_bf16}
+    assert saved["provenance"]["config"]["settings"]["lm_precision"] == "bf16"
+    seen.clear()
+    _, _, saved = run(world, "nq", "bm25_lm", tmp_path / "fp32")
+    assert saved["precision"] == "fp32" and set(seen) == {False}
+
+
 def test_bm25_lm_prompt_holds_the_retrieved_blocks_top1_last(world, tmp_path):
     _, preds, _ = run(world, "nq", "bm25_lm", tmp_path, passages=3)
     texts = all_block_texts(world)

@@ -80,7 +80,7 @@ def test_schema_documents_every_setting_and_no_default_of_its_own():
 def test_configs_name_only_settings_keys():
     import yaml
 
-    for config in ("config.yaml", "paper.yaml"):
+    for config in ("config.yaml", "paper.yaml", "released.yaml"):
         Settings.from_mapping(yaml.safe_load((ROOT / "config" / config).read_text()).get("inference"))
 
 

@@ -89,7 +89,7 @@ class DecoderScorer:
 
     def __init__(self, system, inputs, settings):
         from npm.baselines.lm import load_causal_lm
-        from npm.model import torch_device
+        from npm.model import effective_precision, torch_device
 
         self.settings, self.options = settings, dict(system.options)
         self.device = torch_device(inputs.device)
@@ -121,6 +121,7 @@ class DecoderScorer:
             "retrieval": retriever if retrieves else None,
             "parameters": int(sum(p.numel() for p in self.model.parameters())), "device": str(self.device),
             "passages": settings.passages if retrieves else None,
+            "precision": effective_precision(self.device, settings.lm_precision),
         }
         if self.options.get("ensemble"):
             self.info["replug_temperature"] = settings.replug_temperature
@@ -137,6 +138,18 @@ class DecoderScorer:
         return [self.searcher.search(q, self.settings.passages) for q in queries]
 
     def open_set(self, task, examples, progress=None):
+        from npm.model import autocast
+
+        with autocast(self.device, self.settings.lm_precision):
+            return self._open_set(task, examples, progress)
+
+    def closed_set(self, task, examples, progress=None):
+        from npm.model import autocast
+
+        with autocast(self.device, self.settings.lm_precision):
+            return self._closed_set(task, examples, progress)
+
+    def _open_set(self, task, examples, progress=None):
         from npm.baselines.lm import clean_passage, first_line, greedy_continuations, open_set_prompt
         from npm.baselines.replug import mixture_weights, replug_continuations, replug_vote
 
@@ -183,7 +196,7 @@ class DecoderScorer:
                             len(examples))
         return dict(answers=answers, records=records, metrics=metrics)
 
-    def closed_set(self, task, examples, progress=None):
+    def _closed_set(self, task, examples, progress=None):
         from npm.baselines.pmi import DOMAIN_PREMISES, causal_prompt, label_logprobs
         from npm.tasks.templates import LABEL_WORDS
 

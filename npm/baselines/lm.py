@@ -12,7 +12,8 @@ Clean-room re-implementation of the original ``clm_prompt.py`` as paper-map §6 
   cut at its first "\\n" and stripped; prompts longer than 1024 - 30 tokens are cut from the left.
 
 Not reproduced: the original's fp16 + weight-only int8 quantisation of every ``nn.Linear`` except ``lm_head``
-(paper-map §6); models run here in the dtype they are loaded with (float32 by default on CPU).
+(paper-map §6); models are loaded in float32 and ``npm.baselines.decoder.DecoderScorer`` runs them under the autocast
+of ``inference.lm_precision`` (fp32 = none; bf16 / fp16 as ``npm.model.autocast``).
 """
 
 from __future__ import annotations
