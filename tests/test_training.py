@@ -140,3 +140,38 @@ def test_effective_precision_is_what_the_device_really_runs(monkeypatch, native)
     assert out.dtype == (torch.bfloat16 if native else torch.float32)
     with pytest.raises(ValueError, match="precision must be"):
         effective_precision("cpu", "fp8")
+
+
+def test_attention_switch_loads_those_kernels_records_them_and_keys_the_run(tmp_path, tiny_encoder, monkeypatch):
+    """training.attention: the trained encoder runs the kernels asked for, the run record (and so the run folder a
+    job resumes from) holds them, the saved model does not impose them on its readers, and eager trains to
+    the same first-step loss as sdpa up to rounding."""
+    import json
+
+    from npm.training import loop
+
+    shards = write_shard(tmp_path)
+    used = []
+    real = loop.load_encoder
+
+    def spy(name, attn_implementation=None):
+        model = real(name, attn_implementation=attn_implementation)
+        used.append(model.config._attn_implementation)
+        return model
+
+    monkeypatch.setattr(loop, "load_encoder", spy)
+    train(config(tmp_path, tiny_encoder, shards, "eager", steps=4, attention="eager"))
+    train(config(tmp_path, tiny_encoder, shards, "sdpa", steps=4))
+    assert used == ["eager", "sdpa"]
+    runs = {}
+    for name in ("eager", "sdpa"):
+        (record,) = (tmp_path / f"{name}-ckpt").glob("run-*/run.json")
+        runs[name] = json.loads(record.read_text())
+    assert runs["eager"]["settings"]["attention"] == "eager" and runs["sdpa"]["settings"]["attention"] == "sdpa"
+    assert runs["eager"]["run_id"] != runs["sdpa"]["run_id"]
+    assert npm.model.load_encoder(str(tmp_path / "eager")).config._attn_implementation == "sdpa"
+    first = {name: next(csv.DictReader(open(next((tmp_path / f"{name}-ckpt").glob("run-*/train_log.csv")))))
+             for name in ("eager", "sdpa")}  # the same weights and batch at step 1: the same loss up to rounding
+    assert float(first["eager"]["loss"]) == pytest.approx(float(first["sdpa"]["loss"]), rel=1e-5)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        train(config(tmp_path, tiny_encoder, shards, "bad", steps=4, attention="flash"))

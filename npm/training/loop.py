@@ -59,7 +59,8 @@ RUN_FILE = "run.json"
 # TrainConfig fields that change the trained weights (besides the encoder, tokenizer and data, fingerprinted); steps
 # and schedule_steps enter as the schedule horizon. checkpoint_every, keep_checkpoints, paths, resume and wandb don't.
 RESULT_FIELDS = ("model_type", "warmup_steps", "lr", "weight_decay", "betas", "eps", "grad_clip", "pool", "pad_to",
-                 "mlm_ratio", "seed")
+                 "mlm_ratio", "attention", "seed")
+ATTENTION = ("sdpa", "eager")
 MODEL_TYPES = ("npm", "npm_single", "mlm")
 # model_type "mlm": loss_start = loss, loss_end = positives_per_span = 0, queries = tokens predicted.
 LOG_COLUMNS = ["step", "loss", "loss_start", "loss_end", "positives_per_span", "queries", "lr", "tokens_per_s"]
@@ -85,6 +86,7 @@ class TrainConfig:
     pool: str = "half"  # "all" ranks or this rank's "half" of the world (paper-map §2.4)
     pad_to: int | None = None  # None: longest row of the batch; the original pads to 320
     mlm_ratio: float = 0.15  # model_type "mlm": share of non-special tokens selected (BERT's 15%)
+    attention: str = "sdpa"  # attention kernels: sdpa (transformers' default) or eager (the original code's era)
     checkpoint_every: int = 10_000
     keep_checkpoints: int = 2
     seed: int = 0
@@ -317,6 +319,8 @@ def train(cfg: TrainConfig) -> dict:
     """Run (or resume) pretraining; returns a summary. Writes the final model to ``cfg.out_dir``."""
     if cfg.model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, not {cfg.model_type!r}")
+    if cfg.attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {list(ATTENTION)}, not {cfg.attention!r}")
     rank, world, device = _init_distributed()
     ckpt_root = Path(cfg.checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -333,9 +337,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         from npm.model import load_masked_lm
 
         def load_model(name: str):
-            return load_masked_lm(name, allow_new_head=True)
+            return load_masked_lm(name, allow_new_head=True, attn_implementation=cfg.attention)
     else:
-        load_model = load_encoder
+        def load_model(name: str):
+            return load_encoder(name, attn_implementation=cfg.attention)
     model = load_model(cfg.encoder).to(device)
     model.train()
     _check_lengths(cfg, data, model, tokenizer)

@@ -37,6 +37,7 @@ rule pretrain:
         " --out {output} --checkpoint-dir results/checkpoints/{wildcards.model}"
         " --steps {params.t[steps]} --warmup-steps {params.t[warmup_steps]} --schedule-steps {params.schedule_steps}"
         " --lr {params.t[lr]} --weight-decay {params.t[weight_decay]} --grad-clip {params.t[grad_clip]}"
-        " --precision {params.t[precision]} --pool {params.t[pool]} --pad-to {params.pad_to}"
+        " --precision {params.t[precision]} --attention {params.t[attention]} --pool {params.t[pool]}"
+        " --pad-to {params.pad_to}"
         " --checkpoint-every {params.t[checkpoint_every]} --seed {params.t[seed]}"
         " --summary results/checkpoints/{wildcards.model}/summary.json > {log} 2>&1"
