@@ -18,6 +18,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from npm.io import atomic_dir
+
 CHUNK = 1 << 20
 
 
@@ -80,18 +82,16 @@ def download(url: str, out: str | os.PathLike, sha256: str | None = None, timeou
 
 def unpack(archive: str | os.PathLike, out: str | os.PathLike) -> dict:
     """Unpack a ``.tar[.gz|.bz2|.xz]`` or ``.zip`` archive into the folder ``out``, which appears only once complete
-    (unpacked under ``out.tmp`` first, then renamed). Members that would land outside ``out`` (absolute paths, ``..``,
-    links out of the folder) are refused (tarfile's ``data`` filter; zip names checked)."""
+    (built beside it, then renamed: ``npm.io.atomic_dir``). Members that would land outside ``out`` (absolute paths,
+    ``..``, links out of the folder) are refused (tarfile's ``data`` filter; zip names checked)."""
     import tarfile
     import zipfile
 
     archive, out = Path(archive), Path(out)
     if out.exists():
         raise FileExistsError(f"{out} already exists; remove it to unpack {archive} again")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out) as tmp:
+        tmp.mkdir()
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as z:
                 for name in z.namelist():
@@ -103,10 +103,6 @@ def unpack(archive: str | os.PathLike, out: str | os.PathLike) -> dict:
                 t.extractall(tmp, filter="data")
         else:
             raise ValueError(f"{archive} is neither a tar nor a zip archive (a partial or failed download?)")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    os.replace(tmp, out)
     files = [p for p in out.rglob("*") if p.is_file()]
     return {"archive": str(archive), "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
 

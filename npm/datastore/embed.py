@@ -125,12 +125,15 @@ def batch_inputs(arrays: dict[str, np.ndarray], batch: np.ndarray, length: int |
     return ids, attention, stored
 
 
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """int64: the concatenation of ``arange(starts[i], ends[i])``."""
+    lengths = (ends - starts).astype(np.int64)
+    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+
+
 def _destination(row_offsets: np.ndarray, batch: np.ndarray) -> np.ndarray:
     """Global rows of the stored positions of ``batch``'s blocks, in (batch item, position) order."""
-    counts = row_offsets[batch + 1] - row_offsets[batch]
-    total = int(counts.sum())
-    shift = np.repeat(row_offsets[batch] - (np.cumsum(counts) - counts), counts)
-    return shift + np.arange(total, dtype=np.int64)
+    return _ranges(row_offsets[batch], row_offsets[batch + 1])
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -363,12 +366,6 @@ def embed_shard(out_dir: str | Path, k: int, batch_blocks: int = 64, device: str
         return {**_embed_one(root, plan, arrays, k, encoder, batch_blocks, bar), "reused": False}
     finally:
         bar.close()
-
-
-def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """int64: the concatenation of ``arange(starts[i], ends[i])``."""
-    lengths = (ends - starts).astype(np.int64)
-    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
 
 
 def slice_shard(out_dir: str | Path, k: int, base_dir: str | Path, chunk_rows: int = 1 << 20) -> dict:

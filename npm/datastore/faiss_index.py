@@ -398,10 +398,10 @@ def check_memory(factory: str, ntotal: int, dim: int, mem_mb: int, train_sample:
     """Refuse, before any training, an index that does not fit the job's memory ``mem_mb`` (the SLURM profile's
     ``mem_mb``): the filled index, plus the fp32 training sample, plus a chunk of vectors being added, must fit in 90 %
     of it. Returns the estimate for the sidecar."""
-    need = index_bytes(factory, ntotal, dim) + 4 * dim * min(train_sample, ntotal) + 4 * dim * min(ADD_CHUNK, ntotal)
+    filled = index_bytes(factory, ntotal, dim)
+    need = filled + 4 * dim * min(train_sample, ntotal) + 4 * dim * min(ADD_CHUNK, ntotal)
     have = mem_mb * 1_000_000
-    record = {"index_bytes_estimate": index_bytes(factory, ntotal, dim), "memory_needed_bytes": need,
-              "memory_mb": mem_mb}
+    record = {"index_bytes_estimate": filled, "memory_needed_bytes": need, "memory_mb": mem_mb}
     if need > 0.9 * have:
         per = index_bytes(factory, 1_000_000, dim) / 1_000_000
         try:
