@@ -31,18 +31,19 @@ import yaml
 
 from npm.inference.closed_set import label_scores
 from npm.inference.predictor import Predictor
-from npm.io import provenance, write_json
+from npm.io import write_summary
 from npm.settings import Settings
 from npm.tasks.registry import label_verbalizers, task_examples
 
 SENTIMENT_AND_SUBJ = ("sst2", "mr", "rt", "cr", "amazon", "subj")
 
 
-def auc(score: np.ndarray, gold: np.ndarray) -> float:
-    """Area under the ROC curve of ``score`` for gold label 1 against 0 (ties count one half)."""
+def auc(score: np.ndarray, gold: np.ndarray) -> float | None:
+    """Area under the ROC curve of ``score`` for gold label 1 against 0 (ties count one half); None when the
+    examples hold only one of the two labels."""
     pos, neg = score[gold == 1], score[gold == 0]
     if not len(pos) or not len(neg):
-        return float("nan")
+        return None
     wins = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
     return float(wins / (len(pos) * len(neg)))
 
@@ -90,9 +91,10 @@ def measure(task: str, model: str, corpora: list[str], root: Path, config: Path,
             if len(verbalizers) == 2:
                 row["auc"] = auc(np.log(scores[:, 1] + 1e-12) - np.log(scores[:, 0] + 1e-12), gold)
             rows.append(row)
+            shown = "-" if row.get("auc") is None else f"{row['auc']:.3f}"
             print(f"{task:7s} {model:10s} k={k:5d} tau={tau:g}: accuracy {row['accuracy']:5.1f}  predicted "
-                  f"{[round(x, 2) for x in row['predicted']]}  AUC {row.get('auc', float('nan')):.3f}  "
-                  f"label mass {row['label_mass']:.3f}", flush=True)
+                  f"{[round(x, 2) for x in row['predicted']]}  AUC {shown}  label mass {row['label_mass']:.3f}",
+                  flush=True)
     return rows
 
 
@@ -121,11 +123,9 @@ def main() -> None:
         corpora = [corpora] if isinstance(corpora, str) else list(corpora)
         for model in args.systems:
             results += measure(task, model, corpora, args.root, args.config, sorted(args.k), args.tau, n_samples)
-    summary = {"benchmark": "label_knn", "device": "cpu", "machine": platform.processor() or platform.machine(),
-               "results": results,
-               "provenance": provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})}
     out_path = args.out_dir / "label_knn-cpu.json"
-    write_json(out_path, summary)
+    write_summary(out_path, {"benchmark": "label_knn", "device": "cpu",
+                             "machine": platform.processor() or platform.machine(), "results": results}, vars(args))
     print(f"wrote {out_path}")
 
 
