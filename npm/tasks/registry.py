@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from npm.io import read_yaml
+from npm.settings import SHA256
 from npm.tasks import loaders as loaders_module
 from npm.tasks.metrics import ngram_bucket, sample_by_group, sample_indices
 from npm.tasks.templates import (
@@ -67,7 +67,6 @@ FETCH_KINDS = {
 KIND_KEYS = ("hf", "records", "uhn_of", "members", "uuids")
 DOWNLOAD_KINDS = ("copy", "members", "uuids")  # the steps that read a `url` file
 HF_FORMATS = ("jsonl", "csv", "tsv")
-SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
