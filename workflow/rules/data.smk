@@ -67,8 +67,8 @@ rule import_blocks:
 
 
 rule download_checkpoint:
-    """A released checkpoint named by config `models` (hub id) -> data/checkpoints/{org}--{name}, every file checked
-    against the sha256 the hub publishes for it."""
+    """A released checkpoint named by config `models` (hub id) -> data/checkpoints/{hub id} (e.g.
+    data/checkpoints/facebook/npm), every file checked against the sha256 the hub publishes for it."""
     output:
         directory("{checkpoint}"),
     wildcard_constraints:
