@@ -19,7 +19,7 @@ from npm.data.batches import build_batches
 from npm.data.blocks import build_blocks
 from npm.data.documents import extract_documents
 from npm.data.embedded import prepare_embedded_wikipedia
-from npm.io import atomic_path, provenance
+from npm.io import write_summary
 from npm.masking import mask_shard
 
 
@@ -66,11 +66,9 @@ def main() -> None:
             "batches_per_s": span["batches_in"] / t_span,
         },
         "mask_uniform": {"seconds": t_uni, "batches_per_s": uniform["batches_in"] / t_uni},
-        "provenance": provenance(vars(args) | {"out": str(args.out)}),
     }
-    with atomic_path(args.out) as tmp_out:
-        tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "provenance"}, indent=2))
+    write_summary(args.out, result, vars(args))
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from npm.data.blocks import tokenize_documents
 from npm.data.embedded import lead_paragraphs, load_leads
 from npm.datastore.embed import batch_inputs, embed_corpus, gather_tokens, plan_batches
 from npm.datastore.store import derive_stopword_ids, load_datastore
-from npm.io import atomic_path, provenance, save_npz
+from npm.io import save_npz, write_summary
 from npm.model import encode, load_encoder, load_tokenizer
 
 
@@ -151,11 +151,9 @@ def main() -> None:
         "load_datastore_seconds": round(load_seconds, 3),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "peak_gpu_mib": (round(torch.cuda.max_memory_allocated() / 2**20, 1) if device.startswith("cuda") else None),
-        "provenance": provenance(vars(args) | {"out": str(out_path)}),
     }
-    with atomic_path(out_path) as tmp_out:
-        tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "provenance"}, indent=2))
+    write_summary(out_path, result, vars(args) | {"out": str(out_path)})
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

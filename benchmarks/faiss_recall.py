@@ -36,7 +36,7 @@ import faiss
 import numpy as np
 
 from npm.datastore.faiss_index import build_faiss_index, load_faiss_index, memmap_vectors, search, shards_from_files
-from npm.io import atomic_path, provenance
+from npm.io import write_summary
 
 
 def synthetic_shards(folder: Path, rows: int, dim: int, n_shards: int, clusters: int, norm_sigma: float,
@@ -190,11 +190,9 @@ def main() -> None:
         "metric": args.metric,
         "note": "search on CPU; HNSW searches use efSearch=max(efSearch, k); recall is set overlap with Flat IP",
         "results": results,
-        "provenance": provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}),
     }
     out_path = args.out_dir / f"faiss_recall-{device}.json"
-    with atomic_path(out_path) as tmp_out:
-        tmp_out.write_text(json.dumps(summary, indent=2) + "\n")
+    write_summary(out_path, summary, vars(args))
     print(f"wrote {out_path}")
 
 

@@ -21,8 +21,8 @@ Paper-map §2.4-§2.5 (training), §3.3 (embedding), §3.5 (index):
 roberta-base / roberta-large: random weights of that architecture (train_step.py), saved to a temporary folder with the
 embedded default's WordPiece tokenizer for the embedding (the speed depends on the architecture and the lengths, not on
 the weights). Without CUDA it exits with status 2 and says so; it never falls back to the CPU. The GPU is the first one
-CUDA_VISIBLE_DEVICES shows. Writes results/benchmarks/gpu-<encoder>.json atomically and prints a summary. It measures;
-it asserts nothing.
+CUDA_VISIBLE_DEVICES shows. Writes results/benchmarks/gpu-<encoder>.json atomically, with provenance, and prints a
+summary. It measures; it asserts nothing.
 
     .venv/bin/python benchmarks/gpu.py                              # the embedded MiniLM
     .venv/bin/python benchmarks/gpu.py --encoder roberta-large      # the paper's architecture
@@ -31,7 +31,6 @@ it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -45,7 +44,7 @@ from train_step import ROBERTA, build_mlm, synthetic_batch, time_steps
 
 from npm.datastore.embed import embed_corpus
 from npm.datastore.faiss_index import build_faiss_index, load_faiss_index, search
-from npm.io import atomic_path, provenance, save_npz
+from npm.io import save_npz, write_summary
 from npm.model import autocast, load_encoder, load_tokenizer, max_input_length
 from npm.training.collate import collate_phrase
 from npm.training.loop import TrainConfig, step_loss
@@ -214,9 +213,7 @@ def main() -> None:
         result["embedding"] = embedding(folder, args, tmp)
         torch.cuda.empty_cache()
         result["faiss"] = faiss_gpu(args, result["training"]["hidden_size"], tmp)
-    result["provenance"] = provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
-    with atomic_path(out_path) as tmp_out:
-        tmp_out.write_text(json.dumps(result, indent=2) + "\n")
+    write_summary(out_path, result, vars(args))
     print("\n".join(summary_lines(result)))
     print(f"wrote {out_path}")
 

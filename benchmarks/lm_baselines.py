@@ -31,7 +31,7 @@ from npm.baselines.decoder import BlockTexts
 from npm.baselines.lm import load_causal_lm, open_set_prompt
 from npm.evaluation.harness import evaluate
 from npm.evaluation.systems import Inputs
-from npm.io import atomic_path, provenance, read_jsonl
+from npm.io import read_jsonl, write_summary
 from npm.settings import Settings
 
 
@@ -130,12 +130,10 @@ def main() -> None:
         "machine": {"processor": platform.machine(), "torch_threads": torch.get_num_threads(),
                     "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None},
         "corpus_blocks": len(texts), "corpus_tokens": texts.tokens, "conversion": conversion, "settings": rows,
-        "provenance": provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}),
     }
     device = "cuda" if args.device.startswith("cuda") else "cpu"
     out = args.out_dir / f"lm_baselines-{device}.json"
-    with atomic_path(out) as tmp:
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
+    write_summary(out, result, vars(args))
     print(f"wrote {out}")
 
 

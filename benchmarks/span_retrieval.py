@@ -33,7 +33,7 @@ import torch
 from npm.boundaries import PUNCT_START, PUNCT_TOKEN, SPACE_BEFORE, SPECIAL
 from npm.datastore.embed import embed_corpus
 from npm.datastore.store import STORED, load_datastore
-from npm.io import provenance, write_json
+from npm.io import write_summary
 from npm.model import encode, load_encoder, load_tokenizer
 
 KS = (1, 10, 100)
@@ -117,10 +117,9 @@ def main() -> None:
         results.append({"path": path, **row})
         print(json.dumps(results[-1]), flush=True)
     summary = {"benchmark": "span_retrieval", "device": "cpu", "machine": platform.processor() or platform.machine(),
-               "kind": args.kind, "blocks": args.blocks, "results": results,
-               "provenance": provenance({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})}
+               "kind": args.kind, "blocks": args.blocks, "results": results}
     out_path = args.out_dir / "span_retrieval-cpu.json"
-    write_json(out_path, summary)
+    write_summary(out_path, summary, vars(args))
     print(f"wrote {out_path}")
 
 
