@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "download-task", "download one evaluation set into its task folder: public files or an HF "
                                        "dataset, checksum-checked, validated by the task's loader (paper 4.2, 5.1)")
     p.add_argument("--task", required=True,
-                   help="task of the registry (fuzzy_verbalizers: says how to place them by hand)")
+                   help="task of the registry, or fuzzy_verbalizers (their zip, into data/tasks/fuzzy_verbalizers)")
     p.add_argument("--out", type=Path, required=True,
                    help="the task folder (data/tasks/TASK); built under a temporary name and renamed into place only "
                         "once it loads, with SOURCE.json (url, bytes, sha256, date of each download)")

@@ -39,6 +39,8 @@ def local_registry(tmp_path: Path, base: str, checksums: dict | None = None, **c
         if entry["url"]:
             entry["url"] = [local_url(base, u) for u in ([entry["url"]] if isinstance(entry["url"], str)
                                                           else entry["url"])]
+    if raw["fuzzy_verbalizers"]["url"]:
+        raw["fuzzy_verbalizers"]["url"] = local_url(base, raw["fuzzy_verbalizers"]["url"])
     for task, keys in changes.items():
         raw["tasks"][task].update(keys)
     raw["checksums"] = checksums or {}
@@ -213,7 +215,9 @@ def test_google_re_gets_lama_templates_and_the_uhn_filters(server, tmp_path, tin
     assert "london" not in ada  # the precondition of the kept place_of_death fact
     facts = {"place_of_birth": [google_re("g1", "person/place_of_birth", "Khatchig Mouradian", guess),
                                 google_re("g2", "person/place_of_birth", "Paris Hilton", "Paris")],
-             "date_of_birth": [google_re("g3", "person/date_of_birth", "Ada Lovelace", "1815")],
+             "date_of_birth": [google_re("g3", "person/date_of_birth", "Ada Lovelace", "1815"),
+                               dict(google_re("g5", "person/date_of_birth", "Ada Byron", "1816"),  # two masks joined
+                                    masked_sentences=["Ada Byron ( [MASK] ) .", "She was born in [MASK] ."])],
              "place_of_death": [google_re("g4", "deceased_person/place_of_death", "Ada Lovelace", "London")]}
     publish(root, local_url(base, LAMA_ZIP), zip_bytes(
         {f"data/Google_RE/{rel}_test.jsonl": jsonl(lines) for rel, lines in facts.items()}
@@ -222,13 +226,16 @@ def test_google_re_gets_lama_templates_and_the_uhn_filters(server, tmp_path, tin
     recipe[2] = dict(recipe[2], model=tiny_mlm)
     registry = local_registry(tmp_path, base, lama_google_re={"fetch": recipe})
     out = tmp_path / "lama_google_re"
-    fetch_task("lama_google_re", out, cache=tmp_path / "cache", registry=registry)
+    summary = fetch_task("lama_google_re", out, cache=tmp_path / "cache", registry=registry)
+    # g5 is dropped by the original's one-[MASK] filter (require_one_mask), and counted
+    assert summary["examples"] == 4 and summary["dropped_not_one_mask"] == 1
+    assert json.loads((out / SOURCE).read_text())["dropped_not_one_mask"] == 1
     assert sorted(p.name for p in (out / "Google_RE").iterdir()) == [
         "date_of_birth.jsonl", "place_of_birth.jsonl", "place_of_death.jsonl"]
     relations = [json.loads(line) for line in (out / "relations.jsonl").read_text().splitlines()]
     assert {r["relation"]: r["template"] for r in relations} == GOOGLE_RE_TEMPLATES
     # g1: the model guesses the object from the name (person-name filter); g2: the object is in the subject
-    assert (out / "uhn.txt").read_text().split() == ["g3", "g4"]
+    assert (out / "uhn.txt").read_text().split() == ["g3", "g5", "g4"]
     records = {r["id"]: r for r in load_task_records(parse_task("lama_google_re", _raw("lama_google_re")), out)}
     assert records["g4"]["input"] == "Ada Lovelace died in <mask>." and records["g4"]["relation"] == "place_of_death"
     assert {k: r["is_uhn"] for k, r in records.items()} == {"g1": False, "g2": False, "g3": True, "g4": True}
@@ -267,6 +274,133 @@ def test_templama_members_of_one_tarball_get_ids_where_they_have_none(server, tm
     lines = [json.loads(line) for line in (tmp_path / "changed" / "test.jsonl").read_text().splitlines()]
     assert lines == [dict(r, id=str(i)) for i, r in enumerate(changed)]
     assert json.loads((tmp_path / "unchanged" / "test.jsonl").read_text()) == unchanged[0]
+
+
+# ------------------------------------------------------------------------------------------------ archive layouts
+# The archives nobody here has opened (kamel.zip, the TempLAMA and entity-translation tarballs, LAMA's data.zip) may
+# carry an extra top folder, and name the split test* or dev* (the original's load_data takes test*, else dev*).
+
+TEMPLAMA = [{"input": "The CEO of Twitter is <mask>.", "answers": ["Elon Musk"]}]
+TRANSLATION = [{"input": "The French translation of Germany is: <mask>.", "answers": ["Allemagne"], "lang": "fr"}]
+KAMEL_DEV = [{"sub_label": "Ada Lovelace", "obj_label": ["London"]}]
+
+
+def _templama(top: str, split: str) -> bytes:
+    return tar_bytes({f"{top}templama/{split}.jsonl": jsonl(TEMPLAMA),
+                      f"{top}unchanged_templama/{split}.jsonl": jsonl(TEMPLAMA)}, "w:gz")
+
+
+@pytest.mark.parametrize("top", ["", "NPM/"])
+@pytest.mark.parametrize("task,url_of,archive,expected", [
+    ("templama_changed", "templama_changed", lambda top: _templama(top, "test"), "test.jsonl"),
+    ("templama_changed", "templama_changed", lambda top: _templama(top, "dev"), "test.jsonl"),
+    ("entity_translation", "entity_translation",
+     lambda top: tar_bytes({f"{top}entity_translation/dev.jsonl": jsonl(TRANSLATION)}, "w:gz"), "test.jsonl"),
+    ("entity_translation", "entity_translation",
+     lambda top: tar_bytes({f"{top}entity_translation/test_v2.jsonl": jsonl(TRANSLATION)}, "w:gz"), "test.jsonl"),
+    ("kamel", "kamel", lambda top: zip_bytes({f"{top}P19/{split}.jsonl": jsonl(KAMEL_DEV)
+                                              for split in ("train", "dev", "test")}), "P19/dev.jsonl"),
+])
+def test_archives_with_an_extra_top_folder_and_test_or_dev_members(server, tmp_path, top, task, url_of, archive,
+                                                                  expected):
+    root, base = server
+    urls = _raw(url_of)["url"]
+    publish(root, local_url(base, urls if isinstance(urls, str) else urls[0]), archive(top))
+    if task == "kamel":
+        publish(root, local_url(base, urls[1]), b"P19,Where was [S] born?\n")
+    out = tmp_path / task
+    summary = fetch_task(task, out, cache=tmp_path / "cache", registry=local_registry(tmp_path, base))
+    assert summary["examples"] == 1
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.jsonl")) == [expected]
+
+
+def test_lama_archives_below_an_extra_top_folder(server, tmp_path):
+    root, base = server
+    p17 = [trex("a1", "Nantes", "France", "P17"), trex("a2", "Kyoto", "Japan", "P17")]
+    publish(root, local_url(base, OPTIPROMPT), tar_bytes({
+        "optiprompt/data/LAMA-TREx/P17.jsonl": jsonl(p17), "optiprompt/data/LAMA-TREx_UHN/P17.jsonl": jsonl(p17[1:]),
+        "optiprompt/data/LAMA-TREx-easy-hard/Hard/P17.jsonl": jsonl(p17[:1])}, mode="w:gz"))
+    relations = [{"relation": "P17", "template": "[X] is located in [Y] ."}]
+    publish(root, local_url(base, LAMA_ZIP), zip_bytes({"LAMA/data/relations.jsonl": jsonl(relations),
+                                                        "__MACOSX/LAMA/data/._relations.jsonl": b"\x00\x05"}))
+    out = tmp_path / "lama_trex"
+    fetch_task("lama_trex", out, cache=tmp_path / "cache", registry=local_registry(tmp_path, base))
+    assert (out / "TREx" / "P17.jsonl").read_bytes() == jsonl(p17)
+    assert ((out / "uhn.txt").read_text(), (out / "hard.txt").read_text()) == ("a2\n", "a1\n")
+    assert (out / "relations.jsonl").read_bytes() == jsonl(relations)
+
+
+def test_an_archive_without_the_split_lists_what_it_holds(server, tmp_path):
+    root, base = server
+    publish(root, local_url(base, _raw("templama_changed")["url"]), tar_bytes(
+        {"templama/train.jsonl": jsonl(TEMPLAMA), "unchanged_templama/train.jsonl": jsonl(TEMPLAMA)}, "w:gz"))
+    with pytest.raises(ValueError, match=r"task templama_changed: no member of templama\.tar\.gz .* matches "
+                                         r"'templama/test\*\.jsonl' \(nor 'templama/dev\*\.jsonl', nor either below "
+                                         r"one top folder\); it holds 2 files: \['templama/train\.jsonl', "
+                                         r"'unchanged_templama/train\.jsonl'\]"):
+        fetch_task("templama_changed", tmp_path / "t", cache=tmp_path / "cache",
+                   registry=local_registry(tmp_path, base))
+    assert not (tmp_path / "t").exists()
+
+
+# ------------------------------------------------------------------------------------------------ fuzzy verbalizers
+
+FUZZY_URL = yaml.safe_load(DEFAULT_REGISTRY.read_text(encoding="utf-8"))["fuzzy_verbalizers"]["url"]
+FUZZY = {  # Shi et al. (2022)'s formats: one ", "-joined line per label; topic name -> words
+    "agn.txt": b"politics, government, election\nsports, football, game\nbusiness, market, money\n"
+               b"technology, computer, software\n",
+    "sst2.txt": b"terrible, bad, awful\ngreat, good, nice\n",
+    "yahoo.json": json.dumps({"Society & Culture": ["society", "culture"], "Science & Mathematics": ["science"],
+                              "Health": ["health"], "Education & Reference": ["education"],
+                              "Computers & Internet": ["computer"], "Sports": ["sports"],
+                              "Business & Finance": ["business"], "Entertainment & Music": ["music"],
+                              "Family & Relationships": ["family"], "Politics & Government": ["politics"]}).encode(),
+}
+
+
+@pytest.mark.parametrize("top", ["fuzzy_verbalizers/", ""])
+def test_fuzzy_verbalizers_zip_is_unpacked_with_or_without_its_top_folder(server, tmp_path, top,
+                                                                           wordpiece_tokenizer):
+    from npm.tasks.registry import label_verbalizers
+
+    root, base = server
+    url = local_url(base, FUZZY_URL)
+    members = {f"{top}{name}": data for name, data in FUZZY.items()}
+    publish(root, url, zip_bytes(members | {f"__MACOSX/{top}._agn.txt": b"\x00\x05\x16\x07"}))
+    registry, cache, out = local_registry(tmp_path, base), tmp_path / "cache", tmp_path / "tasks" / "fuzzy_verbalizers"
+    assert main(["download-task", "--task", "fuzzy_verbalizers", "--out", str(out), "--cache", str(cache),
+                 "--registry", str(registry)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted([*FUZZY, SOURCE, COMPLETE])
+    assert all((out / name).read_bytes() == data for name, data in FUZZY.items())
+    (dl,) = json.loads((out / SOURCE).read_text())["downloads"]
+    assert dl["url"] == url and dl["sha256"] == hashlib.sha256((root / urllib.parse.urlsplit(url).path.lstrip("/"))
+                                                               .read_bytes()).hexdigest()
+    agn = label_verbalizers("agn", wordpiece_tokenizer, tmp_path / "tasks")
+    assert [len(v) for v in agn] == [3, 3, 3, 3]
+    # the first download's sha256 guards every later one, as for a task folder
+    publish(root, url, zip_bytes({f"{top}{name}": data + b"\n" for name, data in FUZZY.items()}))
+    cache_path(url, cache).unlink()
+    with pytest.raises(ValueError, match=rf"checksum mismatch.*expected {dl['sha256']}.*{SOURCE} \(the first"):
+        fetch_task("fuzzy_verbalizers", out, cache=cache, registry=registry)
+    assert (out / "agn.txt").read_bytes() == FUZZY["agn.txt"]
+
+
+@pytest.mark.parametrize("members,message", [
+    ({f"fuzzy_verbalizers/{n}": FUZZY[n] for n in ("agn.txt", "sst2.txt")},
+     r"no member of the fuzzy verbalizers' zip .* is yahoo\.json \(at the top or below one top folder\); it holds 2 "
+     r"files: \['fuzzy_verbalizers/agn\.txt', 'fuzzy_verbalizers/sst2\.txt'\]"),
+    (dict(FUZZY, **{"sst2.txt": b"terrible, bad\n"}),
+     r"fuzzy verbalizer sst2\.txt .* 1 labels?, task sst2 \(and mr, rt, cr, amazon\) has 2"),
+    (dict(FUZZY, **{"yahoo.json": b'{"Health": ["health"]}'}),
+     r"fuzzy verbalizer yahoo\.json: .*no words for \['Society & Culture'"),
+])
+def test_a_fuzzy_verbalizer_zip_that_lacks_a_file_is_refused(server, tmp_path, members, message):
+    root, base = server
+    publish(root, local_url(base, FUZZY_URL), zip_bytes(members))
+    out = tmp_path / "fuzzy_verbalizers"
+    with pytest.raises(ValueError, match=message):
+        fetch_task("fuzzy_verbalizers", out, cache=tmp_path / "cache", registry=local_registry(tmp_path, base))
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------------------------ HF datasets
@@ -385,11 +519,8 @@ def test_offline_download_says_where_to_place_the_file(tmp_path):
     assert not (tmp_path / "sst2").exists()
 
 
-def test_fuzzy_verbalizers_must_be_placed_by_hand(tmp_path):
-    with pytest.raises(ValueError, match="fuzzy verbalizers have no direct download URL.*"
-                                         "1aRlqMnNyJbgkMm6vgpfEGonukuX_eZEk.*data/tasks/fuzzy_verbalizers"):
-        fetch_task("fuzzy_verbalizers", tmp_path / "fv")
-    with pytest.raises(ValueError, match="unknown task 'nope'"):
+def test_unknown_task_lists_the_registry(tmp_path):
+    with pytest.raises(ValueError, match="unknown task 'nope'.*fuzzy_verbalizers"):
         fetch_task("nope", tmp_path / "nope")
 
 
@@ -451,8 +582,8 @@ def test_paper_scale_evaluations_wait_for_their_downloaded_sets(tmp_path):
     made = {j["output"]: j for j in planned if j["rule"] == "download_task"}
     assert sorted(made) == sorted(f"data/tasks/{t}/{COMPLETE}" for t in ("nq", "subj", "mr", "rt"))
     files = sorted(j["output"] for j in planned if j["rule"] == "download_task_file")
-    assert files == sorted(str(cache_path(u)) for u in
-                           [LM_BFF, *_raw("nq")["url"]])  # datasets.tar once for subj and mr
+    assert files == sorted(str(cache_path(u)) for u in  # datasets.tar once for subj and mr; NPM on mr reads
+                           [LM_BFF, *_raw("nq")["url"], FUZZY_URL])  # the fuzzy verbalizer sst2.txt
     assert made[f"data/tasks/subj/{COMPLETE}"]["input"] == str(cache_path(LM_BFF))
     assert made[f"data/tasks/rt/{COMPLETE}"]["input"] == ""
 
@@ -466,6 +597,24 @@ def test_grouped_evaluations_wait_for_every_task_they_answer(tmp_path):
     tasks = sorted(set(re.findall(r"results/metrics/(\w+)/npm(?:@\w+)?\.json", group["output"])))
     assert len(tasks) > 1
     assert sorted(re.findall(rf"data/tasks/(\w+)/{re.escape(COMPLETE)}", group["input"])) == tasks
+
+
+def test_released_route_fetches_the_fuzzy_verbalizers_before_the_npm_closed_set_evaluations(tmp_path):
+    """config/released.yaml: the verbalizer zip is a download like a task file, rule download_fuzzy_verbalizers makes
+    data/tasks/fuzzy_verbalizers from it, and every evaluation that reads a fuzzy verbalizer (a closed-set task with
+    one, a system with a datastore) waits for it; the others do not."""
+    marker = f"data/tasks/fuzzy_verbalizers/{COMPLETE}"
+    targets = [f"results/metrics/{t}/{s}.json" for t in ("agn", "sst2", "yahoo", "subj") for s in ("npm", "mlm")]
+    planned = jobs(dry_run(tmp_path, ROOT / "config" / "released.yaml", *targets,
+                           "results/metrics/mr/npm_single.json"))
+    order = [j["output"] for j in planned]
+    (verbalizers,) = [j for j in planned if j["rule"] == "download_fuzzy_verbalizers"]
+    assert verbalizers["output"] == marker and verbalizers["input"] == str(cache_path(FUZZY_URL))
+    assert str(cache_path(FUZZY_URL)) in [j["output"] for j in planned if j["rule"] == "download_task_file"]
+    evaluate = {"/".join(j["output"].split("/")[-2:]): j for j in planned if j["rule"] == "evaluate"}
+    reads = {name for name, j in evaluate.items() if marker in j["input"].split(", ")}
+    assert reads == {"agn/npm.json", "sst2/npm.json", "yahoo/npm.json", "mr/npm_single.json"}
+    assert all(order.index(marker) < order.index(evaluate[name]["output"]) for name in reads)
 
 
 def test_embedded_default_plans_no_download(tmp_path):

@@ -277,6 +277,62 @@ def test_lama_google_re(tmp_path, wordpiece_tokenizer):
         ("g1", "place_of_birth", f"Joshua Mathiot was born in {M}.", ["Paris"], 1, False, None)]
 
 
+def google_re_line(uuid: str, masked_sentences: list[str] | None) -> dict:
+    """A line of LAMA's Google_RE/place_of_birth_test.jsonl (no predicate_id: the relation is the file's stem)."""
+    rec = {"pred": "/people/person/place_of_birth", "sub": "/m/0", "obj": "/m/1", "sub_label": f"Person {uuid}",
+           "obj_label": "Paris", "uuid": uuid, "evidences": [{"url": "http://en.wikipedia.org/wiki/X"}]}
+    if masked_sentences is not None:
+        rec["masked_sentences"] = masked_sentences
+    return rec
+
+
+GOOGLE_RE_MASKS = {
+    "relations.jsonl": [{"relation": "place_of_birth", "template": "[X] was born in [Y] ."}],
+    "Google_RE/place_of_birth.jsonl": [
+        google_re_line("one", ["He was born in [MASK] ."]),
+        google_re_line("zero", ["He was born in Paris ."]),
+        google_re_line("two", ["Born in [MASK] , he died in [MASK] ."]),
+        google_re_line("split", ["He was born in [MASK] .", "He returned to [MASK] in 1990 ."]),  # two once joined
+        google_re_line("joined", ["He was a painter .", "He was born in [MASK] ."]),
+        google_re_line("none", None)],  # no masked_sentences: nothing to check, as the original
+    "uhn.txt": "one\nsplit\n",  # a dropped record in uhn.txt is no error (the original filters its UHN files alike)
+}
+
+
+def test_google_re_drops_records_without_exactly_one_joined_mask(tmp_path, wordpiece_tokenizer, caplog):
+    """The original's loader keeps a LAMA record only when its `masked_sentences`, joined with spaces, hold exactly
+    one [MASK] (paper silent; paper-map §5.1): the registry's `require_one_mask` switch, on for Google-RE."""
+    import dataclasses
+    import logging
+
+    folder = write(tmp_path, GOOGLE_RE_MASKS)
+    task = load_registry()["lama_google_re"]
+    assert task.require_one_mask is True
+    with caplog.at_level(logging.INFO, logger="npm-repro.tasks"):
+        kept = load_all("lama_google_re", folder, tokenizer=wordpiece_tokenizer)
+    assert [(e["id"], e["input"], e["is_uhn"]) for e in kept] == [
+        ("one", f"Person one was born in {M}.", True), ("joined", f"Person joined was born in {M}.", False),
+        ("none", f"Person none was born in {M}.", False)]
+    assert re.search(r"place_of_birth\.jsonl: dropped 3 of 6 records whose masked_sentences do not hold exactly one "
+                     r"\[MASK\]", caplog.text)
+    everything = dataclasses.replace(task, require_one_mask=False)
+    kept_all = load_all("lama_google_re", folder, tokenizer=wordpiece_tokenizer,
+                        registry={"lama_google_re": everything})
+    assert [e["id"] for e in kept_all] == ["one", "zero", "two", "split", "joined", "none"]
+
+
+@pytest.mark.parametrize("task,value,pattern", [
+    ("lama_google_re", "yes", "key 'require_one_mask': must be true or false"),
+    ("nq", True, "key 'require_one_mask': only the LAMA loader load_lama reads it"),
+])
+def test_registry_require_one_mask_is_a_lama_switch(tmp_path, task, value, pattern):
+    raw = yaml.safe_load(DEFAULT_REGISTRY.read_text(encoding="utf-8"))
+    raw["tasks"][task]["require_one_mask"] = value
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with pytest.raises(RegistryError, match=re.escape(pattern)):
+        load_registry(tmp_path / "tasks.yaml")
+
+
 def test_lama_subset_ids_must_exist(tmp_path, wordpiece_tokenizer):
     write(tmp_path, {**TREX, "hard.txt": "a2\nzz9\n"})
     with pytest.raises(ValueError, match=r"hard\.txt: 1 uuid\(s\) not in the data.*zz9"):

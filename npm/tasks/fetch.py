@@ -16,14 +16,26 @@ else against the sha256 that ``out/SOURCE.json`` recorded when the folder was fi
 refused); an HF export is checked the same way. ``SOURCE.json`` records every download (url or HF dataset, bytes,
 sha256) with the date; ``.complete`` (``COMPLETE``) marks a folder built here, the output of rule download_task.
 
-Sets without a direct download (the fuzzy verbalizers on Google Drive) and HF datasets that cannot be reached are a
-one-line error saying what to place where by hand.
+Archive members: a recipe's glob also finds its members below one extra top folder, and a member named ``test*``
+falls back to ``dev*`` (the original's ``load_data`` reads a task folder's ``test*`` file, else its ``dev*`` one); macOS
+metadata (``__MACOSX/``, ``._*``) is ignored. A member that is not there is an error listing what the archive holds.
+
+The fuzzy verbalizers (``fetch_fuzzy_verbalizers``, ``fetch_task("fuzzy_verbalizers", ...)``): the registry's
+``fuzzy_verbalizers.url`` (Google Drive's direct download of Shi et al.'s zip) into the same cache, its files (at the
+top of the zip or below one top folder) checked with the readers of ``npm.tasks.templates`` against the label count of
+every task that names them, with the same ``SOURCE.json`` checksums and ``.complete`` marker (rule
+download_fuzzy_verbalizers).
+
+LAMA: ``SOURCE.json`` and the summary say how many records the loader's ``require_one_mask`` filter dropped.
+
+HF datasets that cannot be reached are a one-line error saying what to place where by hand.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import fnmatch
 import io
 import json
@@ -48,6 +60,7 @@ from npm.tasks.registry import (
     fetch_kind,
     fuzzy_verbalizer_info,
     hf_columns,
+    load_fuzzy_words,
     load_registry,
     load_task_records,
 )
@@ -65,12 +78,17 @@ UHN_TEMPLATE = "[CLS] [X] is a common name in the following [Y] : [MASK] . [SEP]
 UHN_NOUNS = {"/people/person/place_of_birth": "city", "/people/deceased_person/place_of_death": "city",
              "P19": "city", "P20": "city", "P27": "country", "P1412": "language", "P103": "language"}
 UHN_BATCH = 64
+HOLDING_LISTED = 20  # an error lists every file of an archive up to this many, else its folders
 
 
 def cache_path(url: str, cache: str | os.PathLike = DEFAULT_CACHE) -> Path:
-    """Where the download of ``url`` is kept: ``{cache}/{host}/{path}`` (query dropped), one file per URL."""
+    """Where the download of ``url`` is kept: ``{cache}/{host}/{path}``, one file per URL. The query is dropped but
+    for an ``id`` parameter, which names the file below the path (Google Drive's ``download?id=ID``)."""
     parts = urllib.parse.urlsplit(url)
     rel = PurePosixPath(parts.netloc, urllib.parse.unquote(parts.path).strip("/"))
+    file_id = urllib.parse.parse_qs(parts.query).get("id")
+    if file_id:
+        rel = rel / file_id[0]
     if len(rel.parts) < 2 or any(p in (".", "..") for p in rel.parts):
         raise ValueError(f"cannot keep the download of {url!r} in the cache: its path has no file name")
     return Path(cache, *rel.parts)
@@ -82,6 +100,38 @@ def _matches(pattern: str, name: str) -> bool:
     return len(p) == len(n) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(n, p, strict=True))
 
 
+def _dev_of(pattern: str) -> str | None:
+    """The ``dev*`` glob standing in for a ``test*`` one (last part), as the original's load_data; else None."""
+    folder, _, name = pattern.rpartition("/")
+    if not name.startswith("test"):
+        return None
+    return f"{folder}/dev{name[4:]}" if folder else f"dev{name[4:]}"
+
+
+def _find(pattern: str, names: list[str]) -> tuple[list[str], int]:
+    """(the members matching ``pattern``, how many extra top folders they lie below): ``pattern`` itself, else its
+    ``dev*`` form (``_dev_of``), else either below one top folder; ([], 0) when none matches."""
+    own = [pattern, *filter(None, [_dev_of(pattern)])]
+    for glob, extra in [(g, 0) for g in own] + [(f"*/{g}", 1) for g in own]:
+        found = [n for n in names if _matches(glob, n)]
+        if found:
+            return found, extra
+    return [], 0
+
+
+def _holding(names: list[str]) -> str:
+    """What an archive holds, for an error: every file of a small one, else its folders with their file counts."""
+    if len(names) <= HOLDING_LISTED:
+        return f"it holds {len(names)} files: {names}"
+    folders: dict[str, int] = {}
+    for name in names:
+        folder = name.rpartition("/")[0] + "/" if "/" in name else "./"
+        folders[folder] = folders.get(folder, 0) + 1
+    shown = ", ".join(f"{f} ({n})" for f, n in list(folders.items())[:HOLDING_LISTED])
+    more = f" and {len(folders) - HOLDING_LISTED} more folders" if len(folders) > HOLDING_LISTED else ""
+    return f"it holds {len(names)} files in {len(folders)} folders: {shown}{more}; e.g. {names[:5]}"
+
+
 @contextlib.contextmanager
 def _archive(path: Path, url: str) -> Iterator[tuple[list[str], Callable]]:
     """(file members in archive order, ``open(member) -> binary file``) of a zip or tar(.gz/.bz2/.xz) archive;
@@ -89,13 +139,16 @@ def _archive(path: Path, url: str) -> Iterator[tuple[list[str], Callable]]:
     def norm(name: str) -> str:
         return name[2:] if name.startswith("./") else name
 
+    def wanted(name: str) -> bool:  # not macOS metadata
+        return not (name.startswith("__MACOSX/") or PurePosixPath(name).name.startswith("._"))
+
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as z:
-            infos = {norm(i.filename): i for i in z.infolist() if not i.is_dir()}
+            infos = {norm(i.filename): i for i in z.infolist() if not i.is_dir() and wanted(norm(i.filename))}
             yield list(infos), lambda m: z.open(infos[m])
     elif tarfile.is_tarfile(path):
         with tarfile.open(path, "r:*") as t:
-            infos = {norm(m.name): m for m in t.getmembers() if m.isfile()}
+            infos = {norm(m.name): m for m in t.getmembers() if m.isfile() and wanted(norm(m.name))}
             yield list(infos), lambda m: t.extractfile(infos[m])
     else:
         raise ValueError(f"{path} (the download of {url}) is neither a zip nor a tar archive, but the `fetch` recipe "
@@ -103,8 +156,10 @@ def _archive(path: Path, url: str) -> Iterator[tuple[list[str], Callable]]:
 
 
 def _no_match(task: Task, pattern: str, url: str, names: list[str]) -> ValueError:
-    return ValueError(f"task {task.name}: no member of {download_name(url)} ({url}) matches {pattern!r}; it holds "
-                      f"{len(names)} files, e.g. {names[:8]}; fix the `fetch` recipe in config/tasks.yaml")
+    dev = _dev_of(pattern)
+    tried = f"nor {dev!r}, nor either below one top folder" if dev else "nor below one top folder"
+    return ValueError(f"task {task.name}: no member of {download_name(url)} ({url}) matches {pattern!r} ({tried}); "
+                      f"{_holding(names)}; fix the `fetch` recipe in config/tasks.yaml")
 
 
 def _write_stream(src, dest: Path) -> None:
@@ -129,15 +184,15 @@ def _add_ids(path: Path) -> int:
 class _Build:
     """One run of ``fetch_task``: the task, the folder being built, the cache and the checksums to hold it to."""
 
-    def __init__(self, task: Task, folder: Path, cache: Path, expected: dict[str, tuple[str, str]]):
-        self.task, self.folder, self.cache, self.expected = task, folder, cache, expected
+    def __init__(self, name: str, task: Task | None, folder: Path, cache: Path, expected: dict[str, tuple[str, str]]):
+        self.name, self.task, self.folder, self.cache, self.expected = name, task, folder, cache, expected
         self.downloads: dict[str, dict] = {}  # url or HF dataset -> its record in SOURCE.json
 
     def check(self, key: str, got: str, what: str) -> None:
         """Refuse a file whose sha256 differs from the one recorded for ``key``."""
         if key in self.expected and self.expected[key][0] != got:
             want, origin = self.expected[key]
-            raise ValueError(f"task {self.task.name}: {what} has sha256 {got}, but {origin} records {want} for "
+            raise ValueError(f"task {self.name}: {what} has sha256 {got}, but {origin} records {want} for "
                              f"{key}; nothing was changed. If the new file is right, delete the recorded sha256 "
                              "(or the task folder) and run again")
 
@@ -158,7 +213,7 @@ class _Build:
                     download(url, path, sha256=want)
                 except ValueError as e:
                     recorded = f" (the expected sha256 is recorded in {origin})" if want else ""
-                    raise ValueError(f"task {self.task.name}: {e}{recorded}") from None
+                    raise ValueError(f"task {self.name}: {e}{recorded}") from None
         digest = sha256_of(path)
         self.check(url, digest, f"the download {path}")
         self.downloads[url] = {"url": url, "file": str(path), "bytes": path.stat().st_size, "sha256": digest}
@@ -173,7 +228,7 @@ class _Build:
             _write_stream(open(src, "rb"), dest)
         else:
             with _archive(src, url) as (names, open_member):
-                found = [n for n in names if _matches(step["member"], n)]
+                found, _ = _find(step["member"], names)
                 if len(found) != 1:
                     if found:
                         raise ValueError(f"task {self.task.name}: {step['member']!r} matches {len(found)} members of "
@@ -193,9 +248,10 @@ class _Build:
         old, new = step.get("rename", ("", ""))
         written = set()
         with _archive(src, url) as (names, open_member):
-            found = [n for n in names if _matches(pattern, n)]
+            found, extra = _find(pattern, names)
             if not found:
                 raise _no_match(self.task, pattern, url, names)
+            keep += extra  # an extra top folder is dropped too
             for name in found:
                 rel = PurePosixPath(*name.split("/")[keep:])
                 if old and rel.name.endswith(old):
@@ -210,7 +266,7 @@ class _Build:
         url = self.url_of(step)
         src, ids = self.fetched(url), []
         with _archive(src, url) as (names, open_member):
-            found = [n for n in names if _matches(step["uuids"], n)]
+            found, _ = _find(step["uuids"], names)
             if not found:
                 raise _no_match(self.task, step["uuids"], url, names)
             for name in found:
@@ -344,11 +400,7 @@ def lama_uhn(records: list[dict], model: str, top_k: int) -> list[dict]:
     return [r for r, rel in zip(records, relation, strict=True) if not guessable(r, rel)]
 
 
-def _manual(name: str, registry: Path) -> ValueError:
-    if name == "fuzzy_verbalizers":
-        info = fuzzy_verbalizer_info(registry)
-        return ValueError(f"the fuzzy verbalizers have no direct download URL: {info.get('source')} "
-                          f"({', '.join(info.get('files', []))})")
+def _unknown(name: str, registry: Path) -> ValueError:
     return ValueError(f"unknown task {name!r}; config/tasks.yaml has {list(load_registry(registry))} and "
                       "fuzzy_verbalizers")
 
@@ -367,31 +419,88 @@ def fetch_task(name: str, out: str | os.PathLike, cache: str | os.PathLike = DEF
                registry: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
     """Download task ``name`` into the folder ``out`` (see the module docstring); returns a summary."""
     registry, out, cache = Path(registry), Path(out), Path(cache)
+    if name == "fuzzy_verbalizers":
+        return fetch_fuzzy_verbalizers(out, cache, registry)
     tasks = load_registry(registry)
     if name not in tasks:
-        raise _manual(name, registry)
+        raise _unknown(name, registry)
     task = tasks[name]
     if not task.fetch:
         raise ValueError(f"task {name} has no `fetch` recipe in {registry}; place its files by hand: {task.where()}")
-    expected = _previous(out)
-    expected.update({url: (digest, f"{registry} (checksums)") for url, digest in download_checksums(registry).items()})
     started = time.time()
     with atomic_dir(out) as folder:
         folder.mkdir()
-        build = _Build(task, folder, cache, expected)
+        build = _Build(name, task, folder, cache, _expected(out, registry))
         for step in task.fetch:
             getattr(build, fetch_kind(step))(step)
         try:
             n = len(load_task_records(task, folder))
+            dropped = {}
+            if task.loader == "load_lama" and task.require_one_mask is not False:  # None: the loader's default, on
+                every = dataclasses.replace(task, require_one_mask=False)
+                dropped = {"dropped_not_one_mask": len(load_task_records(every, folder)) - n}
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"task {name}: the downloaded files do not load with {task.loader} ({e}); nothing was "
                              f"written to {out}. Check the `fetch` recipe in config/tasks.yaml against "
                              "docs/task-formats.md") from None
         files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-        write_json(folder / SOURCE, {"task": name, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                     "source": task.source, "downloads": list(build.downloads.values()),
-                                     "examples": n, "files": files})
+        write_json(folder / SOURCE, {"task": name, "date": _now(), "source": task.source,
+                                     "downloads": list(build.downloads.values()), "examples": n, **dropped,
+                                     "files": files})
         (folder / COMPLETE).write_text(f"task {name}: {n} examples, validated by {task.loader}\n", encoding="utf-8")
-    log.info("task %s: %d examples in %s (%.1f s)", name, n, out, time.time() - started)
-    return {"task": name, "out": str(out), "examples": n, "files": len(files),
+    log.info("task %s: %d examples in %s (%.1f s)%s", name, n, out, time.time() - started,
+             "".join(f"; {k} {v}" for k, v in dropped.items()))
+    return {"task": name, "out": str(out), "examples": n, **dropped, "files": len(files),
+            "downloads": list(build.downloads.values())}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _expected(out: Path, registry: Path) -> dict[str, tuple[str, str]]:
+    """The sha256 each download is held to: the registry's ``checksums``, else what ``out/SOURCE.json`` recorded."""
+    expected = _previous(out)
+    expected.update({url: (digest, f"{registry} (checksums)") for url, digest in download_checksums(registry).items()})
+    return expected
+
+
+def fetch_fuzzy_verbalizers(out: str | os.PathLike, cache: str | os.PathLike = DEFAULT_CACHE,
+                            registry: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
+    """The fuzzy verbalizers (Shi et al. 2022; paper-map §4.2) into the folder ``out`` from the zip at the registry's
+    ``fuzzy_verbalizers.url`` (see the module docstring); returns a summary."""
+    registry, out, cache = Path(registry), Path(out), Path(cache)
+    info = fuzzy_verbalizer_info(registry)
+    url = info["url"]
+    if not url:
+        raise ValueError(f"the fuzzy verbalizers have no `url` in {registry}: {info['source']}; place "
+                         f"{', '.join(info['files'])} in {out}")
+    started = time.time()
+    with atomic_dir(out) as folder:
+        folder.mkdir()
+        build = _Build("fuzzy_verbalizers", None, folder, cache, _expected(out, registry))
+        src = build.fetched(url)
+        with _archive(src, url) as (names, open_member):
+            found = {name: _find(name, names)[0] for name in info["files"]}
+            missing = [name for name, members in found.items() if not members]
+            if missing:
+                raise ValueError(f"task fuzzy_verbalizers: no member of the fuzzy verbalizers' zip ({url}) is "
+                                 f"{', '.join(missing)} (at the top or below one top folder); {_holding(names)}")
+            for name, members in found.items():
+                if len(members) > 1:
+                    raise ValueError(f"task fuzzy_verbalizers: {len(members)} members of the zip ({url}) are "
+                                     f"{name}: {members}; expected one")
+                _write_stream(open_member(members[0]), folder / name)
+        try:
+            labels = {name: len(load_fuzzy_words(folder / name, registry)) for name in info["files"]}
+        except ValueError as e:
+            raise ValueError(f"task fuzzy_verbalizers: the zip's files do not read as fuzzy verbalizers ({e}); "
+                             f"nothing was written to {out}") from None
+        write_json(folder / SOURCE, {"task": "fuzzy_verbalizers", "date": _now(), "source": info["source"],
+                                     "downloads": list(build.downloads.values()), "labels": labels,
+                                     "files": list(info["files"])})
+        (folder / COMPLETE).write_text(f"fuzzy verbalizers: {labels} labels, read by npm.tasks.templates\n",
+                                       encoding="utf-8")
+    log.info("fuzzy verbalizers: %s in %s (%.1f s)", labels, out, time.time() - started)
+    return {"task": "fuzzy_verbalizers", "out": str(out), "labels": labels, "files": len(info["files"]),
             "downloads": list(build.downloads.values())}

@@ -12,6 +12,10 @@ subj, sst2, mr, rt, cr ``text``; amazon ``title``/``content``) plus ``id`` (a st
 gold strings, order kept, exact duplicates dropped), plus ``relation``/``is_uhn``/``is_hard`` (LAMA), ``relation``
 (KAMEL) and ``lang`` (entity translation).
 
+LAMA records with ``masked_sentences`` (Google-RE's) are kept only when those sentences, joined with spaces, hold
+exactly one ``[MASK]``, as the original's loader does (paper silent; docs/paper-map.md §5.1): ``load_lama``'s
+``require_one_mask``, the registry key of the same name; the number dropped is logged per file.
+
 Errors: a missing file is a ``FileNotFoundError`` naming the file and ``where``; a malformed row is a ``ValueError``
 starting with ``{file}:{line}:``.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,6 +33,8 @@ from pathlib import Path
 from npm.tasks.templates import MASK_PLACEHOLDER, kamel_input, lama_input, qa_input
 
 PathLike = str | os.PathLike
+log = logging.getLogger("npm-repro.tasks")
+LAMA_MASK = "[MASK]"  # the mask of LAMA's masked_sentences
 
 # ------------------------------------------------------------------------------------------------ helpers
 
@@ -290,7 +297,18 @@ def _lama_relations(path: Path) -> dict[str, str]:
     return templates
 
 
-def load_lama(folder: PathLike, files: Sequence[str], where: str = "") -> list[dict]:
+def one_mask(path: Path, line: int, rec: dict) -> bool:
+    """Whether a LAMA record's ``masked_sentences``, joined with spaces, hold exactly one ``[MASK]`` (True without
+    that field): the original's filter (docs/paper-map.md §5.1)."""
+    if "masked_sentences" not in rec:
+        return True
+    sentences = _field(path, line, rec, "masked_sentences", list)
+    if not all(isinstance(s, str) for s in sentences):
+        raise _bad(path, line, f"field 'masked_sentences' must be a list of strings, got {sentences!r}")
+    return " ".join(sentences).count(LAMA_MASK) == 1
+
+
+def load_lama(folder: PathLike, files: Sequence[str], where: str = "", require_one_mask: bool = True) -> list[dict]:
     """LAMA T-REx / Google-RE. files: [relation glob (``TREx/*.jsonl``), ``relations.jsonl``, ``uhn.txt``,
     optional ``hard.txt``].
 
@@ -298,7 +316,8 @@ def load_lama(folder: PathLike, files: Sequence[str], where: str = "") -> list[d
     the record's ``predicate_id``, else the file's stem. answers = obj_label + every evidence obj_surface (order
     kept, deduplicated). ``is_uhn`` / ``is_hard`` = uuid listed in uhn.txt / hard.txt (``is_hard`` None without
     hard.txt, as for Google-RE). Relation files are read in sorted name order. A uuid of uhn.txt / hard.txt that
-    is not in the data is an error (as the original's assertion).
+    is not in the data is an error (as the original's assertion). ``require_one_mask``: drop the records that fail
+    ``one_mask`` (the original's loader), logging how many per file; False keeps them.
     """
     _expect_files(files, 3, "load_lama")
     data_files = require_glob(folder, files[0], where)
@@ -307,9 +326,16 @@ def load_lama(folder: PathLike, files: Sequence[str], where: str = "") -> list[d
     uhn_path = require_file(folder, files[2], where)
     hard_path = require_file(folder, files[3], where) if len(files) > 3 else None
     out: list[dict] = []
+    ids: set[str] = set()  # every uuid of the data, dropped records included (their subsets are filtered alike)
     for path in data_files:
+        read = dropped = 0
         for line, rec in _jsonl(path):
             uuid = str(_field(path, line, rec, "uuid", (str, int)))
+            ids.add(uuid)
+            read += 1
+            if require_one_mask and not one_mask(path, line, rec):
+                dropped += 1
+                continue
             sub = _field(path, line, rec, "sub_label")
             rel = rec.get("predicate_id") or path.stem
             if rel not in templates:
@@ -321,7 +347,9 @@ def load_lama(folder: PathLike, files: Sequence[str], where: str = "") -> list[d
             answers = _answers(path, line, [_field(path, line, rec, "obj_label"), *surfaces])
             out.append({"id": uuid, "relation": rel, "sub_label": sub, "input": lama_input(templates[rel], sub),
                         "answers": answers})
-    ids = {r["id"] for r in out}
+        if dropped:
+            log.info("%s: dropped %d of %d records whose masked_sentences do not hold exactly one %s (require_one_mask,"
+                     " the original's loader; docs/paper-map.md §5.1)", path, dropped, read, LAMA_MASK)
     flags = {"is_uhn": uhn_path, "is_hard": hard_path}
     for key, path in flags.items():
         subset = _read_ids(path) if path is not None else None

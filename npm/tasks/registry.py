@@ -36,6 +36,8 @@ from npm.tasks.templates import (
     LABEL_WORDS,
     YAHOO_TOPICS,
     closed_set_text,
+    fuzzy_json_words,
+    fuzzy_txt_words,
     is_question,
     read_fuzzy_verbalizer_json,
     read_fuzzy_verbalizer_txt,
@@ -52,7 +54,7 @@ SEED = 0
 
 REQUIRED = ("family", "loader", "files", "template", "verbalizer", "metric", "average", "sampling",
             "reference_corpus", "is_question", "l_max", "url", "source")
-OPTIONAL = ("hf_dataset", "outdated_corpus", "fetch")
+OPTIONAL = ("hf_dataset", "outdated_corpus", "fetch", "require_one_mask")
 
 # The kinds of a `fetch` step (npm.tasks.fetch runs them): kind -> (required keys, optional keys). A step's kind is the
 # first of these keys it has (KIND_KEYS); a step with none of them copies a download (or one archive `member`).
@@ -93,6 +95,7 @@ class Task:
     hf_dataset: dict | None = None
     outdated_corpus: tuple[str, ...] = field(default_factory=tuple)
     fetch: tuple[dict, ...] = field(default_factory=tuple)
+    require_one_mask: bool | None = None  # load_lama's switch (None: the loader's default, the original's filter)
 
     @property
     def closed(self) -> bool:
@@ -320,6 +323,12 @@ def parse_task(name: str, entry) -> Task:
     if hf is not None and not (isinstance(hf, Mapping) and isinstance(hf.get("name"), str) and "split" in hf):
         raise _err(name, "hf_dataset", f"must be {{name, config, split}}, got {hf!r}")
     fetch = _fetch(name, entry.get("fetch"), files, urls, hf)
+    require_one_mask = entry.get("require_one_mask")
+    if require_one_mask is not None:
+        if not isinstance(require_one_mask, bool):
+            raise _err(name, "require_one_mask", f"must be true or false, got {require_one_mask!r}")
+        if loader != "load_lama":
+            raise _err(name, "require_one_mask", f"only the LAMA loader load_lama reads it, not {loader}")
 
     return Task(name=name, family=family, loader=loader, files=files, template=template, label_words=label_words,
                 fuzzy=fuzzy, metric=metric, average=average, n_samples=n_samples, per_group=per_group,
@@ -327,7 +336,7 @@ def parse_task(name: str, entry) -> Task:
                 is_question=question, l_max=l_max, urls=urls, source=source.strip(),
                 hf_dataset=dict(hf) if hf is not None else None,
                 outdated_corpus=_str_list(name, "outdated_corpus", entry.get("outdated_corpus", []), True),
-                fetch=fetch)
+                fetch=fetch, require_one_mask=require_one_mask)
 
 
 def read_registry_file(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
@@ -352,6 +361,7 @@ def download_checksums(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict[str, 
     raw = read_registry_file(path)
     sums = raw.get("checksums") or {}
     urls = {u for name, entry in raw["tasks"].items() for u in parse_task(str(name), entry).urls}
+    urls |= {fuzzy_verbalizer_info(path)["url"]} - {None}
     if not isinstance(sums, Mapping):
         raise RegistryError(f"{path}: `checksums` must map URLs to sha256 hex digests, got {sums!r}")
     for url, digest in sums.items():
@@ -364,8 +374,40 @@ def download_checksums(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict[str, 
 
 
 def fuzzy_verbalizer_info(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
-    """The registry's ``fuzzy_verbalizers`` section: folder, files, url, source."""
-    return dict(read_registry_file(path).get("fuzzy_verbalizers") or {})
+    """The registry's ``fuzzy_verbalizers`` section: folder, files (``FUZZY_FILES``), url (the zip's direct download,
+    or null) and source, checked."""
+    info = read_registry_file(path).get("fuzzy_verbalizers")
+    if not isinstance(info, Mapping) or set(info) != {"folder", "files", "url", "source"}:
+        raise RegistryError(f"{path}: `fuzzy_verbalizers` must have exactly folder, files, url, source; got {info!r}")
+    if list(info["files"]) != list(FUZZY_FILES):
+        raise RegistryError(f"{path}: fuzzy_verbalizers.files must be {list(FUZZY_FILES)}, got {info['files']!r}")
+    url = info["url"]
+    if url is not None and not (isinstance(url, str) and url.startswith(("https://", "http://"))):
+        raise RegistryError(f"{path}: fuzzy_verbalizers.url must be an http(s) URL or null, got {url!r}")
+    return dict(info)
+
+
+def load_fuzzy_words(path: str | os.PathLike, registry: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
+    """The words per label of the fuzzy verbalizer file ``path`` (named as in ``FUZZY_FILES``), read with the readers
+    of ``npm.tasks.templates`` without a tokenizer, and checked against the label count of every task naming it."""
+    path = Path(path)
+    tasks = [t for t in load_registry(registry).values() if t.fuzzy == path.name]
+    if not tasks:
+        raise ValueError(f"{path}: no task of {registry} names the fuzzy verbalizer {path.name}")
+    template = tasks[0].template
+    try:
+        if path.suffix == ".json":
+            words = fuzzy_json_words(path, YAHOO_TOPICS if template == "yahoo" else None)
+        else:
+            words = fuzzy_txt_words(path)
+    except ValueError as e:  # a JSON or encoding error too
+        raise ValueError(f"fuzzy verbalizer {path.name}: {e}") from None
+    names = [t.name for t in tasks]
+    if len(words) != len(LABEL_WORDS[template]):
+        also = f" (and {', '.join(names[1:])})" if len(names) > 1 else ""
+        raise ValueError(f"fuzzy verbalizer {path.name} has {len(words)} labels, task {names[0]}{also} has "
+                         f"{len(LABEL_WORDS[template])}")
+    return words
 
 
 def fuzzy_verbalizer_path(task: Task, tasks_root: str | os.PathLike = DEFAULT_TASKS_ROOT) -> Path | None:
@@ -422,7 +464,8 @@ def label_verbalizers(task: Task | str, tokenizer, tasks_root: str | os.PathLike
 def load_task_records(task: Task, folder: str | os.PathLike) -> list[dict]:
     """The raw records of ``task`` (its loader on ``folder``), before templating and sampling."""
     loader = loaders_module.LOADERS[task.loader]
-    records = loader(Path(folder), task.files, where=task.where())
+    options = {} if task.require_one_mask is None else {"require_one_mask": task.require_one_mask}
+    records = loader(Path(folder), task.files, where=task.where(), **options)
     if not records:
         raise ValueError(f"task {task.name}: no examples in {Path(folder)} ({list(task.files)})")
     return records

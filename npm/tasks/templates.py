@@ -195,9 +195,10 @@ def _split_words(line: str) -> list[str]:
     return [w.strip() for w in line.strip().split(", ") if w.strip()]
 
 
-def read_fuzzy_verbalizer_txt(path_or_lines: str | Path | Iterable[str], tokenizer) -> list[np.ndarray]:
-    """The .txt fuzzy verbalizer: one int64 array of token ids per label, in label order, all of the shortest
-    list's length. Trailing blank lines are ignored; a blank line between labels is an error."""
+def fuzzy_txt_words(path_or_lines: str | Path | Iterable[str]) -> dict[int, list[str]]:
+    """The words of each label (0, 1, ...) of a .txt fuzzy verbalizer: one line per label, in label order, words
+    separated by ", " (not yet truncated). Trailing blank lines are ignored; a blank line between labels is an
+    error."""
     if isinstance(path_or_lines, (str, Path)):
         lines = Path(path_or_lines).read_text(encoding="utf-8").splitlines()
     else:
@@ -206,35 +207,47 @@ def read_fuzzy_verbalizer_txt(path_or_lines: str | Path | Iterable[str], tokeniz
         lines.pop()
     if not lines:
         raise ValueError("empty fuzzy verbalizer: expected one line of words per label")
-    per_label = []
+    per_label = {}
     for label, line in enumerate(lines):
-        words = _split_words(line)
-        if not words:
+        per_label[label] = _split_words(line)
+        if not per_label[label]:
             raise ValueError(f"fuzzy verbalizer line {label} (label {label}) has no words")
-        per_label.append(_one_token_ids(words, tokenizer, label))
+    return per_label
+
+
+def read_fuzzy_verbalizer_txt(path_or_lines: str | Path | Iterable[str], tokenizer) -> list[np.ndarray]:
+    """The .txt fuzzy verbalizer (``fuzzy_txt_words``): one int64 array of token ids per label, in label order, all
+    of the shortest list's length."""
+    per_label = [_one_token_ids(words, tokenizer, label) for label, words in fuzzy_txt_words(path_or_lines).items()]
     shortest = min(len(ids) for ids in per_label)
     return [np.asarray(ids[:shortest], dtype=np.int64) for ids in per_label]
 
 
-def read_fuzzy_verbalizer_json(path_or_mapping: str | Path | Mapping, tokenizer,
-                               topics: Sequence[str] | None = None) -> list[np.ndarray]:
-    """yahoo.json: topic name -> words (a list, or one ", "-joined string); not truncated.
-
-    Labels follow ``topics`` (e.g. ``YAHOO_TOPICS``) when given, else the file's key order.
-    """
+def fuzzy_json_words(path_or_mapping: str | Path | Mapping,
+                     topics: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """The words of each topic of yahoo.json (topic name -> a list of words, or one ", "-joined string), in the order
+    of ``topics`` (e.g. ``YAHOO_TOPICS``) when given, else the file's key order."""
     if isinstance(path_or_mapping, (str, Path)):
         mapping = json.loads(Path(path_or_mapping).read_text(encoding="utf-8"))
     else:
         mapping = path_or_mapping
+    if not isinstance(mapping, Mapping):
+        raise ValueError(f"fuzzy verbalizer must be a JSON object topic -> words, got {type(mapping).__name__}")
     order = list(mapping) if topics is None else list(topics)
     missing = [t for t in order if t not in mapping]
     if missing:
         raise ValueError(f"fuzzy verbalizer has no words for {missing}; its keys are {list(mapping)}")
-    out = []
+    out = {}
     for topic in order:
         words = mapping[topic]
-        words = _split_words(words) if isinstance(words, str) else [w.strip() for w in words if w.strip()]
-        if not words:
+        out[topic] = _split_words(words) if isinstance(words, str) else [w.strip() for w in words if w.strip()]
+        if not out[topic]:
             raise ValueError(f"fuzzy verbalizer topic {topic!r} has no words")
-        out.append(np.asarray(_one_token_ids(words, tokenizer, topic), dtype=np.int64))
     return out
+
+
+def read_fuzzy_verbalizer_json(path_or_mapping: str | Path | Mapping, tokenizer,
+                               topics: Sequence[str] | None = None) -> list[np.ndarray]:
+    """yahoo.json (``fuzzy_json_words``): one int64 array of token ids per topic; not truncated."""
+    return [np.asarray(_one_token_ids(words, tokenizer, topic), dtype=np.int64)
+            for topic, words in fuzzy_json_words(path_or_mapping, topics).items()]

@@ -35,7 +35,7 @@ for _name, _pairs in evaluation_groups().items():
             _name
         input:
             unpack(lambda wc, first=_first, pairs=_pairs:
-                   evaluate_inputs(first) | {"tasks": task_inputs([t for t, _ in pairs])}),
+                   evaluate_inputs(first) | {"tasks": task_inputs([t for t, _ in pairs], run_needs(first)[0])}),
         output:
             predictions=[f"results/predictions/{t}/{r}.jsonl" for t, r in _pairs],
             metrics=[f"results/metrics/{t}/{r}.json" for t, r in _pairs],

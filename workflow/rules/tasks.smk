@@ -1,15 +1,19 @@
 # Evaluation sets at paper scale (paper 4.2 and 5.1; docs/task-formats.md, docs/paper-scale.md section 2): each
 # task's public files are downloaded once into data/raw/tasks (rule download_task_file, however many tasks read one
 # archive), then turned into its task folder and validated by its loader (rule download_task; config/tasks.yaml
-# `fetch`). The evaluations take a task's folder through common.smk task_inputs; with the embedded default, rule
-# prepare_embedded_tasks makes all of data/tasks instead and these rules are never planned.
+# `fetch`). The fuzzy verbalizers' zip is one more such download, unpacked and checked by rule
+# download_fuzzy_verbalizers. The evaluations take a task's folder (and, where they read one, the fuzzy verbalizers)
+# through common.smk task_inputs; with the embedded default, rule prepare_embedded_tasks makes all of data/tasks
+# instead and these rules are never planned.
 from npm.tasks.fetch import cache_path
-from npm.tasks.registry import download_checksums, load_registry
+from npm.tasks.registry import download_checksums, fuzzy_verbalizer_info, load_registry
 
 TASK_REGISTRY_FILE = Path(workflow.basedir, "config", "tasks.yaml")
 TASK_REGISTRY = load_registry(TASK_REGISTRY_FILE)  # every entry validated at start-up
 TASK_CHECKSUMS = download_checksums(TASK_REGISTRY_FILE)
+FUZZY_URL = fuzzy_verbalizer_info(TASK_REGISTRY_FILE)["url"]
 TASK_DOWNLOADS = {str(cache_path(url)): url for task in TASK_REGISTRY.values() for url in task.urls}
+TASK_DOWNLOADS |= {str(cache_path(FUZZY_URL)): FUZZY_URL} if FUZZY_URL else {}
 
 
 rule download_task_file:
@@ -48,3 +52,23 @@ rule download_task:
     shell:
         "npm-repro download-task --task {wildcards.task} --out data/tasks/{wildcards.task}"
         " --registry {params.registry:q} > {log} 2>&1"
+
+
+rule download_fuzzy_verbalizers:
+    """The fuzzy verbalizers (agn.txt, sst2.txt, yahoo.json) from their cached zip, at its top or below its one top
+    folder, checked with the verbalizer readers and checksum-recorded like a task folder; `.complete` marks them done
+    (without a url in config/tasks.yaml, the job says where to place them by hand)."""
+    input:
+        [str(cache_path(FUZZY_URL))] if FUZZY_URL else [],
+    output:
+        FUZZY_VERBALIZERS,
+    params:
+        registry=TASK_REGISTRY_FILE,
+        out=Path(FUZZY_VERBALIZERS).parent,
+    log:
+        "logs/download_fuzzy_verbalizers.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "npm-repro download-task --task fuzzy_verbalizers --out {params.out:q} --registry {params.registry:q}"
+        " > {log} 2>&1"
