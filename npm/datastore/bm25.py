@@ -12,6 +12,14 @@ falls from 34.5 to 16.1). As in the original (``npm/searcher.py``):
 * k=3 blocks per query; the query string is :func:`bm25_query`; results are cached per query string and the
   returned ids are checked to be unique.
 
+Contents (config ``datastore.bm25_markers``, ``build-bm25-index --markers/--no-markers``; paper-map §3.8): the
+original's ``X.jsonl`` holds each block decoded with its special tokens, so every text unit of a block is indexed as
+``<s>...</s>`` (Lucene reads each marker as the term "s": two more terms per unit in a document's length). With
+markers (the default, ``DEFAULT_MARKERS``: the paper is silent) the contents are exactly that, with the original's
+strings ``<s>`` / ``</s>`` whatever the vocabulary (:func:`marked_texts`); without, the surface text alone, the units
+joined by a space. The setting is in the index's record; a reader that passes ``markers`` to :class:`Bm25Searcher`
+refuses an index built with the other one.
+
 Java: pyserini 1.6 needs Java 21+ and a JVM started without ``jdk.incubator.vector``; every entry point here calls
 :func:`npm.datastore.java.ensure_jvm` first (the indexer subprocess too). One JVM per process, started on the
 first ``Bm25Searcher``; see that module.
@@ -19,10 +27,10 @@ first ``Bm25Searcher``; see that module.
 Identity (issue 12): the index folder holds, besides Lucene's files, the record ``npm-repro-index.json`` (written
 before the atomic rename, so every finished index has it): the ``corpus_fingerprint`` of the blocks it indexes
 (``npm.fingerprint.CorpusHasher``: token ids and block lengths, in order; the datastore of the same blocks has the
-same one), ``n_blocks``, ``n_tokens``, ``documents`` and the blocks files (``sources``). A reader that passes
-``corpus_fingerprint`` to :class:`Bm25Searcher` (the Predictor, the decoder baselines) gets a ValueError when the
-record is missing or differs, before any search. A corrupt Lucene index (truncated or overwritten segment files) is a
-ValueError naming the folder and the Java exception's class and gist, not a Java traceback.
+same one), ``n_blocks``, ``n_tokens``, ``documents``, ``markers`` and the blocks files (``sources``). A reader
+that passes ``corpus_fingerprint`` to :class:`Bm25Searcher` (the Predictor, the decoder baselines) gets a ValueError
+when the record is missing or differs, before any search. A corrupt Lucene index (truncated or overwritten segment
+files) is a ValueError naming the folder and the Java exception's class and gist, not a Java traceback.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npm.boundaries import SPECIAL
 from npm.datastore.java import ensure_jvm
 from npm.edge_errors import java_gist
 from npm.fingerprint import CorpusHasher
@@ -53,6 +62,8 @@ COLLECTION = "JsonCollection"
 GENERATOR = "DefaultLuceneDocumentGenerator"
 _RESULT_MARK = "NPM_BM25_INDEX_STATS "
 INDEX_RECORD = "npm-repro-index.json"  # the index's identity, inside the index folder
+MARKERS = ("<s>", "</s>")  # the original's unit markers in its X.jsonl contents (RoBERTa's decode; paper-map §3.8)
+DEFAULT_MARKERS = True  # the paper is silent: the original's contents
 RECORD_FORMAT = "npm-repro BM25 index"
 
 
@@ -72,15 +83,66 @@ def bm25_query(text: str, is_question: bool, mask_token: str = "<mask>") -> str:
 # ------------------------------------------------------------------------------------------------ indexing
 
 
+def marker_ids(tokenizer) -> tuple[int, int]:
+    """(begin id, end id) of the special tokens that wrap every text unit of blocks made with ``tokenizer``
+    (``npm.data.blocks``: ``<s>``/``</s>`` = 0/2 for RoBERTa, ``[CLS]``/``[SEP]`` for BERT WordPiece)."""
+    begin, end = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if begin is None or end is None or begin == end:
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no distinct begin/end "
+                         f"tokens (cls {begin}, sep {end}), so its blocks' units cannot be marked; build the BM25 "
+                         "index with --no-markers")
+    return int(begin), int(end)
+
+
+def marked_texts(blocks: dict[str, np.ndarray], begin_id: int, end_id: int) -> list[str]:
+    """Each block's text as the original's ``X.jsonl`` contents (the block's ids decoded with their special tokens,
+    paper-map §3.1, §3.8): ``<s>`` where the block holds a unit's begin token (``begin_id``), ``</s>`` where it holds
+    its end token (``end_id``), the units' text between them and nothing between ``</s>`` and the next ``<s>``. A
+    unit split across blocks is marked only in the block that holds that token. ``blocks``: a blocks file's arrays
+    (``load_blocks(path, text=True)``). Edge spaces of a block that starts inside a word-initial token are not
+    kept (the blocks' token spans are trimmed), which Lucene's tokenizer ignores anyway."""
+    ids, offsets, spans = blocks["input_ids"], blocks["block_offsets"], blocks["token_spans"]
+    text, text_offsets = blocks["text"], blocks["text_offsets"]
+    special = (blocks["flags"] & SPECIAL) != 0
+    marker = np.flatnonzero(special & ((ids == begin_id) | (ids == end_id)))
+    block = np.searchsorted(offsets, marker, side="right") - 1
+    is_begin = ids[marker] == begin_id
+    # A begin marker goes where the next text token of its block starts, an end marker where the previous one ends.
+    words = np.flatnonzero(~special)
+    nxt = words[np.minimum(np.searchsorted(words, marker), len(words) - 1)] if len(words) else marker
+    prv = words[np.maximum(np.searchsorted(words, marker) - 1, 0)] if len(words) else marker
+    has_next = (nxt > marker) & (nxt < offsets[block + 1])
+    has_prev = (prv < marker) & (prv >= offsets[block])
+    length = np.diff(text_offsets)[block]
+    pos = np.where(is_begin, np.where(has_next, spans[nxt, 0], length), np.where(has_prev, spans[prv, 1], 0))
+    first = np.searchsorted(block, np.arange(len(offsets)))  # markers of block b: first[b]:first[b + 1]
+    out = []
+    for b in range(len(offsets) - 1):
+        raw = text[text_offsets[b]:text_offsets[b + 1]].tobytes()
+        parts, at, after_end = [], 0, False
+        for m in range(first[b], first[b + 1]):
+            piece = raw[at:pos[m]]
+            if after_end and is_begin[m]:
+                piece = piece.strip()  # the "\n" that joins two units: decode puts nothing between </s> and <s>
+            parts += [piece, MARKERS[0 if is_begin[m] else 1].encode()]
+            at, after_end = pos[m], not is_begin[m]
+        parts.append(raw[at:])
+        out.append(b"".join(parts).decode("utf-8", "surrogatepass"))
+    return out
+
+
 class BlockDocuments(Iterator):
     """The iterator :func:`block_documents` returns. Once exhausted, ``corpus`` holds what the documents are made
     from: ``corpus_fingerprint`` (``npm.fingerprint.CorpusHasher`` over the blocks files' token arrays, hashed on
-    the same pass that reads their text), ``n_blocks``, ``n_tokens`` and ``sources`` (the blocks files);
-    :func:`build_bm25_index` writes it into the index's record."""
+    the same pass that reads their text), ``n_blocks``, ``n_tokens``, ``sources`` (the blocks files) and ``markers``
+    (whether the contents carry the units' ``<s>``/``</s>``); :func:`build_bm25_index` writes it into the index's
+    record."""
 
-    def __init__(self, blocks_paths: Sequence[str | os.PathLike], skipped: list[int] | None = None):
+    def __init__(self, blocks_paths: Sequence[str | os.PathLike], skipped: list[int] | None = None,
+                 markers: tuple[int, int] | None = None):
         self.sources = [str(p) for p in blocks_paths]
         self.skipped = skipped
+        self.markers = markers
         self.corpus: dict | None = None
         self._docs = self._generate()
 
@@ -98,23 +160,28 @@ class BlockDocuments(Iterator):
             blocks = load_blocks(path, text=True)
             hasher.update(blocks["input_ids"], blocks["block_offsets"])
             n = len(blocks["block_doc"])
+            marked = marked_texts(blocks, *self.markers) if self.markers else None
             for b in range(n):
-                text = block_text(blocks, b).replace("\n", " ")
+                text = marked[b] if marked is not None else block_text(blocks, b).replace("\n", " ")
                 if text.strip():
                     yield first + b, text
                 elif self.skipped is not None:
                     self.skipped.append(first + b)
             first += n
         self.corpus = {"corpus_fingerprint": hasher.hexdigest(), "n_blocks": first, "n_tokens": hasher.n_tokens,
-                       "sources": self.sources}
+                       "sources": self.sources, "markers": self.markers is not None}
 
 
-def block_documents(blocks_paths: Sequence[str | os.PathLike], skipped: list[int] | None = None) -> BlockDocuments:
+def block_documents(blocks_paths: Sequence[str | os.PathLike], skipped: list[int] | None = None,
+                    markers: tuple[int, int] | None = None) -> BlockDocuments:
     """``(global block id, text)`` of every block of the blocks files, in the order given (the datastore's global
-    block order), the units of a block joined by a space. A block without text (only the end token of a split
-    unit) cannot be a Lucene document: it is left out and its id appended to ``skipped``. The iterator also
-    fingerprints the blocks (``BlockDocuments.corpus``), so an index built from it records what it indexes."""
-    return BlockDocuments(blocks_paths, skipped)
+    block order). ``markers``: None, the units of a block joined by a space; ``(begin id, end id)`` of the blocks'
+    tokenizer (:func:`marker_ids`), the original's contents, each unit wrapped in ``<s>``/``</s>``
+    (:func:`marked_texts`). Without markers, a block without text (only the end token of a split unit) cannot be a
+    Lucene document: it is left out and its id appended to ``skipped``; with markers it is the document "</s>", as
+    in the original. The iterator also fingerprints the blocks (``BlockDocuments.corpus``), so an index built from
+    it records what it indexes."""
+    return BlockDocuments(blocks_paths, skipped, markers)
 
 
 def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike, threads: int = 1, *,
@@ -132,9 +199,9 @@ def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike
     ``optimize`` (``--optimize``) merges the index into one segment (faster search, exact term statistics).
 
     ``corpus``: what the documents are made from (``corpus_fingerprint``, ``n_blocks``, ``n_tokens``,
-    ``sources``), written into the index's record ``npm-repro-index.json``; default ``docs.corpus`` when ``docs``
-    is :func:`block_documents` (documents from anywhere else get a record without a fingerprint, which a checking
-    reader refuses).
+    ``sources``, ``markers``), written into the index's record ``npm-repro-index.json``; default ``docs.corpus`` when
+    ``docs`` is :func:`block_documents` (documents from anywhere else get a record without a fingerprint, which a
+    checking reader refuses).
 
     Returns ``{"documents", "unique_terms", "total_terms", "threads", "seconds", "corpus_fingerprint"}``. Raises
     ValueError for no documents, a duplicate or negative id, or an empty text, and RuntimeError when the indexer
@@ -173,7 +240,8 @@ def _index_record(docs, corpus: dict | None, documents: int) -> dict:
         raise ValueError(f"{documents} documents but corpus= says {info['n_blocks']} blocks; index left unused")
     return {"format": RECORD_FORMAT, "corpus_fingerprint": info.get("corpus_fingerprint"),
             "n_blocks": info.get("n_blocks"), "n_tokens": info.get("n_tokens"), "documents": documents,
-            "sources": [str(p) for p in info.get("sources") or []], "collection": COLLECTION, "generator": GENERATOR}
+            "sources": [str(p) for p in info.get("sources") or []], "markers": info.get("markers"),
+            "collection": COLLECTION, "generator": GENERATOR}
 
 
 def read_index_record(index_dir: str | os.PathLike) -> dict | None:
@@ -268,12 +336,14 @@ class Bm25Searcher:
     ``corpus_fingerprint``, or ``npm.fingerprint.corpus_fingerprint`` of the blocks files); the index's record must
     hold the same one, else ValueError naming the index, both fingerprints and the command that rebuilds it over
     ``blocks`` (the caller's blocks files, for that message; ``corpus`` names them, e.g. "datastore X"). None (the
-    default) skips the check. A corrupt Lucene index is a ValueError naming the folder.
+    default) skips the check. ``markers``: the contents the caller expects (``block_documents``'s switch, config
+    ``datastore.bm25_markers``); an index whose record says otherwise is a ValueError (a record from before the
+    switch means no markers); None skips the check. A corrupt Lucene index is a ValueError naming the folder.
     """
 
     def __init__(self, index_dir: str | os.PathLike, k1: float = DEFAULT_K1, b: float = DEFAULT_B, *,
                  corpus_fingerprint: str | None = None, corpus: str | None = None,
-                 blocks: Sequence[str | os.PathLike] | None = None):
+                 blocks: Sequence[str | os.PathLike] | None = None, markers: bool | None = None):
         index_dir = Path(index_dir)
         if not (index_dir.is_dir() and any(index_dir.glob("segments_*"))):
             raise FileNotFoundError(f"{index_dir} is not a Lucene index; build it with build_bm25_index")
@@ -282,6 +352,8 @@ class Bm25Searcher:
         blocks = [str(p) for p in blocks] if blocks else None
         if corpus_fingerprint is not None:
             _check_record(index_dir, self.record, corpus_fingerprint, corpus or "the blocks given", blocks)
+        if markers is not None:
+            _check_markers(index_dir, self.record, bool(markers), blocks)
         self._blocks_hint = blocks or (self.record or {}).get("sources")
         ensure_jvm()
         from pyserini.search.lucene import LuceneSearcher
@@ -372,6 +444,20 @@ def _check_record(index_dir: Path, record: dict | None, want: str, corpus: str, 
                          f"{have[:12]} (its {INDEX_RECORD}, {record.get('n_blocks')} blocks), expected {want[:12]}; "
                          f"pass the BM25 index of those blocks (data/bm25/<corpus> of the same corpus), or "
                          f"{hint.replace(f'--out {index_dir}', '--out <a new folder>')}")
+
+
+def _check_markers(index_dir: Path, record: dict | None, want: bool, blocks: list[str] | None) -> None:
+    """The index's contents must carry the units' ``<s>``/``</s>`` markers iff ``want`` (paper-map §3.8)."""
+    hint = _rebuild_hint(index_dir, blocks or (record or {}).get("sources"))
+    if record is None:
+        raise ValueError(f"BM25 index {index_dir} has no {INDEX_RECORD}, so whether its contents carry the units' "
+                         f"<s>/</s> markers cannot be checked; {hint}")
+    have = bool(record.get("markers"))  # records from before the switch: built without markers
+    if have != want:
+        flag = "--markers --tokenizer <the blocks' tokenizer>" if want else "--no-markers"
+        raise ValueError(f"BM25 index {index_dir} was built {'with' if have else 'without'} the units' <s>/</s> "
+                         f"markers in its contents ({INDEX_RECORD}: markers {have}), but markers {want} is asked "
+                         f"(config datastore.bm25_markers); {hint.replace('` (rule', f' {flag}` (rule')}")
 
 
 def _check_k(k: int) -> int:

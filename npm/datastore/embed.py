@@ -10,8 +10,9 @@ Three steps, which the workflow runs as separate jobs (one per shard, so a clust
 failed job loses only its own shard) and ``embed_corpus`` runs in one process:
 
 1. ``plan_datastore``: checks the model and the blocks, writes ``tokens.npz``, ``stopword_ids.npy`` and
-   ``plan.json`` (the plan hash over the token arrays, the model fingerprint and the settings; ``shards`` contiguous
-   block ranges of nearly equal size). Nothing is touched when the plan is unchanged; when it changes, ``meta.json``
+   ``plan.json`` (the plan hash over the token arrays, the stop list, the model fingerprint and the settings, the
+   ``stopwords`` switch included (paper-map §3.4: ``original`` or ``derived``); ``shards`` contiguous block ranges
+   of nearly equal size). Nothing is touched when the plan is unchanged; when it changes, ``meta.json``
    is removed first, so a datastore is never half old and half new.
 2. ``embed_shard``: shard k's vectors into ``embeddings/shard{k}.f16`` (space reserved up front, so a full disk is
    an error, not a SIGBUS), then its marker ``embeddings/shard{k}.done.json`` with the plan hash. A shard whose
@@ -37,14 +38,15 @@ from npm.datastore.store import (
     META,
     PLAN,
     STOPWORDS,
+    STOPWORDS_DEFAULT,
     STORED,
     TOKENS,
     VECTOR_DTYPE,
-    derive_stopword_ids,
     done_path,
     load_datastore,
     read_plan,
     shard_path,
+    stopword_ids_for,
     stored_mask,
 )
 from npm.fingerprint import CorpusHasher, model_fingerprint, model_folder
@@ -198,17 +200,22 @@ def _remove_stale(root: Path, n_shards: int) -> None:
 
 def plan_datastore(model_name: str, blocks_paths: Sequence[str | Path], out_dir: str | Path,
                    drop_stopwords: bool = False, shards: int = 1, max_length: int | None = None,
-                   precision: str = "fp16", tokenizer_name: str | None = None) -> dict:
+                   precision: str = "fp16", tokenizer_name: str | None = None,
+                   stopwords: str = STOPWORDS_DEFAULT) -> dict:
     """Step 1: check the model and the blocks, and write the datastore's token arrays and ``plan.json``.
+
+    ``stopwords``: the stop list (``npm.datastore.store.STOPWORD_LISTS``, paper-map §3.4): ``original`` (the
+    original's 211 roberta-large ids; any other vocabulary is an error) or ``derived`` (from the tokenizer).
 
     Everything is checked before anything is written: a missing model, foreign blocks or an empty corpus leaves an
     existing datastore untouched. An unchanged plan writes nothing (a complete datastore stays complete). Returns
     the plan record (``plan.json``)."""
-    return _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length, precision, tokenizer_name)[0]
+    return _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length, precision, tokenizer_name,
+                 stopwords)[0]
 
 
-def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length, precision, tokenizer_name
-          ) -> tuple[dict, dict[str, np.ndarray]]:
+def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length, precision, tokenizer_name,
+          stopwords) -> tuple[dict, dict[str, np.ndarray]]:
     """``plan_datastore``, also returning the token arrays (``tokens.npz``) it gathered."""
     from transformers import AutoConfig
 
@@ -221,7 +228,7 @@ def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length,
     config = AutoConfig.from_pretrained(model_folder(model_name))
     hidden = int(config.hidden_size)
     tokenizer_name = tokenizer_name or model_name
-    stopword_ids = derive_stopword_ids(load_tokenizer(tokenizer_name))
+    stopword_ids = stopword_ids_for(load_tokenizer(tokenizer_name), stopwords)
     arrays = gather_tokens(blocks_paths, stopword_ids if drop_stopwords else None, getattr(config, "vocab_size", None))
     bo, ro = arrays["block_offsets"], arrays["row_offsets"]
     n_blocks, n_tokens, n_rows = len(bo) - 1, int(bo[-1]), int(ro[-1])
@@ -232,8 +239,8 @@ def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length,
     if max_length is not None and lengths.max() > max_length:
         raise ValueError(f"a block has {int(lengths.max())} tokens, more than max_length={max_length}")
     settings = {"format_version": FORMAT_VERSION, "model_fingerprint": fingerprint, "hidden_size": hidden,
-                "drop_stopwords": bool(drop_stopwords), "shards": int(shards), "max_length": max_length,
-                "precision": precision}
+                "drop_stopwords": bool(drop_stopwords), "stopwords": stopwords, "shards": int(shards),
+                "max_length": max_length, "precision": precision}
     corpus = CorpusHasher()
     corpus.update(arrays["input_ids"], bo)
     record = {
@@ -241,8 +248,8 @@ def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length,
         "model_fingerprint": fingerprint, "tokenizer": tokenizer_name, "hidden_size": hidden, "dtype": "float16",
         "input_ids_dtype": str(arrays["input_ids"].dtype), "n_tokens": n_tokens, "n_blocks": n_blocks,
         "n_rows": n_rows, "corpus_fingerprint": corpus.hexdigest(), "drop_stopwords": bool(drop_stopwords),
-        "n_stopword_ids": len(stopword_ids), "sources": [str(p) for p in blocks_paths], "max_length": max_length,
-        "precision": precision,
+        "stopwords": stopwords, "n_stopword_ids": len(stopword_ids), "sources": [str(p) for p in blocks_paths],
+        "max_length": max_length, "precision": precision,
         "stored_rule": "npm.boundaries valid_start | valid_end, not special" + (", not a stop word"
                                                                                 if drop_stopwords else ""),
         "shards": [{"file": f"{EMBEDDINGS}/{shard_path(root, k).name}", "rows": [int(ro[b0]), int(ro[b1])],
@@ -443,7 +450,8 @@ def finish_datastore(out_dir: str | Path) -> dict:
             "disk_bytes_per_token_non_vector": round(((root / TOKENS).stat().st_size + stop_bytes) / n_tokens, 3),
             "seconds_embedding": round(sum(d["seconds"] for d in done), 3),
             "provenance": provenance({"model": plan["model"], "blocks": plan["sources"],
-                                      "drop_stopwords": plan["drop_stopwords"], "shards": len(plan["shards"]),
+                                      "drop_stopwords": plan["drop_stopwords"], "stopwords": plan.get("stopwords"),
+                                      "shards": len(plan["shards"]),
                                       "max_length": plan["max_length"], "precision": plan["precision"]})}
     write_json(root / META, meta)
     return meta
@@ -456,7 +464,7 @@ def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: s
                  drop_stopwords: bool = False, batch_blocks: int = 64, shards: int = 8,
                  max_length: int | None = None, device: str | None = None, precision: str = "fp16",
                  tokenizer_name: str | None = None, on_shard_done: Callable[[int, dict], None] | None = None,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, stopwords: str = STOPWORDS_DEFAULT) -> dict:
     """Embed the blocks files ``blocks_paths`` (in order) with encoder ``model_name`` into the datastore ``out_dir``:
     the three steps in one process, the encoder loaded once; resumable (finished shards of the same plan are kept).
 
@@ -465,7 +473,7 @@ def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: s
     jobs). ``max_length``: pad every batch to this length (the original pads to 256); default: the batch's longest
     block. ``device``: default ``cuda`` when available. ``precision``: ``fp16`` / ``bf16`` autocast on CUDA, or
     ``fp32`` (``npm.model.effective_precision``: on CPU bf16 where native, else fp32). ``tokenizer_name`` (default
-    ``model_name``) gives the stop list.
+    ``model_name``) gives the stop list ``stopwords`` (``original`` | ``derived``, as ``plan_datastore``).
     ``on_shard_done(k, info)`` is called after shard k is marked done. Returns counts, seconds and tokens/s.
     """
     if batch_blocks < 1:
@@ -473,7 +481,7 @@ def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: s
     t_start = time.perf_counter()
     root = Path(out_dir)
     plan, arrays = _plan(model_name, blocks_paths, root, drop_stopwords, shards, max_length, precision,
-                         tokenizer_name)
+                         tokenizer_name, stopwords)
     todo = _missing_shards(root, plan)
     tokens_done, t_embed = 0, time.perf_counter()
     encoder = None

@@ -20,15 +20,17 @@ Folder layout::
                                 record plus sizes, devices and provenance).
                                 model name, model fingerprint (sha256 of config.json + weight files), tokenizer,
                                 hidden size, dtype, n_tokens, n_blocks, n_rows, shards (file, row range, block
-                                range), drop_stopwords, sources, bytes per token, plan hash, provenance.
+                                range), drop_stopwords, stopwords, sources, bytes per token, plan hash,
+                                provenance.
       tokens.npz                input_ids      uint16 [T] (int32 when the vocabulary has more than 65536 ids)
                                 flags          uint8 [T]: the npm.boundaries bits | STORED (128) on stored rows
                                 block_offsets  int64 [n_blocks+1], global over all sources
                                 row_offsets    int64 [n_blocks+1]: first embedding row of each block
                                 source_block_offsets int64 [n_sources+1]: first global block of each blocks file
                                 sources        str [n_sources]: the blocks files, in order
-      stopword_ids.npy          int64 [n_stop], sorted: derive_stopword_ids(tokenizer); dropped from the rows
-                                only when meta.drop_stopwords (open-set), always used to filter spans
+      stopword_ids.npy          int64 [n_stop], sorted: the stop list chosen by ``stopwords`` (stopword_ids_for);
+                                dropped from the rows only when meta.drop_stopwords (open-set), always used to
+                                filter spans
       embeddings/shard{k}.f16   raw float16 [rows_k, hidden], C order, no .npy header (as the original's
                                 ``*.float16.npy``); rows_k and the row range are in meta.json
       embeddings/shard{k}.done.json   the embedder's marker of a finished shard (rows, seconds, plan hash)
@@ -71,9 +73,18 @@ EMBEDDINGS = "embeddings"
 VECTOR_DTYPE = np.float16
 VERIFY_CHUNK_TOKENS = 1 << 24  # tokens per chunk when the loader re-applies stored_mask
 
+# The stop list (paper-map §3.4), switch ``datastore.stopwords``: "original" is the original code's published list of
+# 211 roberta-large ids, shipped beside this module with each id's roberta-large token string (valid only for that
+# vocabulary); "derived" is derived per tokenizer from STOPWORDS_EN and punctuation (WordPiece, any other vocabulary).
+STOPWORD_LISTS = ("original", "derived")
+STOPWORDS_DEFAULT = "derived"
+ORIGINAL_STOPWORDS = Path(__file__).with_name("roberta_stopwords.txt")
+ROBERTA_VOCAB_SIZE = 50265  # roberta-large's byte-level BPE vocabulary, <mask> included
+
 # A classic English stop-word list (function words: articles, pronouns, auxiliaries, prepositions, conjunctions,
 # common adverbs). Paper-map §3.4: the original's 211 RoBERTa ids are English function words and punctuation,
-# mostly in their space-prefixed form; the list is not published as words, so this one is derived per tokenizer.
+# mostly in their space-prefixed form; they exist only as roberta-large ids, so for another vocabulary this list is
+# encoded with the tokenizer (stopwords: derived).
 STOPWORDS_EN = tuple("""
 a about above after again against all am an and any are as at be because been before being below between both but
 by can could did do does doing down during each few for from further had has have having he her here hers herself
@@ -115,6 +126,49 @@ def derive_stopword_ids(tokenizer) -> np.ndarray:
     special = set(tokenizer.all_special_ids)
     ids = {seq[0] for seq in enc["input_ids"] if len(seq) == 1 and seq[0] not in special}
     return np.array(sorted(ids), dtype=np.int64)
+
+
+def read_original_stopwords(path: str | Path = ORIGINAL_STOPWORDS) -> tuple[np.ndarray, list[str]]:
+    """(ids int64, token strings) of the original's stop list as shipped: one ``id<TAB>token`` line per id, sorted,
+    ``#`` lines are comments (paper-map §3.4)."""
+    ids, tokens = [], []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line or line.startswith("#"):
+            continue
+        num, sep, token = line.partition("\t")
+        if not sep or not num.isdigit() or not token:
+            raise ValueError(f"{path}:{n}: expected `id<TAB>token`, got {line!r}; restore the file from the package")
+        ids.append(int(num))
+        tokens.append(token)
+    return np.array(ids, dtype=np.int64), tokens
+
+
+def original_stopword_ids(tokenizer) -> np.ndarray:
+    """The original's 211 stop-word ids (paper-map §3.4), after checking that ``tokenizer`` is roberta-large's
+    byte-level BPE vocabulary: 50265 ids, and every shipped id maps to its shipped token string."""
+    ids, tokens = read_original_stopwords()
+    name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
+    if len(tokenizer) != ROBERTA_VOCAB_SIZE:
+        raise ValueError(f"stopwords: original is the list of roberta-large token ids, but tokenizer {name!r} has "
+                         f"{len(tokenizer)} ids, not roberta-large's {ROBERTA_VOCAB_SIZE}; set datastore.stopwords: "
+                         "derived (npm-repro embed --stopwords derived) for this vocabulary")
+    found = tokenizer.convert_ids_to_tokens(ids.tolist())
+    wrong = [(int(i), want, got) for i, want, got in zip(ids, tokens, found, strict=True) if want != got]
+    if wrong:
+        shown = ", ".join(f"{i}: {got!r} (roberta-large {want!r})" for i, want, got in wrong[:5])
+        raise ValueError(f"stopwords: original is the list of roberta-large token ids, but tokenizer {name!r} maps "
+                         f"{len(wrong)} of its {len(ids)} ids to other tokens ({shown}); it is not roberta-large's "
+                         "vocabulary: set datastore.stopwords: derived (npm-repro embed --stopwords derived)")
+    return ids
+
+
+def stopword_ids_for(tokenizer, stopwords: str = STOPWORDS_DEFAULT) -> np.ndarray:
+    """Sorted int64 ids of the stop list ``stopwords`` (one of ``STOPWORD_LISTS``) for ``tokenizer``."""
+    if stopwords == "original":
+        return original_stopword_ids(tokenizer)
+    if stopwords == "derived":
+        return derive_stopword_ids(tokenizer)
+    raise ValueError(f"stopwords must be one of {', '.join(STOPWORD_LISTS)}, not {stopwords!r}")
 
 
 # ------------------------------------------------------------------------------------------------ loader

@@ -24,6 +24,7 @@ rule plan_datastore:
         out=datastore_dir,
         shards=config["datastore"]["shards"],
         drop=lambda wc: "--drop-stopwords" if config["datastore"]["drop_stopwords"] else "",
+        stopwords=config["datastore"]["stopwords"],
     resources:
         mem_mb=32000,
         runtime=120,
@@ -34,7 +35,7 @@ rule plan_datastore:
         "../envs/data.yaml"  # CPU job: tokenizer, model config and fingerprint, no torch
     shell:
         "npm-repro embed --step plan --model {params.model:q} --blocks {input.blocks} --out {params.out}"
-        " --shards {params.shards} {params.drop} > {log} 2>&1"
+        " --shards {params.shards} --stopwords {params.stopwords} {params.drop} > {log} 2>&1"
 
 
 rule embed_shard:

@@ -30,11 +30,16 @@ rule build_faiss_index:
 
 
 rule build_bm25_index:
-    """Lucene BM25 index over the blocks of a corpus; docid = global block id (the datastore's block order)."""
+    """Lucene BM25 index over the blocks of a corpus; docid = global block id (the datastore's block order). Config
+    datastore.bm25_markers: each unit indexed as <s>...</s> (the original's contents; the tokenizer finds the units)."""
     input:
-        lambda wc: corpus_blocks(wc.corpus),
+        blocks=lambda wc: corpus_blocks(wc.corpus),
+        tokenizer=TOKENIZER_INPUT if config["datastore"]["bm25_markers"] else [],
     output:
         directory("data/bm25/{corpus}"),
+    params:
+        markers="--markers" if config["datastore"]["bm25_markers"] else "--no-markers",
+        tokenizer=TOKENIZER,
     resources:
         mem_mb=16000,
         runtime=240,
@@ -46,4 +51,5 @@ rule build_bm25_index:
     conda:
         "../envs/bm25.yaml"
     shell:
-        "npm-repro build-bm25-index --blocks {input} --out {output} > {log} 2>&1"
+        "npm-repro build-bm25-index --blocks {input.blocks} --out {output} {params.markers}"
+        " --tokenizer {params.tokenizer:q} > {log} 2>&1"
