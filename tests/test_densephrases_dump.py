@@ -38,13 +38,13 @@ def test_the_dump_stores_the_phrase_encoders_vectors_of_every_non_special_token(
     dump = PhraseDump(world["root"] / "dump")
     special = (arrays["flags"] & 8) != 0
     assert dump.meta["rows"] == int((~special).sum()) == len(dump.token) and dump.meta["kept_share"] == 1.0
-    assert dump.token.tolist() == np.flatnonzero(~special).tolist()
+    assert dump.token[:].tolist() == np.flatnonzero(~special).tolist()
     model = DensePhrases.load(world["root"] / "model").eval()
     offsets = arrays["block_offsets"]
     ids, att = pad_blocks(arrays["input_ids"], offsets, np.array([2]), int(offsets[3] - offsets[2]))
     with torch.inference_mode():
         alone = model.phrase_vectors(torch.as_tensor(ids), torch.as_tensor(att))[0].numpy()
-    rows = np.flatnonzero((dump.token >= offsets[2]) & (dump.token < offsets[3]))
+    rows = np.flatnonzero((dump.token[:] >= offsets[2]) & (dump.token[:] < offsets[3]))
     assert np.allclose(np.asarray(dump.vectors[rows], np.float32), alone[dump.token[rows] - offsets[2]], atol=2e-3)
 
 
@@ -53,7 +53,7 @@ def test_the_filter_keeps_a_subset_and_a_token_of_every_passage(world):
                         progress=False)
     dump = PhraseDump(world["root"] / "filtered")
     n_passages = len(load_blocks(world["blocks"][0])["block_doc"])
-    assert meta["rows"] == n_passages == len(set(dump.tokens.passage.tolist()))  # nothing passes: one per passage
+    assert meta["rows"] == n_passages == len(set(dump.tokens.passage[:].tolist()))  # nothing passes: one per passage
 
 
 def test_an_index_is_read_only_with_its_own_dump_and_phrase_encoder(world):
@@ -104,7 +104,7 @@ def test_query_side_fine_tuning_moves_only_the_query_encoders_and_learns(world, 
 
     root = world["root"]
     digest = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in
-              [root / "flat.faiss", root / "dump" / "vectors.f16", root / "dump" / "tokens.npz"]}
+              [root / "flat.faiss", root / "dump" / "shard0" / "vectors.f16", root / "dump" / "shard0" / "token.npy"]}
     train = [{"question": "What is the capital of Greece?", "answers": ["Athens"]},
              {"question": "Which city is the capital of France?", "answers": ["Paris"]},
              {"question": "What does photosynthesis convert?", "answers": ["sunlight"]}]
@@ -205,3 +205,100 @@ def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
     assert len(list(csv.DictReader(open(tmp_path / "t.csv")))) == len(table.rows)
     with pytest.raises(FileNotFoundError, match="densephrases evaluate"):
         densephrases_table([tmp_path / "eval" / "none" / "Flat.json"])
+
+
+def test_a_dump_made_shard_by_shard_equals_the_one_shard_dump_of_the_same_blocks(world):
+    """A corpus in two blocks files, dumped one job per shard (`dump --shard`, then `combine`), reads back as the
+    dump of the same blocks in one file: the same vectors, the same phrase table (global token, passage and segment
+    ids), the same counts; the index reads the shards' files."""
+    from npm.cli import main
+
+    root = world["root"]
+    for name, docs in (("half0", DOCS[:2]), ("half1", DOCS[2:])):
+        write_jsonl(root / f"{name}.jsonl", [{"id": f"{name}{i}", "units": [t, t.upper()]} for i, t in enumerate(docs)])
+        build_blocks(root / f"{name}.jsonl", root / f"{name}.npz", WORDPIECE, max_seq_length=32)
+    halves = [load_blocks(root / f"half{k}.npz") for k in (0, 1)]
+    whole = load_blocks(world["blocks"][0])
+    assert np.concatenate([h["input_ids"] for h in halves]).tolist() == whole["input_ids"].tolist()  # same blocks
+    for k in (0, 1):
+        assert main(["densephrases", "dump", "--model", str(root / "model"), "--blocks", str(root / f"half{k}.npz"),
+                     "--out", str(root / "sharded"), "--shard", str(k), "--precision", "fp32"]) == 0
+    assert not (root / "sharded" / "meta.json").exists()  # readers wait for the combine step
+    assert main(["densephrases", "combine", "--dump", str(root / "sharded"), "--shards", "2"]) == 0
+    one, two = PhraseDump(root / "dump"), PhraseDump(root / "sharded")
+    assert [s["rows"] for s in two.meta["shards"]] == [len(np.load(root / "sharded" / f"shard{k}" / "token.npy"))
+                                                         for k in (0, 1)]
+    assert len(one.meta["shards"]) == 1 and len(two.meta["shards"]) == 2
+    for key in ("rows", "tokens", "hidden_size", "bytes", "phrase_side", "kept_share"):
+        assert two.meta[key] == one.meta[key], key
+    assert np.allclose(two.vectors[:].astype(np.float32), one.vectors[:].astype(np.float32), atol=2e-3)
+    assert two.token[:].tolist() == one.token[:].tolist()
+    for name, values in one.tokens.arrays().items():
+        assert two.tokens.arrays()[name][:].tolist() == values[:].tolist(), name
+    rows = np.array([[len(two.token) - 1, 0], [3, len(two.token) // 2]])  # any shape, across the shard boundary
+    assert two.token[rows].tolist() == one.token[:][rows].tolist()
+    record = build_index(root / "sharded", root / "sharded.faiss")
+    assert record["shards"] == [[str(root / "sharded" / f"shard{k}" / "vectors.f16"), s["rows"]]
+                                for k, s in enumerate(two.meta["shards"])]
+    assert load_index(root / "sharded.faiss", two, root / "model").ntotal == one.meta["rows"]
+
+
+def test_a_dump_without_all_its_shards_or_with_a_foreign_shard_is_refused(world, tmp_path):
+    from npm.densephrases.dump import combine_shards, dump_shard, shard_dir
+
+    root = world["root"]
+    dump_shard(root / "model", world["blocks"][0], shard_dir(tmp_path, 0), progress=False)
+    with pytest.raises(FileNotFoundError, match=r"shard1: shard 1 of the phrase dump .* --shard 1"):
+        combine_shards(tmp_path, 2)
+    dump_shard(root / "other", world["blocks"][0], shard_dir(tmp_path, 1), progress=False)
+    with pytest.raises(ValueError, match="shard1: its phrase_side .* differs from shard0's"):
+        combine_shards(tmp_path, 2)
+    assert not (tmp_path / "meta.json").exists()
+
+
+def test_the_index_build_refuses_an_index_that_does_not_fit_the_jobs_memory_before_training(world, capsys):
+    """`densephrases index --mem-mb`: NPM's check (npm.datastore.faiss_index.check_memory) before any training, the
+    refusal naming the index's size, this rule and config key, and a smaller choice; nothing is written."""
+    import re
+
+    from npm.cli import main
+
+    root = world["root"]  # ~5,000 vectors of dimension 32: index, training sample and a chunk need over 1 MB
+    write_jsonl(root / "many.jsonl", [{"id": f"m{n}", "units": [t, t.upper()]} for n in range(60) for t in DOCS])
+    build_blocks(root / "many.jsonl", root / "many.npz", WORDPIECE, max_seq_length=32)
+    dump_phrases(root / "model", [str(root / "many.npz")], root / "many", progress=False)
+    assert main(["densephrases", "index", "--dump", str(root / "many"), "--out", str(root / "small.faiss"),
+                 "--factory", "IVF4,SQ4", "--mem-mb", "1"]) == 1
+    assert re.search(r"error: phrase dump .*\(\d+ vectors\): a 'IVF\d,SQ4' index over [\d,]+ vectors .* needs about "
+                     r".* densephrases_index:mem_mb=.*config densephrases.index \(e.g. 'IVF4096",
+                     capsys.readouterr().err)
+    assert not (root / "small.faiss").exists() and not (root / "small.faiss.json").exists()
+    record = build_index(root / "many", root / "fits.faiss", factory="IVF4,SQ4", mem_mb=1000)
+    assert 0 < record["index_bytes_estimate"] <= record["memory_needed_bytes"] < 0.9 * 1000 * 1_000_000
+
+
+def test_a_dry_run_of_the_paper_config_plans_one_dump_job_per_blocks_shard(tmp_path):
+    """config/paper.yaml's `densephrases` section: rule densephrases_dump once per blocks shard of the corpus, one
+    densephrases_combine over them, the index (with its memory check) and the SQuAD / NQ files placed by hand."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    paper = yaml.safe_load((root / "config" / "paper.yaml").read_text())
+    shards = paper["sources"][paper["densephrases"]["corpus"]]["shards"]
+    out = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "results/tables/densephrases.csv", "-n",
+                          "-p", "--cores", "1", "--directory", str(tmp_path), "-s", str(root / "Snakefile"),
+                          "--configfile", str(root / "config" / "paper.yaml")], cwd=root, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    dumps = sorted(re.findall(r"--out data/densephrases/dump/pre_batch/enwiki --shard (\d+)", out.stdout), key=int)
+    assert dumps == [str(k) for k in range(shards)] and shards > 1
+    assert out.stdout.count("densephrases combine --dump data/densephrases/dump/pre_batch/enwiki --shards "
+                            f"{shards} ") == 1
+    assert re.search(r"densephrases index --dump data/densephrases/dump/pre_batch/enwiki .*--factory IVF1048576,SQ4 .*"
+                     r"--mem-mb \d+", out.stdout)
+    assert "data/raw/squad/train-v1.1.json does not exist; place it there by hand" in out.stdout

@@ -25,7 +25,7 @@ needs_faiss_gpu = pytest.mark.skipif(faiss.get_num_gpus() == 0, reason="faiss ha
 @needs_cuda
 def test_densephrases_trains_dumps_and_answers_on_the_gpu(tmp_path):
     from npm.data.blocks import build_blocks
-    from npm.densephrases.dump import build_index, dump_phrases
+    from npm.densephrases.dump import build_index, dump_phrases, shard_dir
     from npm.densephrases.evaluate import rc_evaluate
     from npm.densephrases.model import DensePhrases
     from npm.densephrases.rc import write_squad
@@ -48,8 +48,8 @@ def test_densephrases_trains_dumps_and_answers_on_the_gpu(tmp_path):
     for device in ("cuda", "cpu"):
         dump_phrases(tmp_path / "model", [str(tmp_path / "blocks.npz")], tmp_path / f"dump_{device}", progress=False,
                      precision="fp32", device=device)
-    on_gpu = np.fromfile(tmp_path / "dump_cuda" / "vectors.f16", dtype=np.float16).astype(np.float32)
-    on_cpu = np.fromfile(tmp_path / "dump_cpu" / "vectors.f16", dtype=np.float16).astype(np.float32)
+    on_gpu = np.fromfile(shard_dir(tmp_path / "dump_cuda", 0) / "vectors.f16", dtype=np.float16).astype(np.float32)
+    on_cpu = np.fromfile(shard_dir(tmp_path / "dump_cpu", 0) / "vectors.f16", dtype=np.float16).astype(np.float32)
     assert on_gpu.shape == on_cpu.shape and np.allclose(on_gpu, on_cpu, atol=2e-2)
     build_index(tmp_path / "dump_cuda", tmp_path / "flat.faiss")
     searcher = PhraseSearcher(tmp_path / "model", tmp_path / "dump_cuda", tmp_path / "flat.faiss", device="cuda",

@@ -394,10 +394,11 @@ def index_bytes_of_quantizer(ivf) -> int:
     return (4 * ivf.d + links) * ivf.nlist
 
 
-def check_memory(factory: str, ntotal: int, dim: int, mem_mb: int, train_sample: int) -> dict:
+def check_memory(factory: str, ntotal: int, dim: int, mem_mb: int, train_sample: int,
+                 where: tuple[str, str] = ("build_faiss_index", "datastore.faiss_factory")) -> dict:
     """Refuse, before any training, an index that does not fit the job's memory ``mem_mb`` (the SLURM profile's
     ``mem_mb``): the filled index, plus the fp32 training sample, plus a chunk of vectors being added, must fit in 90 %
-    of it. Returns the estimate for the sidecar."""
+    of it. ``where``: the rule and the config key the refusal names. Returns the estimate for the sidecar."""
     filled = index_bytes(factory, ntotal, dim)
     need = filled + 4 * dim * min(train_sample, ntotal) + 4 * dim * min(ADD_CHUNK, ntotal)
     have = mem_mb * 1_000_000
@@ -411,8 +412,8 @@ def check_memory(factory: str, ntotal: int, dim: int, mem_mb: int, train_sample:
         raise ValueError(
             f"a {factory!r} index over {ntotal:,} vectors of dimension {dim} needs about {need / 1e9:.1f} GB "
             f"({per:,.0f} B per vector, plus the training sample), more than 90 % of this job's {mem_mb / 1000:.0f} "
-            f"GB; give the job more memory (e.g. --set-resources build_faiss_index:mem_mb=...) or choose a "
-            f"compressed index in config datastore.faiss_factory (e.g. 'IVF4096,PQ64', {smaller}; "
+            f"GB; give the job more memory (e.g. --set-resources {where[0]}:mem_mb=...) or choose a "
+            f"compressed index in config {where[1]} (e.g. 'IVF4096,PQ64', {smaller}; "
             "docs/paper-scale.md section 4)")
     return record
 
@@ -551,6 +552,7 @@ def build_faiss_index(
     threads: int | None = None,
     datastore=None,
     mem_mb: int | None = None,
+    where: tuple[str, str] = ("build_faiss_index", "datastore.faiss_factory"),
 ) -> dict:
     """Build a FAISS index over the fp16 shard memmaps and write it (with its JSON sidecar) atomically.
 
@@ -558,8 +560,9 @@ def build_faiss_index(
     OpenMP threads for the build only. ``datastore``: the ``Datastore`` (or its meta dict) the shards belong to; its
     :func:`datastore_record` goes into the sidecar, which a reader checks (``load_faiss_index(datastore=...)``);
     its row count and hidden size must be those of the shards. ``mem_mb``: the job's memory; an index that would not
-    fit (:func:`check_memory`) is refused before any work. Returns the sidecar record (factory, metric, ntotal,
-    dim, training sample size, seed, search params, build seconds, datastore, ...).
+    fit (:func:`check_memory`; ``where``: the rule and config key its refusal names) is refused before any work.
+    Returns the sidecar record (factory, metric, ntotal, dim, training sample size, seed, search params, build
+    seconds, datastore, ...).
     """
     faiss = _faiss()
     t0 = time.perf_counter()
@@ -578,7 +581,7 @@ def build_faiss_index(
     n_train = min(train_sample, ntotal)
     effective, info = _check_factory(factory, dim, n_train)
     if mem_mb:
-        info.update(check_memory(effective, ntotal, dim, mem_mb, n_train))
+        info.update(check_memory(effective, ntotal, dim, mem_mb, n_train, where))
     index = _make_index(effective, dim, metric)
     if _disable_polysemous_training(index):
         info["polysemous_training"] = False

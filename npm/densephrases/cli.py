@@ -1,6 +1,6 @@
-"""``npm-repro densephrases rc | train-teacher | filter | train | dump | index | query-ft | evaluate | search``:
-DensePhrases (Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``); docs/paper-map.md
-§D. Register with ``add_cli(subparsers)``."""
+"""``npm-repro densephrases rc | train-teacher | filter | train | dump | combine | index | query-ft | evaluate |
+search``: DensePhrases (Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``);
+docs/paper-map.md §D. Register with ``add_cli(subparsers)``."""
 
 from __future__ import annotations
 
@@ -92,18 +92,38 @@ def cmd_train(args) -> int:
 
 
 def cmd_dump(args) -> int:
-    from npm.densephrases.dump import dump_phrases
+    from npm.densephrases.dump import dump_phrases, dump_shard, shard_dir
 
-    meta = dump_phrases(args.model, [str(b) for b in args.blocks], args.out, args.filter_threshold,
-                        args.batch_blocks, precision=args.precision, device=args.device)
-    log.info("%d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"], 100 * meta["kept_share"], args.out)
+    if args.shard is None:
+        meta = dump_phrases(args.model, [str(b) for b in args.blocks], args.out, args.filter_threshold,
+                            args.batch_blocks, precision=args.precision, device=args.device)
+        out = args.out
+    else:
+        if len(args.blocks) != 1:
+            raise ValueError(f"--shard {args.shard} dumps one blocks file (the corpus's shard {args.shard}); got "
+                             f"{len(args.blocks)}")
+        out = shard_dir(args.out, args.shard)
+        meta = dump_shard(args.model, args.blocks[0], out, args.filter_threshold, args.batch_blocks,
+                          precision=args.precision, device=args.device)
+    log.info("%d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"],
+             100 * meta["rows"] / max(1, meta["tokens"]), out)
+    return 0
+
+
+def cmd_combine(args) -> int:
+    from npm.densephrases.dump import combine_shards
+
+    meta = combine_shards(args.dump, args.shards)
+    log.info("phrase dump of %d shards: %d vectors (%.1f GB) -> %s", args.shards, meta["rows"], meta["bytes"] / 1e9,
+             args.dump / "meta.json")
     return 0
 
 
 def cmd_index(args) -> int:
     from npm.densephrases.dump import build_index
 
-    record = build_index(args.dump, args.out, args.factory, args.nprobe, args.seed, args.train_sample)
+    record = build_index(args.dump, args.out, args.factory, args.nprobe, args.seed, args.train_sample,
+                         mem_mb=args.mem_mb or None)
     log.info("%s over %d vectors: %.1f bytes per vector, %.1f s -> %s", record["factory_effective"], record["rows"],
              record["bytes_per_vector"], record["build_seconds"], args.out)
     return 0
@@ -303,12 +323,23 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--model", type=Path, required=True, help="DensePhrases model folder")
     s.add_argument("--blocks", nargs="+", required=True, help="the corpus's blocks .npz files, in order")
     s.add_argument("--out", type=Path, required=True, help="dump folder")
+    s.add_argument("--shard", type=bounded(int, minimum=0), default=None,
+                   help="write only the folder of this shard of the dump (shard{K}, from the one --blocks file); "
+                        "`densephrases combine` then writes the dump's meta.json. Default: the whole dump")
     s.add_argument("--filter-threshold", type=float, default=None,
                    help="keep tokens whose start- or end-filter logit exceeds it (code: -2 dev, 1 Wikipedia); "
                         "default: keep every token")
     s.add_argument("--batch-blocks", type=positive_int, default=32, help="blocks per forward pass")
     _compute_args(s)
     s.set_defaults(func=cmd_dump)
+
+    s = sub.add_parser("combine", help="the dump's meta.json over its shards (after `dump --shard` of each)",
+                       description="Checks that one phrase encoder and filter made the shards shard0 ... "
+                                   "shard{N-1} of the dump folder and writes its meta.json, which readers need "
+                                   "(npm.densephrases.dump.combine_shards).", formatter_class=fmt)
+    s.add_argument("--dump", type=Path, required=True, help="dump folder")
+    s.add_argument("--shards", type=positive_int, required=True, help="shards of the dump (blocks files of the corpus)")
+    s.set_defaults(func=cmd_combine)
 
     s = sub.add_parser("index", help="FAISS index of a dump from a factory string",
                        description="Flat (exact), the paper's IVF{n},SQ4, the code's OPQ{M},IVF{n},PQ{M}; inner "
@@ -319,6 +350,8 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--nprobe", type=positive_int, default=256, help="IVF lists probed (paper: 256)")
     s.add_argument("--train-sample", type=positive_int, default=1_000_000, help="vectors to train IVF/PQ on")
     s.add_argument("--seed", type=int, default=1, help="seed of the training sample")
+    s.add_argument("--mem-mb", type=bounded(int, minimum=0), default=0,
+                   help="the job's memory in MB: refuse, before training, an index that would not fit (0 = no check)")
     s.set_defaults(func=cmd_index)
 
     s = sub.add_parser("query-ft", help="query-side fine-tuning against the frozen index",

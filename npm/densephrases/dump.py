@@ -1,27 +1,37 @@
 """The phrase dump and its index (Lee et al. 2021, sections 5-7.1 and appendix E; docs/paper-map.md §D1.4-§D1.5).
 
-:func:`dump_phrases`: every passage (a block of NPM's blocks files, in global block order) goes through the phrase
-encoder; the vectors of its tokens are kept as fp16 rows laid end to end, the layout of NPM's datastore. A token is
-kept when it is not special and, with a ``filter_threshold``, when its start- or its end-filter logit exceeds it (the
-original code; at least the best-filtered token of a passage stays); ``None`` keeps every non-special token. The
-folder holds ``vectors.f16`` (raw fp16 [n, d]), ``tokens.npz`` (per kept row: ``token``, its global token position,
-and the :class:`~npm.densephrases.search.PhraseTokens` fields, whose segments come from the full token table so that
-no phrase crosses a dropped special token) and ``meta.json`` (the phrase encoder's and the corpus's fingerprints,
-the blocks files, hidden size, row counts, the filter). It is written atomically.
+:func:`dump_shard`: every passage of one blocks file (a shard of the corpus) goes through the phrase encoder; the
+vectors of its tokens are kept as fp16 rows laid end to end, the layout of NPM's datastore. A token is kept when it is
+not special and, with a ``filter_threshold``, when its start- or its end-filter logit exceeds it (the original code;
+at least the best-filtered token of a passage stays); ``None`` keeps every non-special token. The shard folder holds
+``vectors.f16`` (raw fp16 [rows, d]), one ``.npy`` per column of its part of the token table (per kept row: ``token``,
+its position in the blocks file, and the :class:`~npm.densephrases.search.PhraseTokens` fields, passage and segment
+ids counted within the file, segments from the full token table so that no phrase crosses a dropped special token)
+and ``meta.json`` (written last). The vectors go through a memmap on disk, never all in memory; a corpus is dumped
+by one job per shard (rule densephrases_dump).
+
+:func:`combine_shards`: the dump's ``meta.json``, written last, after its shards: their folders, rows and the
+offsets that turn a shard's token, passage and segment ids into the corpus's (global block order), the phrase
+encoder's and the corpus's fingerprints, hidden size, row counts, the filter. :class:`PhraseDump` reads a dump as one
+table over its shards' memmaps (:class:`Concat`: nothing is joined, nothing per token in Python).
+:func:`dump_phrases` makes a whole dump in one process (every shard, then the meta).
 
 :func:`build_index`: the rows in a FAISS index from a factory string (``Flat``; the paper's ``IVF{n},SQ4``; the
 code's ``OPQ{M},IVF{n},PQ{M}``), inner product, through ``npm.datastore.faiss_index.build_faiss_index`` over the
-dump's fp16 file (the datastore's checks: a dump too small for the PQ or the lists asked for is a clear error naming
-it; trained on a sample, filled in chunks, on a GPU when there is one), written with a sidecar that records the dump
-it indexes. The dump holds one blocks file's vectors in memory at a time. :func:`load_index` refuses an index of
-another dump or another phrase encoder.
+shards' fp16 files (the datastore's checks: a dump too small for the PQ or the lists asked for is a clear error naming
+it; with ``mem_mb``, an index that does not fit is refused before training, with its size and a smaller choice;
+trained on a seeded sample drawn across the shards, filled shard by shard in chunks, on a GPU when there is one),
+written with a sidecar that records the dump it indexes. :func:`load_index` refuses an index of another dump or
+another phrase encoder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +40,16 @@ from tqdm import tqdm
 
 from npm.densephrases.search import PhraseTokens
 from npm.io import atomic_dir, atomic_path, read_json, write_json
+
+COLUMNS = ("token", *(f.name for f in fields(PhraseTokens)))  # one .npy per column of a shard's token table
+OFFSETS = {"token": "token_offset", "passage": "passage_offset", "segment": "segment_offset"}  # local -> global ids
+WRITE_CHUNK = 1 << 16  # rows copied at a time from the encoded vectors to the shard's file
+SHARD_KEYS = ("phrase_side", "hidden_size", "filter_threshold", "precision")  # every shard of a dump agrees on these
+
+
+def shard_dir(dump_dir: str | os.PathLike, shard: int) -> Path:
+    """The folder of shard ``shard`` (the corpus's ``shard``-th blocks file) inside the dump folder."""
+    return Path(dump_dir) / f"shard{shard}"
 
 
 def dump_record(model_dir: str | os.PathLike) -> str:
@@ -40,11 +60,12 @@ def dump_record(model_dir: str | os.PathLike) -> str:
     return file_fingerprint(Path(model_dir) / "filter_head.pt") + ":" + phrase
 
 
-def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir: str | os.PathLike,
-                 filter_threshold: float | None = None, batch_blocks: int = 32, progress: bool = True,
-                 precision: str = "fp32", device: str | None = None) -> dict:
-    """Encode every block with the phrase encoder of ``model_dir`` (on ``device``, default CUDA when available, under
-    ``precision``'s autocast, ``npm.model.autocast``) and write the dump folder ``out_dir``."""
+def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out_dir: str | os.PathLike,
+               filter_threshold: float | None = None, batch_blocks: int = 32, progress: bool = True,
+               precision: str = "fp32", device: str | None = None, model=None) -> dict:
+    """Encode every block of ``blocks_path`` with the phrase encoder of ``model_dir`` (on ``device``, default CUDA
+    when available, under ``precision``'s autocast, ``npm.model.autocast``) and write the shard folder ``out_dir``
+    atomically. ``model``: the loaded ``DensePhrases`` of ``model_dir`` (loaded here when None)."""
     from npm.data.blocks import check_vocabulary, load_blocks
     from npm.densephrases.model import DensePhrases
     from npm.fingerprint import corpus_fingerprint
@@ -52,52 +73,99 @@ def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir:
 
     t0 = time.perf_counter()
     dev = torch_device(device)
-    model = DensePhrases.load(model_dir).eval().to(dev)
-    d = model.hidden_size
-    if not blocks_paths:
-        raise ValueError("no blocks files to dump")
-    tables, tokens_seen, blocks_seen, segments_seen, n_tokens, n_rows = [], 0, 0, 0, 0, 0
+    if model is None:
+        model = DensePhrases.load(model_dir).eval().to(dev)
+    arrays = load_blocks(blocks_path)
+    check_vocabulary(blocks_path, arrays["input_ids"], model.phrase.config.vocab_size)
+    table = PhraseTokens.from_flags(arrays["flags"], arrays["block_offsets"])
+    n_tokens = int((table.word >= 0).sum())
     with atomic_dir(out_dir) as tmp:
         tmp.mkdir()
-        with open(tmp / "vectors.f16", "wb") as out:  # one blocks file's vectors in memory at a time
-            for path in blocks_paths:
-                arrays = load_blocks(path)
-                check_vocabulary(path, arrays["input_ids"], model.phrase.config.vocab_size)
-                table = PhraseTokens.from_flags(arrays["flags"], arrays["block_offsets"], blocks_seen, segments_seen)
-                vecs, keep = _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_blocks,
-                                          f"phrase dump {Path(path).name}", progress)
-                rows = np.flatnonzero(keep)
-                vecs[rows].tofile(out)
-                tables.append((rows + tokens_seen, table.subset(rows)))
-                n_rows += len(rows)
-                tokens_seen += len(arrays["input_ids"])
-                blocks_seen += len(arrays["block_offsets"]) - 1
-                segments_seen = int(table.segment.max(initial=segments_seen - 1)) + 1
-                n_tokens += int((table.word >= 0).sum())
-                del vecs
-        token = np.concatenate([t for t, _ in tables])
-        fields = {k: np.concatenate([tab.arrays()[k] for _, tab in tables]) for k in tables[0][1].arrays()}
-        np.savez(tmp / "tokens.npz", token=token, **fields)
-        meta = {"model": str(model_dir), "phrase_side": dump_record(model_dir),
-                "corpus_fingerprint": corpus_fingerprint(blocks_paths), "blocks": [str(p) for p in blocks_paths],
-                "hidden_size": d, "rows": n_rows, "tokens": n_tokens, "filter_threshold": filter_threshold,
-                "kept_share": round(n_rows / max(1, n_tokens), 4), "bytes": n_rows * d * 2,
+        vecs = np.lib.format.open_memmap(tmp / "all.npy", "w+", np.float16, (len(table), model.hidden_size))
+        keep = _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_blocks, vecs,
+                            f"phrase dump {Path(blocks_path).name}", progress)
+        rows = np.flatnonzero(keep)
+        with open(tmp / "vectors.f16", "wb") as out:  # the kept rows, in order, a chunk at a time
+            for a in range(0, len(rows), WRITE_CHUNK):
+                vecs[rows[a:a + WRITE_CHUNK]].tofile(out)
+        del vecs
+        (tmp / "all.npy").unlink()
+        for name, values in {"token": rows.astype(np.int64), **table.subset(rows).arrays()}.items():
+            np.save(tmp / f"{name}.npy", values)
+        meta = {"model": str(model_dir), "phrase_side": dump_record(model_dir), "blocks": str(blocks_path),
+                "corpus_fingerprint": corpus_fingerprint([blocks_path]), "hidden_size": model.hidden_size,
+                "rows": len(rows), "tokens": n_tokens, "file_tokens": len(arrays["input_ids"]),
+                "passages": len(arrays["block_offsets"]) - 1,
+                "segments": int(table.segment.max(initial=-1)) + 1, "filter_threshold": filter_threshold,
                 "precision": effective_precision(dev, precision), "seconds": round(time.perf_counter() - t0, 2)}
-        write_json(tmp / "meta.json", meta)
+        write_json(tmp / "meta.json", meta)  # last: a shard with meta.json is complete
     return meta
 
 
-def _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_blocks, desc, progress):
-    """(fp16 vectors [tokens, d] of one blocks file, bool keep [tokens]): every block through the phrase encoder,
-    shortest first; special tokens dropped, and with ``filter_threshold`` the tokens whose best filter logit does not
-    exceed it (at least the best of each passage stays)."""
+def combine_shards(dump_dir: str | os.PathLike, n_shards: int) -> dict:
+    """Write the dump's ``meta.json`` over its shards ``shard0`` ... ``shard{n_shards - 1}`` (in corpus order), after
+    checking that one phrase encoder, filter and hidden size made them all. Returns the meta."""
+    dump_dir = Path(dump_dir)
+    if n_shards < 1:
+        raise ValueError(f"a phrase dump needs at least one shard, got {n_shards}")
+    shards, metas = [], []
+    first = {"token_offset": 0, "passage_offset": 0, "segment_offset": 0}
+    for k in range(n_shards):
+        path = shard_dir(dump_dir, k)
+        if not (path / "meta.json").is_file():
+            raise FileNotFoundError(f"{path}: shard {k} of the phrase dump {dump_dir} is missing or unfinished (no "
+                                    f"meta.json); dump it with `npm-repro densephrases dump --shard {k}`")
+        meta = read_json(path / "meta.json", "dump the shard again")
+        for key in SHARD_KEYS:
+            if meta[key] != (metas[0][key] if metas else meta[key]):
+                raise ValueError(f"{path}: its {key} ({meta[key]!r}) differs from shard0's ({metas[0][key]!r}): the "
+                                 "shards of one dump come from one model and one setting; dump it again")
+        metas.append(meta)
+        shards.append({"path": path.name, "rows": meta["rows"], "blocks": meta["blocks"], **first})
+        first = {"token_offset": first["token_offset"] + meta["file_tokens"],
+                 "passage_offset": first["passage_offset"] + meta["passages"],
+                 "segment_offset": first["segment_offset"] + meta["segments"]}
+    rows, tokens, d = sum(m["rows"] for m in metas), sum(m["tokens"] for m in metas), metas[0]["hidden_size"]
+    fingerprint = hashlib.sha256(":".join(m["corpus_fingerprint"] for m in metas).encode()).hexdigest()
+    meta = {"model": metas[0]["model"], "phrase_side": metas[0]["phrase_side"], "corpus_fingerprint": fingerprint,
+            "blocks": [m["blocks"] for m in metas], "shards": shards, "hidden_size": d, "rows": rows,
+            "tokens": tokens, "filter_threshold": metas[0]["filter_threshold"],
+            "kept_share": round(rows / max(1, tokens), 4), "bytes": rows * d * 2, "precision": metas[0]["precision"],
+            "seconds": round(sum(m["seconds"] for m in metas), 2)}
+    write_json(dump_dir / "meta.json", meta)
+    return meta
+
+
+def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir: str | os.PathLike,
+                 filter_threshold: float | None = None, batch_blocks: int = 32, progress: bool = True,
+                 precision: str = "fp32", device: str | None = None) -> dict:
+    """The whole dump of the blocks files ``blocks_paths`` (in corpus order) in one process: shard ``k`` from the
+    ``k``-th file (:func:`dump_shard`), then the meta (:func:`combine_shards`); ``out_dir`` is written atomically."""
+    from npm.densephrases.model import DensePhrases
+    from npm.model import torch_device
+
+    if not blocks_paths:
+        raise ValueError("no blocks files to dump")
+    model = DensePhrases.load(model_dir).eval().to(torch_device(device))
+    with atomic_dir(out_dir) as tmp:
+        for k, path in enumerate(blocks_paths):
+            dump_shard(model_dir, path, shard_dir(tmp, k), filter_threshold, batch_blocks, progress, precision,
+                       device, model)
+        meta = combine_shards(tmp, len(blocks_paths))
+    return meta
+
+
+def _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_blocks, vecs, desc, progress):
+    """Bool keep [tokens], with the fp16 vectors of every token of one blocks file written into ``vecs`` [tokens, d]
+    (a memmap on disk: a shard's vectors are never all in memory): every block through the phrase encoder, shortest
+    first; special tokens dropped, and with ``filter_threshold`` the tokens whose best filter logit does not exceed
+    it (at least the best of each passage stays)."""
     from npm.data.blocks import pad_blocks
     from npm.model import autocast
 
     offsets = arrays["block_offsets"]
     lengths = np.diff(offsets)
     order = np.argsort(lengths, kind="stable")
-    vecs = np.zeros((len(arrays["input_ids"]), model.hidden_size), dtype=np.float16)
     keep = table.word >= 0
     with torch.inference_mode(), autocast(dev, precision):
         for a in tqdm(range(0, len(order), batch_blocks), desc=desc, disable=not progress or None):
@@ -116,11 +184,57 @@ def _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_b
                         cand = np.flatnonzero(keep[rows])
                         ok[cand[np.argmax(score[cand])]] = True
                     keep[rows] = ok
-    return vecs, keep
+    return keep
+
+
+class Concat:
+    """Arrays (the shards' memmaps) laid end to end along their first axis, read without joining them: ``c[key]``
+    for an int, a slice or an int array of any shape gives what indexing their concatenation would, with each part's
+    ``add`` (its first global id) added to its values."""
+
+    def __init__(self, parts: list, add: list[int] | None = None):
+        self.parts, self.add = parts, add or [0] * len(parts)
+        self.starts = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+        self.shape = (int(self.starts[-1]), *parts[0].shape[1:])
+        self.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            key = np.arange(*key.indices(len(self)))
+        rows = np.asarray(key)
+        if rows.dtype.kind not in "iu":
+            raise TypeError(f"a phrase dump is indexed by row numbers, not {rows.dtype}")
+        flat = rows.reshape(-1).astype(np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= len(self)):
+            bad = flat[(flat < 0) | (flat >= len(self))][0]
+            raise IndexError(f"phrase dump row {bad} out of range [0, {len(self)})")
+        out = np.empty((flat.size, *self.shape[1:]), dtype=self.dtype)
+        part = np.searchsorted(self.starts, flat, side="right") - 1
+        for p in np.unique(part):
+            sel = np.flatnonzero(part == p)
+            values = self.parts[p][flat[sel] - self.starts[p]]
+            out[sel] = values + self.add[p] if self.add[p] else values
+        return out.reshape(rows.shape + self.shape[1:])
+
+
+def _load(path: Path, rows: int, shape: tuple = ()) -> np.ndarray:
+    """A shard's column ``path`` (``.npy``) or vectors (``.f16``, ``shape`` = (d,)), memory-mapped."""
+    if path.suffix == ".f16":
+        if rows == 0:
+            return np.empty((0, *shape), dtype=np.float16)
+        return np.memmap(path, dtype=np.float16, mode="r", shape=(rows, *shape))
+    values = np.load(path, mmap_mode="r") if rows else np.load(path)
+    if len(values) != rows:
+        raise ValueError(f"{path}: {len(values)} rows, its shard's meta.json says {rows}; dump the shard again")
+    return values
 
 
 class PhraseDump:
-    """A dump folder, read back: ``meta``, ``vectors`` (fp16 memmap [rows, d]), ``token`` and ``tokens``."""
+    """A dump folder, read back: ``meta``, ``vectors`` (fp16 [rows, d]), ``token`` (global token positions) and
+    ``tokens`` (:class:`PhraseTokens`), each a :class:`Concat` over the shards' memmaps."""
 
     def __init__(self, path: str | os.PathLike):
         path = Path(path)
@@ -128,24 +242,33 @@ class PhraseDump:
             raise FileNotFoundError(f"{path} is not a phrase dump (no meta.json); make one with "
                                     "`npm-repro densephrases dump`")
         self.path, self.meta = path, read_json(path / "meta.json", "rebuild the dump")
-        self.vectors = np.memmap(path / "vectors.f16", dtype=np.float16, mode="r",
-                                 shape=(self.meta["rows"], self.meta["hidden_size"]))
-        arrays = np.load(path / "tokens.npz")
-        self.token = arrays["token"]
-        self.tokens = PhraseTokens.from_arrays(arrays)
+        if "shards" not in self.meta:
+            raise ValueError(f"{path}: a phrase dump of the earlier one-file layout (no 'shards' in meta.json); "
+                             "dump it again with `npm-repro densephrases dump`")
+        shards, d = self.meta["shards"], self.meta["hidden_size"]
+        self.vectors = Concat([_load(path / s["path"] / "vectors.f16", s["rows"], (d,)) for s in shards])
+        columns = {name: Concat([_load(path / s["path"] / f"{name}.npy", s["rows"]) for s in shards],
+                                [s[OFFSETS[name]] if name in OFFSETS else 0 for s in shards]) for name in COLUMNS}
+        self.token = columns.pop("token")
+        self.tokens = PhraseTokens(**columns)
 
 
 def build_index(dump_dir: str | os.PathLike, out_path: str | os.PathLike, factory: str = "Flat",
-                nprobe: int = 256, seed: int = 1, train_sample: int = 1_000_000, use_gpu: bool | None = None) -> dict:
+                nprobe: int = 256, seed: int = 1, train_sample: int = 1_000_000, use_gpu: bool | None = None,
+                mem_mb: int | None = None) -> dict:
     """A FAISS index (inner product) over the dump's rows, written atomically with a sidecar ``<out>.json`` that
-    names the dump: ``npm.datastore.faiss_index.build_faiss_index`` over the dump's fp16 file (trained on a seeded
-    sample of ``train_sample`` rows, filled in chunks, on a GPU when there is one unless ``use_gpu`` is False)."""
+    names the dump: ``npm.datastore.faiss_index.build_faiss_index`` over the shards' fp16 files (trained on a seeded
+    sample of ``train_sample`` rows drawn across them, filled shard by shard in chunks, on a GPU when there is one
+    unless ``use_gpu`` is False). ``mem_mb``: the job's memory; an index that would not fit is refused before
+    training (``npm.datastore.faiss_index.check_memory``)."""
     from npm.datastore.faiss_index import build_faiss_index
 
     dump = PhraseDump(dump_dir)
+    shards = [(Path(dump_dir) / s["path"] / "vectors.f16", s["rows"]) for s in dump.meta["shards"]]
     try:
-        record = build_faiss_index([(Path(dump_dir) / "vectors.f16", dump.meta["rows"])], dump.meta["hidden_size"],
-                                   out_path, factory, "ip", train_sample, seed, nprobe=nprobe, use_gpu=use_gpu)
+        record = build_faiss_index(shards, dump.meta["hidden_size"], out_path, factory, "ip", train_sample, seed,
+                                   nprobe=nprobe, use_gpu=use_gpu, mem_mb=mem_mb,
+                                   where=("densephrases_index", "densephrases.index"))
     except ValueError as e:
         raise ValueError(f"phrase dump {dump_dir} ({dump.meta['rows']} vectors): {e}") from None
     index_bytes = os.path.getsize(out_path)

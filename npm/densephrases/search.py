@@ -86,30 +86,44 @@ class PhraseTokens:
 
 def candidates(starts: np.ndarray, ends: np.ndarray, tokens: PhraseTokens, max_words: int) -> np.ndarray:
     """The phrases (i, j) int64 [P, 2], unique and sorted, that extend the retrieved ``starts`` rightwards and the
-    retrieved ``ends`` leftwards within ``max_words`` words of one passage."""
+    retrieved ``ends`` leftwards within ``max_words`` words of one segment. Only the rows next to each retrieved one
+    are read (``tokens`` may be a sharded dump's memmaps: ``npm.densephrases.dump.Concat``)."""
     if max_words < 1:
         raise ValueError(f"max_words (L) must be >= 1, got {max_words}")
-    seg = tokens.segment
-    big = np.int64(tokens.word.max(initial=0) + max_words + 2)
-    key = seg * big + np.maximum(tokens.word, 0)  # non-decreasing along the dump
-    pairs = []
-    s = np.asarray(starts, dtype=np.int64)
-    s = s[(s >= 0) & tokens.word_start[np.maximum(s, 0)]]
-    last = np.searchsorted(key, seg[s] * big + tokens.word[s] + max_words - 1, side="right")  # exclusive
-    for i, stop in zip(s.tolist(), last.tolist(), strict=True):
-        j = np.arange(i, stop)
-        j = j[tokens.word_end[j]]
-        pairs.append(np.stack([np.full(len(j), i), j], 1))
-    e = np.asarray(ends, dtype=np.int64)
-    e = e[(e >= 0) & tokens.word_end[np.maximum(e, 0)]]
-    first = np.searchsorted(key, seg[e] * big + np.maximum(tokens.word[e] - max_words + 1, 0), side="left")
-    for j, begin in zip(e.tolist(), first.tolist(), strict=True):
-        i = np.arange(begin, j + 1)
-        i = i[tokens.word_start[i]]
-        pairs.append(np.stack([i, np.full(len(i), j)], 1))
-    if not pairs:
-        return np.zeros((0, 2), dtype=np.int64)
+    n = len(tokens)
+    s = np.asarray(starts, dtype=np.int64).reshape(-1)
+    s = s[(s >= 0) & (s < n)]
+    s = s[tokens.word_start[s]]
+    e = np.asarray(ends, dtype=np.int64).reshape(-1)
+    e = e[(e >= 0) & (e < n)]
+    e = e[tokens.word_end[e]]
+    pairs = [np.stack([i, j], 1) for i, j in (_reach(s, tokens, max_words, 1), _reach(e, tokens, max_words, -1)[::-1])]
     return np.unique(np.concatenate(pairs).astype(np.int64), axis=0)
+
+
+def _reach(rows: np.ndarray, tokens: PhraseTokens, max_words: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """(retrieved row, other end) of every phrase from each of ``rows`` rightwards (``step`` 1: to the word ends)
+    or leftwards (-1: to the word starts) within ``max_words`` words of its segment. The dump is ordered by (segment,
+    word), so the rows a phrase may reach are a run next to the retrieved one: read a window of rows, doubled for the
+    rows whose window the run fills."""
+    n, found, other = len(tokens), [], []
+    width = max_words + 1
+    while len(rows):
+        idx = rows[:, None] + step * np.arange(width)[None, :]
+        valid = (idx >= 0) & (idx < n)
+        idx = np.clip(idx, 0, n - 1)
+        seg, word = tokens.segment[idx], tokens.word[idx]
+        gap = (word - word[:, :1]) * step  # words from the retrieved row's word
+        inside = valid & (seg == seg[:, :1]) & (gap < max_words)
+        done = ~inside[:, -1]
+        edge = tokens.word_end[idx] if step == 1 else tokens.word_start[idx]
+        r, c = np.nonzero(inside[done] & edge[done])
+        found.append(rows[done][r])
+        other.append(idx[done][r, c])
+        rows, width = rows[~done], width * 2
+    if not found:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(found), np.concatenate(other)
 
 
 def phrase_scores(h: np.ndarray, q_start: np.ndarray, q_end: np.ndarray, pairs: np.ndarray) -> np.ndarray:

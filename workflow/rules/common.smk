@@ -429,6 +429,15 @@ if DP:
 
 def dp_blocks(corpus):
     return encoder_blocks(corpus, DP_ENCODER, "data/densephrases/blocks")
+# DensePhrases files placed by hand (config densephrases.rc's SQuAD files, query_ft's question files): rule
+# densephrases_manual_file plans them, so that `snakemake -n` lists the whole DAG, and fails with instructions.
+DP_MANUAL = sorted(
+    {path for path in ([] if not DP or DP["rc"] == "embedded" else list(DP["rc"].values()))
+     + [(DP.get("query_ft") or {}).get(split) for split in ("train", "dev")] if path}
+)
+DP_MANUAL_PATTERN = "|".join(re.escape(path) for path in DP_MANUAL) or "(?!)"
+
+
 
 
 def dp_model():
@@ -439,9 +448,15 @@ def dp_model():
 def dp_dump(negatives, corpus):
     return f"data/densephrases/dump/{negatives}/{corpus}/meta.json"
 
+    """The phrase dump's meta.json, written by rule densephrases_combine after every shard."""
 
 def dp_index(negatives, corpus, index):
     return f"data/densephrases/index/{negatives}/{corpus}/{index}.faiss"
+def dp_dump_shard(negatives, corpus, shard):
+    """One shard's meta.json, made by rule densephrases_dump from the corpus's shard-th blocks file."""
+    return f"data/densephrases/dump/{negatives}/{corpus}/shard{shard}/meta.json"
+
+
 
 
 def dp_rc(split):

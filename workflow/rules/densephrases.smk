@@ -2,9 +2,10 @@
 # teacher, the phrase and question encoders, the phrase dump and its FAISS indexes, query-side fine-tuning, and the
 # evaluations of results/tables/densephrases.csv. The knowledge tables' DensePhrases row is rule evaluate's (the
 # registry system `densephrases`, common.smk dp_model / dp_dump / dp_index). Config section `densephrases`; absent
-# (config/paper.yaml) = no DensePhrases targets.
+# (config/released.yaml) = no DensePhrases targets.
 #   results/densephrases/teacher, results/densephrases/model_{negatives}[_qft]
-#   data/densephrases/dump/{negatives}/{corpus}/, data/densephrases/index/{negatives}/{corpus}/{index}.faiss
+#   data/densephrases/dump/{negatives}/{corpus}/shard{shard}/ (one job per blocks shard), then its meta.json
+#   data/densephrases/index/{negatives}/{corpus}/{index}.faiss
 #   results/densephrases/eval/{variant}/{index}.json     open-domain; variant = {negatives} or {negatives}_qft
 #   results/densephrases/eval/{negatives}/rc.json         reading comprehension ({p} and D_small)
 
@@ -20,6 +21,23 @@ use rule tokenize_blocks as densephrases_tokenize_blocks with:
         "logs/densephrases/tokenize_blocks/{corpus}/shard{shard}.log",
     benchmark:
         "results/benchmarks/rules/densephrases_tokenize_blocks/{corpus}/shard{shard}.tsv"
+
+
+rule densephrases_manual_file:
+    """A DensePhrases input placed by hand (config densephrases.rc: SQuAD v1.1 / NQ-RC JSON; densephrases.query_ft:
+    JSONL questions); this job only fails with that instruction, so that `snakemake -n` still plans the whole DAG."""
+    output:
+        "{dp_manual}",
+    wildcard_constraints:
+        dp_manual=DP_MANUAL_PATTERN,
+    log:
+        "logs/densephrases/manual_file/{dp_manual}.log",
+    conda:
+        "../envs/data.yaml"
+    shell:
+        "echo 'densephrases: {output} does not exist; place it there by hand (SQuAD v1.1:"
+        " https://rajpurkar.github.io/SQuAD-explorer/dataset/; NQ-RC and the open-domain NQ questions: the"
+        " DensePhrases release; see config/paper.yaml), then re-run.' | tee {log} >&2; exit 1"
 
 
 rule densephrases_rc:
@@ -134,14 +152,17 @@ rule densephrases_train:
 
 
 rule densephrases_dump:
-    """Every token vector of the corpus's blocks from the phrase encoder (fp16, the datastore's layout)."""
+    """One shard of the phrase dump: every token vector of the corpus's shard-th blocks file from the phrase encoder
+    (fp16, the datastore's layout) and its part of the token table; one job per blocks shard."""
     input:
         model="results/densephrases/model_{negatives}",
-        blocks=lambda wc: dp_blocks(wc.corpus),
+        blocks=lambda wc: dp_blocks(wc.corpus)[int(wc.shard)],
     output:
-        "data/densephrases/dump/{negatives}/{corpus}/meta.json",
+        "data/densephrases/dump/{negatives}/{corpus}/shard{shard}/meta.json",
+    wildcard_constraints:
+        negatives="none|in_batch|pre_batch",
     params:
-        folder=lambda wc, output: Path(output[0]).parent,
+        folder=lambda wc, output: Path(output[0]).parent.parent,
         threshold=lambda wc: "" if DP["filter_threshold"] is None else f"--filter-threshold {DP['filter_threshold']}",
         compute=DP_COMPUTE,
     threads: 1
@@ -150,18 +171,40 @@ rule densephrases_dump:
         mem_mb=64000,
         runtime=720,
     log:
-        "logs/densephrases/dump/{negatives}/{corpus}.log",
+        "logs/densephrases/dump/{negatives}/{corpus}/shard{shard}.log",
     benchmark:
-        "results/benchmarks/rules/densephrases_dump/{negatives}/{corpus}.tsv"
+        "results/benchmarks/rules/densephrases_dump/{negatives}/{corpus}/shard{shard}.tsv"
     conda:
         "../envs/eval.yaml"
     shell:
         "npm-repro densephrases dump --model {input.model} --blocks {input.blocks} --out {params.folder}"
-        " {params.threshold} {params.compute} > {log} 2>&1"
+        " --shard {wildcards.shard} {params.threshold} {params.compute} > {log} 2>&1"
+
+
+rule densephrases_combine:
+    """The phrase dump's meta.json, written once every shard is: the shards, their offsets and fingerprints (what
+    the index and the searches read)."""
+    input:
+        lambda wc: [dp_dump_shard(wc.negatives, wc.corpus, k) for k in range(len(dp_blocks(wc.corpus)))],
+    output:
+        "data/densephrases/dump/{negatives}/{corpus}/meta.json",
+    wildcard_constraints:
+        negatives="none|in_batch|pre_batch",
+    params:
+        folder=lambda wc, output: Path(output[0]).parent,
+        shards=lambda wc, input: len(input),
+    log:
+        "logs/densephrases/combine/{negatives}/{corpus}.log",
+    conda:
+        "../envs/data.yaml"  # CPU job: reads the shards' meta.json files
+    shell:
+        "npm-repro densephrases combine --dump {params.folder} --shards {params.shards} > {log} 2>&1"
 
 
 rule densephrases_index:
-    """The dump's FAISS index from the factory string named by the wildcard (config index / compare_indexes)."""
+    """The dump's FAISS index from the factory string named by the wildcard (config index / compare_indexes), trained
+    on a seeded sample drawn across the shards and filled shard by shard; an index that would not fit the job's
+    memory (mem_mb, the profile's) is refused before training, with its size and a smaller choice."""
     input:
         "data/densephrases/dump/{negatives}/{corpus}/meta.json",
     output:
@@ -186,7 +229,8 @@ rule densephrases_index:
         "../envs/embed.yaml"
     shell:
         "npm-repro densephrases index --dump {params.folder} --out {output.index} --factory {params.factory:q}"
-        " --nprobe {params.nprobe} --train-sample {params.train_sample} --seed {params.seed} > {log} 2>&1"
+        " --nprobe {params.nprobe} --train-sample {params.train_sample} --seed {params.seed}"
+        " --mem-mb {resources.mem_mb} > {log} 2>&1"
 
 
 rule densephrases_query_ft:
