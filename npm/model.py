@@ -48,7 +48,22 @@ def load_tokenizer(name: str):
         raise ValueError(f"tokenizer {name!r} has no fast (Rust) implementation; word boundaries need offsets")
     if tok.mask_token_id is None:
         raise ValueError(f"tokenizer {name!r} has no mask token; NPM needs one for [MASK_s][MASK_e] queries")
+    _roberta_mask_eats_the_space(tok)
     return tok
+
+
+def _roberta_mask_eats_the_space(tok) -> None:
+    """RoBERTa's ``<mask>`` strips the space before it (" in <mask>." -> "Ġin" "<mask>" "."). transformers 4 set that
+    in the tokenizer's code; transformers 5 reads it only from tokenizer.json / tokenizer_config.json, which the
+    released checkpoints (facebook/npm, facebook/npm-single: vocab.json and merges.txt only) lack, so their queries
+    would carry an extra "Ġ" token before the mask. Restored here for any byte-level BPE whose mask is ``<mask>``."""
+    from tokenizers import AddedToken
+
+    mask = tok.added_tokens_decoder.get(tok.mask_token_id)
+    byte_level = "ByteLevel" in str(tok.backend_tokenizer.pre_tokenizer)
+    if tok.mask_token == "<mask>" and byte_level and mask is not None and not mask.lstrip:
+        tok.add_special_tokens({"mask_token": AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False,
+                                                         special=True)})
 
 
 def _attention(attn_implementation: str | None) -> dict:

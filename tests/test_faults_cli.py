@@ -241,7 +241,8 @@ SCHEMA_TO_CLI = {
     **{f"densephrases.query_ft.{key}": ("densephrases query-ft", f"--{key.replace('_', '-')}")
        for key in ("epochs", "batch_size", "lr", "k")},
 }
-NO_CLI_OPTION = {"training.gpus_per_node"}  # read by the Snakefile (torchrun), not by an npm-repro option
+# read by the Snakefile, not by an npm-repro option: torchrun's process count, the datastores' disk-cost estimate
+NO_CLI_OPTION = {"training.gpus_per_node", "sources.*.tokens"}
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 

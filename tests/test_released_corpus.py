@@ -16,6 +16,7 @@ import os
 import pickle
 import string
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,7 +208,7 @@ def test_unpack_refuses_members_outside_the_folder_and_leaves_nothing(tmp_path):
     payload.write_text("x")
     with tarfile.open(evil, "w") as t:
         t.add(payload, arcname="../escaped.txt")
-    with pytest.raises(tarfile.TarError):
+    with pytest.raises(ValueError, match=r"evil.tar: member '../escaped.txt' would unpack outside"):
         unpack(evil, tmp_path / "out")
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
     assert not (tmp_path.parent / "escaped.txt").exists()
@@ -237,3 +238,53 @@ def test_the_released_route_plans_downloads_import_embedding_indexes_evaluation_
     for needed in ("data/checkpoints/facebook/npm", "data/datastore/npm/enwiki_0/meta.json",
                    "data/datastore/npm/cc_news/meta.json", f"data/tasks/agn/{COMPLETE}"):
         assert needed in agn["input"].split(", ")
+
+
+def test_a_legacy_layout_checkpoint_tokenizes_the_mask_as_roberta_large(bpe_tokenizer, tmp_path):
+    """The released checkpoints carry only vocab.json and merges.txt (the hub's legacy layout). RoBERTa's <mask> eats
+    the space before it (lstrip, set in the tokenizer's code in transformers 4, read only from tokenizer files in
+    transformers 5): " in <mask>." must give ... "Ġin" "<mask>" "." as roberta-large, not an extra "Ġ" token."""
+    from npm.model import load_tokenizer
+
+    legacy = tmp_path / "npm"
+    legacy.mkdir()
+    bpe_tokenizer.backend_tokenizer.model.save(str(legacy))  # vocab.json, merges.txt
+    (legacy / "config.json").write_text(json.dumps({"model_type": "roberta"}))
+    loaded = load_tokenizer(str(legacy))
+    text = ["Thessaloniki is the second largest city in <mask>.", " The cat's hat."]
+    assert loaded(text)["input_ids"] == bpe_tokenizer(text)["input_ids"]
+    ids = loaded(text[0])["input_ids"]
+    assert ids[ids.index(loaded.mask_token_id) - 1] == loaded.convert_tokens_to_ids("Ġin")
+
+
+def test_npm_single_is_closed_set_only_on_the_released_and_paper_routes_and_the_plan_states_disk_costs(tmp_path):
+    """The original never evaluates NPM-single open-set, and an open-set NPM-single costs a second Wikipedia datastore
+    (~1.5 TB at fp16): config/released.yaml and config/paper.yaml leave it out of the open-set systems (it stays
+    selectable), the released route plans no NPM-single Wikipedia datastore, and the dry run states every datastore's
+    disk cost."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from npm.evaluation.systems import SYSTEMS
+    from tests.test_task_fetch import ROOT, jobs
+
+    for name in ("released.yaml", "paper.yaml"):
+        config = yaml.safe_load((ROOT / "config" / name).read_text(encoding="utf-8"))
+        assert "npm_single" not in config["evaluation"]["open_set_systems"], name
+        assert "npm_single" in config["evaluation"]["closed_set_systems"], name
+    assert SYSTEMS["npm_single"].open is not None  # still selectable for open-set tasks
+
+    snakemake = str(Path(sys.executable).with_name("snakemake"))
+    out = subprocess.run([snakemake, "results/check/paper.txt", "-n", "--cores", "1", "--directory", str(tmp_path),
+                          "-s", str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config" / "released.yaml")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    planned = jobs(out.stdout)
+    datastores = {j["output"].split(",")[0].rsplit("/", 1)[0] for j in planned if j["rule"] == "plan_datastore"}
+    assert "data/datastore/npm/enwiki" in datastores and "data/datastore/npm_single/enwiki_0" in datastores
+    assert not any(d.startswith("data/datastore/npm_single/enwiki") and not d.endswith("enwiki_0") for d in datastores)
+    costs = out.stderr[out.stderr.index("npm-repro: datastores of this configuration"):]
+    assert "data/datastore/npm/enwiki: 1,658.9 GB" in costs  # 810M tokens x 1024 x 2 B at most
+    assert "data/datastore/npm_single/enwiki:" not in costs

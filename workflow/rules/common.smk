@@ -1,6 +1,8 @@
 # Shared input functions, wildcard constraints and cross-key config checks.
 import importlib.util
+import json
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -231,14 +233,14 @@ def lm_checkpoint():
 HUB_CHECKPOINTS = {hub_download(m): released_model(m) for m in TRAINABLE if hub_download(m)}
 if config["baselines"]["lm"] != "smollm2" and hub_folder(config["baselines"]["lm"]):
     HUB_CHECKPOINTS[hub_folder(config["baselines"]["lm"])] = config["baselines"]["lm"]
-HUB_PATTERN = "|".join(re.escape(folder) for folder in HUB_CHECKPOINTS) or "(?!)"
-
 # config model.tokenizer as the rules pass it: a hub id (roberta-large on the released route) is downloaded once by
 # rule download_checkpoint and read from there, so that no job reaches the hub (or needs a mirror) by itself.
 TOKENIZER = hub_folder(config["model"]["tokenizer"]) or config["model"]["tokenizer"]
 TOKENIZER_INPUT = [TOKENIZER] if hub_folder(config["model"]["tokenizer"]) else []
 if TOKENIZER_INPUT:
     HUB_CHECKPOINTS[TOKENIZER] = config["model"]["tokenizer"]
+HUB_PATTERN = "|".join(re.escape(folder) for folder in HUB_CHECKPOINTS) or "(?!)"
+
 
 def model_name(model):
     """The checkpoint as the rules pass it to `--model`: config `models` (a released checkpoint) or the model trained
@@ -427,8 +429,6 @@ if DP:
         _config_error(f"densephrases.corpus: {DP_CORPUS!r} is not a source; sources: {sorted(config['sources'])}")
 
 
-def dp_blocks(corpus):
-    return encoder_blocks(corpus, DP_ENCODER, "data/densephrases/blocks")
 # DensePhrases files placed by hand (config densephrases.rc's SQuAD files, query_ft's question files): rule
 # densephrases_manual_file plans them, so that `snakemake -n` lists the whole DAG, and fails with instructions.
 DP_MANUAL = sorted(
@@ -438,6 +438,8 @@ DP_MANUAL = sorted(
 DP_MANUAL_PATTERN = "|".join(re.escape(path) for path in DP_MANUAL) or "(?!)"
 
 
+def dp_blocks(corpus):
+    return encoder_blocks(corpus, DP_ENCODER, "data/densephrases/blocks")
 
 
 def dp_model():
@@ -446,17 +448,17 @@ def dp_model():
 
 
 def dp_dump(negatives, corpus):
+    """The phrase dump's meta.json, written by rule densephrases_combine after every shard."""
     return f"data/densephrases/dump/{negatives}/{corpus}/meta.json"
 
-    """The phrase dump's meta.json, written by rule densephrases_combine after every shard."""
 
-def dp_index(negatives, corpus, index):
-    return f"data/densephrases/index/{negatives}/{corpus}/{index}.faiss"
 def dp_dump_shard(negatives, corpus, shard):
     """One shard's meta.json, made by rule densephrases_dump from the corpus's shard-th blocks file."""
     return f"data/densephrases/dump/{negatives}/{corpus}/shard{shard}/meta.json"
 
 
+def dp_index(negatives, corpus, index):
+    return f"data/densephrases/index/{negatives}/{corpus}/{index}.faiss"
 
 
 def dp_rc(split):
@@ -520,7 +522,8 @@ def evaluate_inputs(wildcards):
     """The system's checkpoint and the reference corpus's artefacts it reads (registry `needs`), plus the task sets."""
     system, needs = run_needs(wildcards)
     corpora = run_corpora(wildcards)
-    inputs = {"tasks": task_inputs([wildcards.task]), "model": model_input(system.model)}
+    inputs = {"tasks": task_inputs([wildcards.task], system), "model": model_input(system.model),
+              "tokenizer": TOKENIZER_INPUT}
     if "datastore" in needs:
         inputs["datastore"] = expand("data/datastore/{model}/{corpus}/meta.json", model=system.model, corpus=corpora)
     if "faiss" in needs:
@@ -645,6 +648,10 @@ def report_targets():
     return [f"results/tables/{t}.csv" for t in tables] + [f"results/figures/{f}.pdf" for f in figures]
 
 
+# Every download (rules download_source, download_task_file, download_checkpoint) goes through config `mirror` when set:
+# https://HOST/PATH from MIRROR/HOST/PATH, the hub from MIRROR/huggingface.co (npm.data.mirror).
+MIRROR_ARG = f"--mirror {config['mirror']!r}" if config.get("mirror") else ""
+
 # Raw sources with a public URL are fetched by rule download_source (resumable, checksum-verified).
 DOWNLOADS = {src["path"]: src for src in config["sources"].values() if "url" in src and "path" in src}
 DOWNLOAD_PATTERN = "|".join(re.escape(path) for path in DOWNLOADS) or "(?!)"
@@ -656,3 +663,61 @@ MANUAL = {
     if "path" in src and "url" not in src and not src["path"].startswith("pypi:")
 }
 MANUAL_PATTERN = "|".join(re.escape(path) for path in MANUAL) or "(?!)"
+
+
+# ---------------------------------------------------------------------------------------- datastore disk cost
+# Each datastore holds one fp16 vector per stored token (paper-map §3.3): at most tokens x hidden x 2 bytes. The main
+# process (a dry run too) states the cost of every datastore this configuration plans, from the sources' `tokens`
+# (approximate, for this estimate) or the plan of a datastore already planned, so that a user sees what a system or
+# corpus adds (an NPM-single open-set datastore of Wikipedia: another ~1.5 TB).
+def _hidden_size(model):
+    """Hidden size of a model's checkpoint where it is on disk (else None: a hub id not downloaded yet)."""
+    for name in (*model_input(model), config["model"]["encoder"]):
+        try:
+            folder = Path(resolve_package_path(name))
+        except FileNotFoundError:
+            continue
+        if (folder / "config.json").is_file():
+            return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("hidden_size")
+    return None
+
+
+def planned_datastores():
+    """(model, corpus) of every datastore that the default target and the planned evaluations read."""
+    found = [tuple(Path(p).parts[2:4]) for p in retrieval_targets() if p.endswith("meta.json")]
+    for task, run in planned_evaluations():
+        found += [tuple(Path(p).parts[2:4]) for p in evaluate_inputs(evaluation_wildcards(task, run)).get("datastore", [])]
+    return list(dict.fromkeys(found))
+
+
+def datastore_cost_lines():
+    """One line per datastore of known size (its plan, or its source's `tokens`), then one for those of unknown size;
+    and the known total in bytes."""
+    lines, unknown, total = [], [], 0
+    for model, corpus in planned_datastores():
+        plan = Path(f"data/datastore/{model}/{corpus}/plan.json")
+        if plan.is_file():
+            record = json.loads(plan.read_text(encoding="utf-8"))
+            size, how = record["n_rows"] * record["hidden_size"] * 2, f"{record['n_rows']:,} vectors (planned)"
+        else:
+            base = subsample_of(corpus)
+            tokens = source(base[0] if base else corpus).get("tokens")
+            if not tokens:
+                unknown.append(f"{model}/{corpus}")
+                continue
+            tokens = tokens * base[1] // 100 if base else tokens
+            hidden = _hidden_size(model)
+            size = tokens * (hidden or 1024) * 2
+            how = f"<= {tokens:,} tokens x {hidden or '1024 (assumed: not downloaded yet)'} x 2 B"
+        total += size
+        lines.append(f"  data/datastore/{model}/{corpus}: {size / 1e9:,.1f} GB  ({how})")
+    if unknown:
+        lines.append(f"  size unknown until planned (no `tokens` in the source): {', '.join(unknown)}")
+    return lines, total
+
+
+if workflow.is_main_process:
+    _lines, _total = datastore_cost_lines()
+    if _total:
+        print(f"npm-repro: datastores of this configuration (fp16 vectors; {_total / 1e9:,.1f} GB known in all):",
+              *_lines, sep="\n", file=sys.stderr)

@@ -16,6 +16,7 @@ rule download_source:
     params:
         url=lambda wc: DOWNLOADS[wc.download]["url"],
         sha256=lambda wc: DOWNLOADS[wc.download].get("sha256", ""),
+        mirror=MIRROR_ARG,
     resources:
         runtime=1440,
     log:
@@ -23,7 +24,8 @@ rule download_source:
     conda:
         "../envs/data.yaml"
     shell:
-        "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} > {log} 2>&1"
+        "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} {params.mirror}"
+        " > {log} 2>&1"
 
 
 rule unpack_source:
@@ -46,7 +48,8 @@ rule import_blocks:
     """One shard of a released pre-tokenised corpus (X.npy, X_blocks.npy, X_valid.pkl) -> a blocks file: the released
     ids, blocks and valid positions, the surface text recovered from the byte-level BPE ids (npm.data.released)."""
     input:
-        lambda wc: released_folder(wc.corpus),
+        folder=lambda wc: released_folder(wc.corpus),
+        tokenizer=TOKENIZER_INPUT,
     output:
         blocks="data/blocks/{corpus}/shard{shard}.npz",
         summary="data/blocks/{corpus}/shard{shard}.summary.json",
@@ -54,7 +57,7 @@ rule import_blocks:
         corpus=IMPORTED_PATTERN,
     params:
         stem=lambda wc: released_stem(wc.corpus, wc.shard),
-        tokenizer=config["model"]["tokenizer"],
+        tokenizer=TOKENIZER,
     log:
         "logs/import_blocks/{corpus}/shard{shard}.log",
     benchmark:
@@ -62,7 +65,7 @@ rule import_blocks:
     conda:
         "../envs/data.yaml"
     shell:
-        "npm-repro import-corpus --folder {input} --stem {params.stem:q} --tokenizer {params.tokenizer:q}"
+        "npm-repro import-corpus --folder {input.folder} --stem {params.stem:q} --tokenizer {params.tokenizer:q}"
         " --out {output.blocks} --summary {output.summary} > {log} 2>&1"
 
 
@@ -75,6 +78,7 @@ rule download_checkpoint:
         checkpoint=HUB_PATTERN,
     params:
         repo=lambda wc: HUB_CHECKPOINTS[wc.checkpoint],
+        mirror=MIRROR_ARG,
     resources:
         runtime=240,
     log:
@@ -82,7 +86,7 @@ rule download_checkpoint:
     conda:
         "../envs/data.yaml"
     shell:
-        "npm-repro download-checkpoint --repo {params.repo:q} --out {output} > {log} 2>&1"
+        "npm-repro download-checkpoint --repo {params.repo:q} --out {output} {params.mirror} > {log} 2>&1"
 
 
 rule manual_source:
@@ -231,14 +235,15 @@ rule shard_documents:
 rule tokenize_blocks:
     """Documents -> blocks of at most 256 tokens, each unit wrapped in the tokenizer's begin/end tokens (paper-map §2.1)."""
     input:
-        "data/docs/{corpus}.shards",
+        docs="data/docs/{corpus}.shards",
+        tokenizer=TOKENIZER_INPUT,
     output:
         blocks="data/blocks/{corpus}/shard{shard}.npz",
         summary="data/blocks/{corpus}/shard{shard}.summary.json",
     wildcard_constraints:
         corpus=TOKENIZED_PATTERN,
     params:
-        tokenizer=config["model"]["tokenizer"],
+        tokenizer=TOKENIZER,
         max_len=config["data"]["max_seq_length"],
     priority: DATA_PRIORITY
     log:
@@ -248,7 +253,7 @@ rule tokenize_blocks:
     conda:
         "../envs/data.yaml"
     shell:
-        "npm-repro tokenize-blocks --docs {input}/shard{wildcards.shard}.jsonl.gz --tokenizer {params.tokenizer:q}"
+        "npm-repro tokenize-blocks --docs {input.docs}/shard{wildcards.shard}.jsonl.gz --tokenizer {params.tokenizer:q}"
         " --max-seq-length {params.max_len} --out {output.blocks} --summary {output.summary} > {log} 2>&1"
 
 

@@ -45,7 +45,7 @@ for _name, _pairs in evaluation_groups().items():
             args=lambda wc, input, first=_first: evaluate_args(first, input),
             n=n_samples_arg(),
             settings=to_args(config.get("inference")),
-            tokenizer=config["model"]["tokenizer"],
+            tokenizer=TOKENIZER,
         threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
         resources:
             gpu=1,
@@ -76,7 +76,7 @@ rule evaluate:
         args=evaluate_args,  # input-dependent (not tracked by Snakemake's params trigger); config values below are
         n=n_samples_arg(),
         settings=to_args(config.get("inference")),
-        tokenizer=config["model"]["tokenizer"],
+        tokenizer=TOKENIZER,
     threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
     resources:
         gpu=1,
@@ -108,7 +108,7 @@ rule evaluate_negative_control:
         args=lambda wc, input: evaluate_args(wc, input) + " --negative-control shuffled_vectors",
         n=n_samples_arg(),
         settings=to_args(config.get("inference")),
-        tokenizer=config["model"]["tokenizer"],
+        tokenizer=TOKENIZER,
     threads: 1
     resources:
         gpu=1,

@@ -10,11 +10,12 @@ rule pretrain:
     input:
         blocks=lambda wc: training_shards(wc.model)[0],
         masked=lambda wc: training_shards(wc.model)[1],
+        tokenizer=TOKENIZER_INPUT,
     output:
         directory("results/models/{model}"),
     params:
         encoder=config["model"]["encoder"],
-        tokenizer=config["model"]["tokenizer"],
+        tokenizer=TOKENIZER,
         t=config["training"],
         schedule_steps=config["training"]["schedule_steps"] or 0,
         pad_to=config["training"]["pad_to"] or 0,

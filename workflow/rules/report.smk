@@ -128,19 +128,20 @@ rule figure7:
 rule figure8:
     """Figure 8: exact match by the number of subword splits of the answer (knowledge tasks)."""
     input:
-        [p.replace("results/metrics", "results/predictions").replace(".json", ".jsonl")
-         for p in metrics(TABLE8_TASKS, EVAL["open_set_systems"])],
+        predictions=[p.replace("results/metrics", "results/predictions").replace(".json", ".jsonl")
+                     for p in metrics(TABLE8_TASKS, EVAL["open_set_systems"])],
+        tokenizer=TOKENIZER_INPUT,
     output:
         pdf=report("results/figures/figure8.pdf", category="Figures", caption="../report/figure8.rst"),
         png=report("results/figures/figure8.png", category="Figures", caption="../report/figure8.rst"),
     params:
-        tokenizer=config["model"]["tokenizer"],
+        tokenizer=TOKENIZER,
     log:
         "logs/report/figure8.log",
     conda:
         "../envs/report.yaml"
     shell:
-        "npm-repro report figure8 --predictions {input} --tokenizer {params.tokenizer:q} --out {output.pdf} > {log} 2>&1"
+        "npm-repro report figure8 --predictions {input.predictions} --tokenizer {params.tokenizer:q} --out {output.pdf} > {log} 2>&1"
 
 
 rule check_paper:

@@ -26,12 +26,14 @@ rule download_task_file:
     params:
         url=lambda wc: TASK_DOWNLOADS[wc.task_download],
         sha256=lambda wc: TASK_CHECKSUMS.get(TASK_DOWNLOADS[wc.task_download], ""),
+        mirror=MIRROR_ARG,
     log:
         "logs/download_task_file/{task_download}.log",
     conda:
         "../envs/data.yaml"
     shell:
-        "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} > {log} 2>&1"
+        "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} {params.mirror}"
+        " > {log} 2>&1"
 
 
 rule download_task:
