@@ -10,10 +10,7 @@
 
 from __future__ import annotations
 
-import http.server
 import importlib.util
-import threading
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -112,37 +109,15 @@ def bpe_tokenizer(tmp_path_factory):
 
 @pytest.fixture
 def server(tmp_path):
+    """npm.data.mirror's server (static files with single-range requests, as a resumed download sends them) over a
+    fresh folder: (folder, base URL)."""
+    from npm.data.mirror import base_url, serve
+
     root = tmp_path / "www"
     root.mkdir()
-    handler = partial(RangeHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd = serve(root)
+    yield root, base_url(httpd)
     httpd.shutdown()
-
-
-class RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """SimpleHTTPRequestHandler plus the single-range requests a resumed download sends."""
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        rng = self.headers.get("Range")
-        if not rng:
-            return super().do_GET()
-        path = self.translate_path(self.path)
-        data = open(path, "rb").read()
-        start = int(rng.split("=")[1].split("-")[0])
-        if start >= len(data):
-            self.send_response(416)
-            self.end_headers()
-            return
-        self.send_response(206)
-        self.send_header("Content-Length", str(len(data) - start))
-        self.end_headers()
-        self.wfile.write(data[start:])
 
 
 def require_jvm() -> None:

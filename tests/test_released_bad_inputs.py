@@ -17,18 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npm.data.mirror import base_url, mirrored, serve
+from npm.data.mirror import mirrored
 
 NPM_REPRO = str(Path(sys.executable).with_name("npm-repro"))
-
-
-@pytest.fixture
-def mirror(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    server = serve(root)
-    yield root, base_url(server)
-    server.shutdown()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -37,7 +28,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_a_mirror_swaps_scheme_and_host_and_keeps_path_and_query():
     url = "https://github.com/JanKalo/KAMEL/blob/master/data/kamel.zip?raw=true"
-    assert mirrored(url, "http://127.0.0.1:8000/") == "http://127.0.0.1:8000/github.com/JanKalo/KAMEL/blob/master/data/kamel.zip?raw=true"
+    assert mirrored(url, "http://127.0.0.1:8000/") == ("http://127.0.0.1:8000/github.com/JanKalo/KAMEL/blob/master/"
+                                                        "data/kamel.zip?raw=true")
     assert mirrored(url, None) == url
     with pytest.raises(ValueError, match="not an absolute URL"):
         mirrored("data/raw/x.tar.gz", "http://127.0.0.1:8000")
@@ -62,10 +54,10 @@ def test_a_corpus_shard_whose_valid_file_disagrees_with_its_blocks_is_refused(tm
     assert not out.exists() and not list(out.parent.glob("*")) if out.parent.exists() else True
 
 
-def test_a_checkpoint_without_weights_is_refused_before_any_download(mirror, tmp_path):
+def test_a_checkpoint_without_weights_is_refused_before_any_download(server, tmp_path):
     from npm.data.download import download_checkpoint
 
-    root, url = mirror
+    root, url = server
     repo = root / "huggingface.co" / "facebook" / "npm"
     repo.mkdir(parents=True)
     (repo / "config.json").write_text(json.dumps({"model_type": "roberta"}))
@@ -77,10 +69,10 @@ def test_a_checkpoint_without_weights_is_refused_before_any_download(mirror, tmp
     assert not out.exists() and not out.with_name("npm.tmp").exists()
 
 
-def test_a_served_checkpoint_is_downloaded_in_the_legacy_layout_with_its_sha256(mirror, tmp_path):
+def test_a_served_checkpoint_is_downloaded_in_the_legacy_layout_with_its_sha256(server, tmp_path):
     from npm.data.download import download_checkpoint, sha256_of
 
-    root, url = mirror
+    root, url = server
     repo = root / "huggingface.co" / "facebook" / "npm-single"
     repo.mkdir(parents=True)
     for name, data in (("config.json", b'{"model_type": "roberta"}'), ("pytorch_model.bin", b"weights"),
@@ -94,8 +86,8 @@ def test_a_served_checkpoint_is_downloaded_in_the_legacy_layout_with_its_sha256(
     assert record["endpoint"] == f"{url}/huggingface.co"
 
 
-def test_a_served_file_that_changes_between_two_runs_is_refused_and_not_installed(mirror, tmp_path):
-    root, url = mirror
+def test_a_served_file_that_changes_between_two_runs_is_refused_and_not_installed(server, tmp_path):
+    root, url = server
     served = root / "dl.fbaipublicfiles.com" / "NPM" / "templama.tar.gz"
     served.parent.mkdir(parents=True)
     served.write_bytes(b"first release" * 100)
@@ -114,11 +106,11 @@ def test_a_served_file_that_changes_between_two_runs_is_refused_and_not_installe
     assert not out.exists() and not out.with_name("templama.tar.gz.part").exists()
 
 
-def test_a_body_cut_short_is_kept_as_a_part_file_and_resumed(mirror, tmp_path):
+def test_a_body_cut_short_is_kept_as_a_part_file_and_resumed(server, tmp_path):
     """A served body shorter than its Content-Length is never installed; the next run resumes the part file."""
     from npm.data.download import download
 
-    root, url = mirror
+    root, url = server
     payload = bytes(range(256)) * 64
     (root / "example.org").mkdir()
     (root / "example.org" / "f.bin").write_bytes(payload)

@@ -202,12 +202,16 @@ def download_checkpoint(repo: str, out: str | os.PathLike, revision: str | None 
     tmp = out.with_name(out.name + ".tmp")
     endpoint = hub_endpoint(mirror)
     where = f"the mirror {endpoint}" if endpoint else "the Hugging Face hub"
+
+    def unreachable(e: Exception) -> ValueError:  # network, offline mode, unknown repo: one line that says what to do
+        return ValueError(f"cannot download {repo} from {where} ({type(e).__name__}: {e}). Offline? On a machine "
+                          f"with network run `hf download {repo} --local-dir {out}`, copy the folder here and run "
+                          "again")
+
     try:
         info = HfApi(endpoint=endpoint).model_info(repo, revision=revision, files_metadata=True)
-    except Exception as e:  # network, offline mode, unknown repo: one line that says what to do
-        raise ValueError(f"cannot download {repo} from {where} ({type(e).__name__}: {e}). Offline? On "
-                         f"a machine with network run `hf download {repo} --local-dir {out}`, copy the folder here and "
-                         "run again") from None
+    except Exception as e:  # noqa: BLE001 - any failure gets the advice above
+        raise unreachable(e) from None
     names = [s.rfilename for s in info.siblings]
     try:
         patterns = checkpoint_patterns(names)
@@ -216,10 +220,8 @@ def download_checkpoint(repo: str, out: str | os.PathLike, revision: str | None 
     wanted = {s.rfilename: s for s in info.siblings if any(fnmatch(s.rfilename, p) for p in patterns)}
     try:
         snapshot_download(repo, revision=info.sha, local_dir=tmp, allow_patterns=patterns, endpoint=endpoint)
-    except Exception as e:  # noqa: BLE001 - the same advice as above
-        raise ValueError(f"cannot download {repo} from {where} ({type(e).__name__}: {e}). Offline? On "
-                         f"a machine with network run `hf download {repo} --local-dir {out}`, copy the folder here and "
-                         "run again") from None
+    except Exception as e:  # noqa: BLE001 - any failure gets the advice above
+        raise unreachable(e) from None
     published = {name: s.lfs.sha256 for name, s in wanted.items() if s.lfs is not None}
     verify_checkpoint(tmp, published)
     record = {"repo": repo, "revision": info.sha, "endpoint": endpoint or "huggingface_hub default",

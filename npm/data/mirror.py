@@ -25,6 +25,8 @@ import urllib.parse
 from functools import lru_cache
 from pathlib import Path
 
+from npm.fingerprint import file_fingerprint
+
 HUB = "https://huggingface.co"
 LFS_SUFFIXES = (".bin", ".safetensors", ".h5", ".msgpack", ".ot", ".pt", ".pth", ".onnx", ".npy", ".gz", ".zip")
 CHUNK = 1 << 20
@@ -56,9 +58,9 @@ def hub_endpoint(mirror: str | None) -> str | None:
 # ------------------------------------------------------------------------------------------ the local server
 
 
-def _sha(path: Path, algo: str, prefix: bytes = b"") -> str:
-    h = hashlib.new(algo)
-    h.update(prefix)
+def _git_blob_id(path: Path, size: int) -> str:
+    """The git blob id of a file: sha1 of ``blob SIZE\0`` and its bytes."""
+    h = hashlib.sha1(f"blob {size}\0".encode())
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
@@ -69,9 +71,9 @@ def _sha(path: Path, algo: str, prefix: bytes = b"") -> str:
 def _file_info(path: str, size: int, mtime_ns: int) -> dict:
     """The hub's record of one file: git blob id, and for large (LFS) files their sha256."""
     p = Path(path)
-    info = {"size": size, "blob": _sha(p, "sha1", f"blob {size}\0".encode())}
+    info = {"size": size, "blob": _git_blob_id(p, size)}
     if p.suffix in LFS_SUFFIXES:
-        info["sha256"] = _sha(p, "sha256")
+        info["sha256"] = file_fingerprint(p)
     return info
 
 

@@ -235,8 +235,9 @@ if config["baselines"]["lm"] != "smollm2" and hub_folder(config["baselines"]["lm
     HUB_CHECKPOINTS[hub_folder(config["baselines"]["lm"])] = config["baselines"]["lm"]
 # config model.tokenizer as the rules pass it: a hub id (roberta-large on the released route) is downloaded once by
 # rule download_checkpoint and read from there, so that no job reaches the hub (or needs a mirror) by itself.
-TOKENIZER = hub_folder(config["model"]["tokenizer"]) or config["model"]["tokenizer"]
-TOKENIZER_INPUT = [TOKENIZER] if hub_folder(config["model"]["tokenizer"]) else []
+_TOKENIZER_DOWNLOAD = hub_folder(config["model"]["tokenizer"])
+TOKENIZER = _TOKENIZER_DOWNLOAD or config["model"]["tokenizer"]
+TOKENIZER_INPUT = [_TOKENIZER_DOWNLOAD] if _TOKENIZER_DOWNLOAD else []
 if TOKENIZER_INPUT:
     HUB_CHECKPOINTS[TOKENIZER] = config["model"]["tokenizer"]
 HUB_PATTERN = "|".join(re.escape(folder) for folder in HUB_CHECKPOINTS) or "(?!)"
