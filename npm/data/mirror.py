@@ -25,8 +25,6 @@ import urllib.parse
 from functools import lru_cache
 from pathlib import Path
 
-from npm.fingerprint import file_fingerprint
-
 HUB = "https://huggingface.co"
 LFS_SUFFIXES = (".bin", ".safetensors", ".h5", ".msgpack", ".ot", ".pt", ".pth", ".onnx", ".npy", ".gz", ".zip")
 CHUNK = 1 << 20
@@ -58,9 +56,9 @@ def hub_endpoint(mirror: str | None) -> str | None:
 # ------------------------------------------------------------------------------------------ the local server
 
 
-def _git_blob_id(path: Path, size: int) -> str:
-    """The git blob id of a file: sha1 of ``blob SIZE\0`` and its bytes."""
-    h = hashlib.sha1(f"blob {size}\0".encode())
+def _digest(path: Path, h) -> str:
+    """``h`` (a hashlib object, maybe already fed a header) over the bytes of ``path``. npm.fingerprint has its own
+    sha256 of a file, but npm.data may not import it (dependencies point one way: npm.fingerprint imports npm.data)."""
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
@@ -71,9 +69,9 @@ def _git_blob_id(path: Path, size: int) -> str:
 def _file_info(path: str, size: int, mtime_ns: int) -> dict:
     """The hub's record of one file: git blob id, and for large (LFS) files their sha256."""
     p = Path(path)
-    info = {"size": size, "blob": _git_blob_id(p, size)}
+    info = {"size": size, "blob": _digest(p, hashlib.sha1(f"blob {size}\0".encode()))}  # git's blob id
     if p.suffix in LFS_SUFFIXES:
-        info["sha256"] = file_fingerprint(p)
+        info["sha256"] = _digest(p, hashlib.sha256())
     return info
 
 
