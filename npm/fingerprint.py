@@ -6,7 +6,12 @@ datastore it was built from, a BM25 index only with the blocks it indexes. A fin
 content (never of paths or modification times), so a rebuilt but identical input keeps its fingerprint.
 
 * ``file_fingerprint``: the bytes of one file.
-* ``model_fingerprint``: config.json and the weight files of a model (names and bytes).
+* ``model_fingerprint``: config.json and the weight files of a model (names and bytes). Hashing a 1.4 GB
+  checkpoint takes seconds and every shard job of a datastore needs it, so the value is cached in a small JSON file
+  (``MODEL_FINGERPRINT_CACHE`` inside the model folder when it is writable, else
+  ``$XDG_CACHE_HOME/npm-repro/fingerprints/``), keyed by each hashed file's name, size, mtime_ns, ctime_ns and
+  inode: a cached value is used only when every key matches exactly; any change to a file (or a copy of the folder)
+  hashes the bytes again. The cache changes how fast, never what, the fingerprint is.
 * ``tokenizer_fingerprint``: the vocabulary and tokenizer files of a model folder.
 * ``CorpusHasher`` / ``corpus_fingerprint``: the token ids and block lengths of a corpus's blocks, in order. It does
   not depend on how the corpus is cut into files, so the datastore (its global arrays) and the BM25 index (its
@@ -16,6 +21,7 @@ content (never of paths or modification times), so a rebuilt but identical input
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +32,9 @@ CHUNK_BYTES = 1 << 22
 CHUNK_TOKENS = 1 << 24
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model")
+# The cache of model_fingerprint beside the weights: JSON, but not named *.json, which checkpoint downloads fetch
+# (npm.data.download.CHECKPOINT_FILES); no weight or tokenizer pattern matches it either.
+MODEL_FINGERPRINT_CACHE = ".npm-fingerprint.cache"
 
 
 def _hash_files(files: Sequence[Path]) -> str:
@@ -70,12 +79,54 @@ def _weight_files(folder: Path) -> list[Path]:
 
 
 def model_fingerprint(name: str) -> str:
-    """sha256 over config.json and the weight files (names and bytes) of model ``name``: what made the vectors."""
+    """sha256 over config.json and the weight files (names and bytes) of model ``name``: what made the vectors.
+
+    Cached (``_fingerprint_cache``): the bytes are hashed again only when a file's name, size, mtime, ctime or inode
+    changed since the cached value was computed."""
     folder = model_folder(name)
     files = _weight_files(folder)
     if not any(p.name != "config.json" for p in files):
         raise FileNotFoundError(f"model {name!r}: no weight files (*.safetensors, pytorch_model*.bin) in {folder}")
-    return _hash_files(files)
+    key, where = _stat_key(files), str(folder.resolve())
+    for cache in _fingerprint_caches(folder):
+        try:
+            cached = json.loads(cache.read_text(encoding="utf-8"))
+            if cached["folder"] == where and cached["files"] == key:
+                return str(cached["fingerprint"])
+        except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: not trusted
+            pass
+    value = _hash_files(files)
+    if _stat_key(files) == key:  # no file changed while it was hashed
+        _write_fingerprint_cache(folder, {"folder": where, "files": key, "fingerprint": value})
+    return value
+
+
+def _stat_key(files: Sequence[Path]) -> list[list]:
+    """[name, size, mtime_ns, ctime_ns, inode] of each file: what a cached fingerprint of ``files`` is valid for."""
+    return [[p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] for p in files for st in [p.stat()]]
+
+
+def _fingerprint_caches(folder: Path) -> list[Path]:
+    """Where the model fingerprint of ``folder`` may be cached, in order: inside it (``MODEL_FINGERPRINT_CACHE``),
+    then the user's cache folder ($XDG_CACHE_HOME or ~/.cache)/npm-repro/fingerprints/, under the sha256 of the
+    folder's resolved path."""
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npm-repro" / "fingerprints"
+    named = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()
+    return [folder / MODEL_FINGERPRINT_CACHE, user / f"{named}.json"]
+
+
+def _write_fingerprint_cache(folder: Path, record: dict) -> None:
+    """Write the cache record atomically inside ``folder`` when it is writable, else (or when that fails: a read-only
+    file system) in the user's cache folder; when both fail the next call only hashes again."""
+    from npm.io import write_json
+
+    beside, user = _fingerprint_caches(folder)
+    for target in ([beside] if os.access(folder, os.W_OK) else []) + [user]:
+        try:
+            write_json(target, record)
+            return
+        except OSError:
+            continue
 
 
 def tokenizer_fingerprint(name: str) -> str:

@@ -130,3 +130,14 @@ def require_jvm() -> None:
         if str(e).startswith(java.NO_JAVA_MESSAGE):
             pytest.skip(str(e))
         raise
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module's tests: tiny models run fastest (and steadiest on a busy 2-core machine) so."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
