@@ -163,6 +163,16 @@ def cmd_mask_batches(args):
     _summary(args, summary)
 
 
+def pool_arg(value: str):
+    """--pool of train: "all", "half" or a positive number of sequences (npm.training.gather.parse_pool)."""
+    from npm.training.gather import parse_pool
+
+    try:
+        return parse_pool(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def cmd_train(args):
     from npm.training.loop import TrainConfig, train
 
@@ -183,7 +193,10 @@ def cmd_train(args):
         grad_clip=args.grad_clip,
         precision=args.precision,
         attention=args.attention,
+        compile=args.compile,
         pool=args.pool,
+        lines_per_rank=args.lines_per_rank,
+        accumulate=args.accumulate,
         pad_to=args.pad_to or None,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
@@ -483,9 +496,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                    help="attention kernels: sdpa (transformers' default; fastest on a GPU) or eager (the plain "
                         "matrix products of the original code's era; its backward pass is faster on a CPU)")
-    p.add_argument("--pool", choices=["all", "half"], default="half",
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                   help="torch.compile the encoder (faster steps on a GPU after a minute of compiling; the same loss "
+                        "up to rounding; a graph that cannot compile runs eagerly)")
+    p.add_argument("--pool", type=pool_arg, default="half",
                    help="in-batch candidate pool of the contrastive loss (paper 3.2): all = the targets of every "
-                        "GPU; half = those of this GPU's half of the world, as the original code")
+                        "GPU; half = those of this GPU's half of the world, as the original code; or a number of "
+                        "sequences, a group of consecutive GPUs (the paper's: 256 = 16 GPUs x 16)")
+    p.add_argument("--lines-per-rank", type=positive_int, default=1,
+                   help="batch lines each GPU encodes together per micro-step (the original: 1 line of 16 "
+                        "sequences); the GPU's loss is the mean of its lines' losses")
+    p.add_argument("--accumulate", type=positive_int, default=1,
+                   help="micro-steps per optimizer step, gradients accumulated (the paper's 512 sequences per step "
+                        "on fewer GPUs); a pool never spans two micro-steps")
     p.add_argument("--pad-to", type=nonneg_int, default=0,
                    help="fixed row length (0 = longest row of the batch; the original code pads to 320)")
     p.add_argument("--checkpoint-every", type=positive_int, default=10_000, help="steps between resumable checkpoints")

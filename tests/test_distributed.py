@@ -47,6 +47,26 @@ def _occurs(tokens: list[int], row: np.ndarray) -> bool:
     return any(row[p : p + len(tokens)] == tokens for p in range(len(row) - len(tokens) + 1))
 
 
+def grow_row(ids: list[int], length: int, b: int, bank: list[list[int]], rng, spans: list) -> np.ndarray:
+    """Row ``b``: ``ids`` grown to ``length`` with phrases of ``bank`` (each appended to ``spans``) and filler tokens,
+    then SEP."""
+    while len(ids) < length:
+        if rng.random() < 0.5:
+            phrase = bank[int(rng.integers(len(bank)))]
+            spans.append((b, len(ids), len(phrase)))
+            ids += phrase
+        else:
+            ids.append(int(rng.integers(60, 90)))
+    return np.array(ids + [SEP], dtype=np.int64)
+
+
+def cooccurring(rows: list[np.ndarray], spans: list, pooled: list, me: int) -> np.ndarray:
+    """The spans [n, 3] of line ``me`` whose tokens occur in another row of ``pooled`` ((line, row index, row))."""
+    kept = [(b, s, n) for b, s, n in spans
+            if any(_occurs(rows[b][s : s + n].tolist(), row) for q, k, row in pooled if (q, k) != (me, b))]
+    return np.array(kept, dtype=np.int64).reshape(-1, 3)
+
+
 def world_lines(world: int, pool: str, seed: int = 0) -> list[tuple[list[np.ndarray], np.ndarray]]:
     """One batch line per rank: ranks differ in sequence count and length; every span co-occurs in its pool."""
     rng = np.random.default_rng(seed)
@@ -60,21 +80,12 @@ def world_lines(world: int, pool: str, seed: int = 0) -> list[tuple[list[np.ndar
                 if r == 0:
                     spans.append((b, len(ids), len(CROSS_RANK_PHRASE)))
                 ids += CROSS_RANK_PHRASE
-            while len(ids) < length:
-                if rng.random() < 0.5:
-                    phrase = bank[int(rng.integers(len(bank)))]
-                    spans.append((b, len(ids), len(phrase)))
-                    ids += phrase
-                else:
-                    ids.append(int(rng.integers(60, 90)))
-            rows.append(np.array(ids + [SEP], dtype=np.int64))
+            rows.append(grow_row(ids, length, b, bank, rng, spans))
         raw.append((rows, spans))
     lines = []
     for r, (rows, spans) in enumerate(raw):
         pooled = [(q, k, row) for q in pool_ranks(r, world, pool) for k, row in enumerate(raw[q][0])]
-        kept = [(b, s, n) for b, s, n in spans
-                if any(_occurs(rows[b][s : s + n].tolist(), row) for q, k, row in pooled if (q, k) != (r, b))]
-        lines.append((rows, np.array(kept, dtype=np.int64).reshape(-1, 3)))
+        lines.append((rows, cooccurring(rows, spans, pooled, r)))
     return lines
 
 
@@ -107,10 +118,12 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, pool: str) -> N
         dist.destroy_process_group()
 
 
-def spawn(world: int, pool: str, tmp: Path) -> list[dict]:
-    mp.get_context(START_METHOD).set_forkserver_preload([__name__])
-    ctx = mp.start_processes(_worker, args=(world, str(tmp / "init"), str(tmp), pool), nprocs=world, join=False,
-                             start_method=START_METHOD)
+def run_ranks(worker, world: int, args: tuple, tmp: Path, start_method: str = START_METHOD) -> list[dict]:
+    """``worker(rank, *args)`` in ``world`` processes, each saving its result as ``tmp/rank{rank}.pt``; the results in
+    rank order (the test fails when they take more than TIMEOUT_S)."""
+    if start_method == "forkserver":
+        mp.get_context(start_method).set_forkserver_preload([worker.__module__])
+    ctx = mp.start_processes(worker, args=args, nprocs=world, join=False, start_method=start_method)
     deadline = time.monotonic() + TIMEOUT_S
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:
@@ -118,6 +131,10 @@ def spawn(world: int, pool: str, tmp: Path) -> list[dict]:
                 p.kill()
             pytest.fail(f"{world} gloo processes did not finish in {TIMEOUT_S} s")
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def spawn(world: int, pool: str, tmp: Path) -> list[dict]:
+    return run_ranks(_worker, world, (world, str(tmp / "init"), str(tmp), pool), tmp)
 
 
 def reference(world: int, pool: str, model_type: str) -> tuple[list[torch.Tensor], dict]:
@@ -231,7 +248,7 @@ def test_pool_ranks_of_all_and_half_and_errors():
     assert pool_ranks(0, 1, "half") == [0]
     with pytest.raises(ValueError, match="even number of ranks"):
         pool_ranks(0, 3, "half")
-    with pytest.raises(ValueError, match="pool must be one of"):
+    with pytest.raises(ValueError, match="pool must be 'all', 'half' or a positive number of sequences"):
         candidate_pool(torch.zeros(1, 1, 2), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "quarter")
 
 

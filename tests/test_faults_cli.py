@@ -202,6 +202,8 @@ SCHEMA_TO_CLI = {
     "training.grad_clip": ("train", "--grad-clip"),
     "training.pad_to": ("train", "--pad-to"),
     "training.checkpoint_every": ("train", "--checkpoint-every"),
+    "training.lines_per_rank": ("train", "--lines-per-rank"),
+    "training.accumulate": ("train", "--accumulate"),
     "datastore.batch_blocks": ("embed", "--batch-blocks"),
     "datastore.shards": ("embed", "--shards"),
     "datastore.faiss_train_sample": ("build-faiss-index", "--train-sample"),

@@ -9,14 +9,12 @@ import csv
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoModelForMaskedLM, BertConfig, BertForMaskedLM
 
 from npm.baselines.mlm import mlm_label_scores
@@ -29,8 +27,8 @@ from npm.tasks.registry import label_verbalizers
 from npm.training.collate import IGNORE_INDEX, collate_mlm
 from npm.training.loop import MaskedTokensMLM, TrainConfig, mlm_generator, mlm_step_loss, train
 from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
+from tests.test_distributed import run_ranks
 
-TIMEOUT_S = 120
 SST2_ROWS = ["__label__5\tThessaloniki is a great city", "__label__1\tthe plot is dull", "__label__4\ta fine film",
              "__label__3\tneutral, dropped", "__label__2\tan awful waste of time", "__label__5\tshe meets her brother",
              "__label__1\the goes to Greece"]
@@ -242,15 +240,8 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str, encoder: st
 
 def test_ddp_mlm_gradients_are_the_mean_of_the_ranks_and_train_runs(tmp_path, tiny_encoder, shards):
     world = 2
-    ctx = mp.start_processes(_ddp_worker, args=(world, str(tmp_path / "init"), str(tmp_path), tiny_encoder, shards),
-                             nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{world} gloo processes did not finish in {TIMEOUT_S} s")
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    results = run_ranks(_ddp_worker, world, (world, str(tmp_path / "init"), str(tmp_path), tiny_encoder, shards),
+                        tmp_path, start_method="spawn")
     torch.manual_seed(0)
     ref = BertForMaskedLM(BertConfig(vocab_size=results[0]["grads"]["bert.embeddings.word_embeddings.weight"].shape[0],
                                      hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

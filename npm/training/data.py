@@ -1,8 +1,15 @@
 """Training data: the masked batch lines of every training shard, in a seeded order, resumable.
 
-One item is one batch line (B sequences of one document group; paper-map §2.1/§2.3: one line per GPU per step).
-The order is a permutation per epoch seeded with (seed, epoch); rank r of a world of W takes items r, r+W, ...
-The position (epoch, cursor) is part of the training state, so a resumed run continues with the next line.
+One item is one batch line (B sequences of one document group; paper-map §2.1/§2.3: one line per GPU per step in
+the original). The order is a permutation per epoch seeded with (seed, epoch), cut into micro-steps of W x
+lines_per_rank consecutive lines: rank r of a world of W takes the lines_per_rank consecutive lines
+[r * lines_per_rank, (r+1) * lines_per_rank) of each (with one line per rank: items r, r+W, ..., as before). A step
+is ``accumulate`` consecutive micro-steps, and a pool of P sequences is P / B consecutive lines of a micro-step
+(``npm.training.gather``), so the lines of a step and their grouping into pools depend only on the seed, the epoch,
+the lines per step (W x lines_per_rank x accumulate) and the pool's size, not on how a step is split into ranks,
+lines per rank and micro-steps (docs/paper-scale.md, "The paper's pool on fewer GPUs"). Each epoch drops the
+permutation's last lines that do not fill a whole step. The position (epoch, cursor) is part of the training state,
+so a resumed run continues with the next line.
 """
 
 from __future__ import annotations
@@ -76,10 +83,23 @@ class BatchLines:
         spans = masked["spans"][masked["span_offsets"][row] : masked["span_offsets"][row + 1]]
         return sequences, spans, f"{path} line {row}"
 
-    def order(self, seed: int, epoch: int, rank: int = 0, world: int = 1) -> np.ndarray:
-        """This rank's item order for ``epoch`` (a seeded permutation dealt round-robin to ranks)."""
+    def sequences_per_line(self) -> int:
+        """The sequences of every batch line (the batch size of the batches files; one for all shards)."""
+        sizes = {path: masked["batches"].shape[1] for _, _, masked, path in self.shards}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"the training shards hold batch lines of different sizes {sizes}; an integer pool counts "
+                             "sequences: re-make the batches with one data.batch_size, or use pool 'all' or 'half'")
+        return next(iter(sizes.values()))
+
+    def order(self, seed: int, epoch: int, rank: int = 0, world: int = 1, lines_per_rank: int = 1,
+              accumulate: int = 1) -> np.ndarray:
+        """This rank's items for ``epoch``, in the order it takes them: per micro-step its ``lines_per_rank``
+        consecutive lines of the next W x lines_per_rank of a seeded permutation (module docstring)."""
         perm = np.random.default_rng([seed, epoch]).permutation(len(self.items))
-        usable = len(perm) - len(perm) % world
+        per_step = world * lines_per_rank * accumulate
+        usable = len(perm) - len(perm) % per_step
         if usable == 0:
-            raise ValueError(f"{len(self.items)} batch lines cannot feed {world} ranks")
-        return perm[rank:usable:world]
+            raise ValueError(f"{len(self.items)} batch lines cannot feed one step of {world} ranks x {lines_per_rank} "
+                             f"lines per rank x {accumulate} micro-steps ({per_step} lines): give more training data "
+                             "or lower lines_per_rank / accumulate")
+        return perm[:usable].reshape(-1, world, lines_per_rank)[:, rank].ravel()

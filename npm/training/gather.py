@@ -1,8 +1,15 @@
 """The cross-rank candidate pool of the contrastive loss (paper 3.2-3.3; paper-map §2.4, §9 item 18).
 
-Every rank encodes its own batch line; the unmasked target vectors of several ranks form one candidate pool
-that every query of those ranks is scored against. The original gathers all ranks and, with
-``contrastive_negative_selection=half``, keeps only the ranks of this rank's half of the world.
+Every rank encodes its own batch lines; the unmasked target vectors of a group of consecutive ranks form one candidate
+pool that every query of those ranks is scored against. The original gathers all ranks and, with
+``contrastive_negative_selection=half``, keeps only the ranks of this rank's half of the world: on its 32 GPUs x 16
+sequences a pool of 256 sequences (docs/paper-scale.md, "The paper's pool on fewer GPUs").
+
+``pool`` names the group: "all" ranks, this rank's "half" of the world, or a whole number of **sequences**
+(e.g. 256), which must be a multiple of the sequences one rank holds per micro-step (``lines_per_rank`` x the
+sequences of a batch line) and whose number of ranks must divide the world (``ranks_per_pool``). With an integer
+pool every rank must hold the same number of sequences (the training loop guarantees it: every batch line of the
+training data has the data's batch size).
 
 * The vectors are gathered **with gradient**: the backward pass sums the gradient of the pooled tensor over
   the ranks of the pool (all_reduce SUM) and hands each rank the slice of its own rows. Rank r's local
@@ -10,8 +17,8 @@ that every query of those ranks is scored against. The original gathers all rank
   gradients over the world turns this into exactly the gradient of the mean of the per-rank losses.
 * Token ids and valid flags travel as separate int64 / uint8 tensors, never inside the (possibly bf16/fp16)
   vector tensor: half precision cannot hold ids such as 50264 exactly (paper-map §2.4 caution, §9 item 18).
-* Ranks may hold different row lengths (each batch is padded to its own longest row) and even different
-  numbers of sequences: before gathering, every rank pads to the maximum over the pool (vectors 0, id 0,
+* Ranks may hold different row lengths (each batch is padded to its own longest row) and, with "all" or "half",
+  different numbers of sequences: before gathering, every rank pads to the maximum over the pool (vectors 0, id 0,
   valid False), so padding never becomes a positive or a negative.
 """
 
@@ -21,40 +28,72 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-POOLS = ("all", "half")
-_HALF_GROUPS: dict = {}
+POOLS = ("all", "half")  # or a positive int: sequences per pool
+_GROUPS: dict = {}
 
 
-def pool_ranks(rank: int, world: int, pool: str) -> list[int]:
-    """Global ranks whose targets form rank ``rank``'s candidate pool (in rank order).
+def parse_pool(value: str | int) -> str | int:
+    """A ``pool`` setting as given on the command line or in the config: "all", "half" or a positive integer."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if value in POOLS or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"pool must be 'all', 'half' or a positive number of sequences (e.g. 256), not {value!r}; "
+                     "set training.pool / train --pool")
 
-    "all": every rank. "half": the ranks of this rank's half of the world, [0, W/2) or [W/2, W), as the
-    original with ``contrastive_negative_selection=half`` (paper-map §2.4). With a world of 1, "half" == "all".
+
+def ranks_per_pool(pool: str | int, world: int, sequences_per_rank: int | None = None) -> int:
+    """How many consecutive ranks form one candidate pool.
+
+    "all": the world. "half": half of it (a world of 1 keeps its one rank). An integer pool of P sequences:
+    P / ``sequences_per_rank`` (the sequences each rank holds per micro-step, lines_per_rank x sequences per batch
+    line), which must be a whole number that divides the world.
     """
-    if pool not in POOLS:
-        raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
+    pool = parse_pool(pool)
+    if world < 1:
+        raise ValueError(f"a world of {world} ranks cannot hold a pool")
+    if pool == "all" or (pool == "half" and world == 1):
+        return world
+    if pool == "half":
+        if world % 2:
+            raise ValueError(f"pool='half' needs an even number of ranks, not {world}; use pool='all' or an even world")
+        return world // 2
+    if sequences_per_rank is None or sequences_per_rank < 1:
+        raise ValueError(f"pool={pool} sequences needs the sequences each rank holds, not {sequences_per_rank!r}")
+    fits = [sequences_per_rank * d for d in range(1, world + 1) if world % d == 0]
+    if pool % sequences_per_rank or world % (pool // sequences_per_rank):
+        raise ValueError(
+            f"pool={pool} sequences is not a group of whole ranks that divides the world: each of the {world} ranks "
+            f"holds {sequences_per_rank} sequences (lines_per_rank x the sequences of a batch line); pools of "
+            f"{fits} sequences fit (training.pool / train --pool), or change lines_per_rank or the number of GPUs")
+    return pool // sequences_per_rank
+
+
+def pool_ranks(rank: int, world: int, pool: str | int, sequences_per_rank: int | None = None) -> list[int]:
+    """Global ranks whose targets form rank ``rank``'s candidate pool (in rank order): the group
+    [g*k, (g+1)*k) holding ``rank``, k = ``ranks_per_pool``. "half" gives [0, W/2) or [W/2, W), as the original with
+    ``contrastive_negative_selection=half`` (paper-map §2.4)."""
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"rank {rank} is not inside a world of {world}")
-    if pool == "all" or world == 1:
-        return list(range(world))
-    if world % 2:
-        raise ValueError(f"pool='half' needs an even number of ranks, not {world}; use pool='all' or an even world")
-    half = world // 2
-    first = 0 if rank < half else half
-    return list(range(first, first + half))
+    k = ranks_per_pool(pool, world, sequences_per_rank)
+    first = rank // k * k
+    return list(range(first, first + k))
 
 
-def _group(rank: int, world: int, pool: str):
-    """The process group of this rank's pool (None = the default group). Created once, by every rank."""
-    ranks = pool_ranks(rank, world, pool)
-    if len(ranks) == world:
-        return None
-    key = (id(dist.group.WORLD), world)
-    if key not in _HALF_GROUPS:
-        # new_group is collective: every rank creates both halves, in the same order.
-        half = world // 2
-        _HALF_GROUPS[key] = (dist.new_group(list(range(half))), dist.new_group(list(range(half, world))))
-    return _HALF_GROUPS[key][0 if rank < world // 2 else 1]
+def _group(rank: int, world: int, k: int, device: torch.device):
+    """The process group of this rank's pool of ``k`` ranks (None: the default group, or no group for k = 1). On the
+    first call every rank checks that all ask for the same k (else they would wait for each other forever), then the
+    W/k groups are created once, by every rank in the same order (new_group is collective)."""
+    key = (id(dist.group.WORLD), world, k)
+    if key not in _GROUPS:
+        ks = torch.tensor([k, -k], dtype=torch.int64, device=device)
+        dist.all_reduce(ks, op=dist.ReduceOp.MAX)
+        if int(ks[0]) != -int(ks[1]):
+            raise ValueError(f"the ranks disagree on the pool's size (from {-int(ks[1])} to {int(ks[0])} ranks): with "
+                             "an integer pool every rank must hold the same number of sequences")
+        _GROUPS[key] = [dist.new_group(list(range(first, first + k))) for first in range(0, world, k)] \
+            if 1 < k < world else None
+    return None if _GROUPS[key] is None else _GROUPS[key][rank // k]
 
 
 class _GatherWithGrad(torch.autograd.Function):
@@ -85,24 +124,25 @@ def _gather_plain(x: torch.Tensor, group) -> torch.Tensor:
 
 
 def candidate_pool(
-    targets: torch.Tensor, target_ids: torch.Tensor, target_valid: torch.Tensor, pool: str = "all"
+    targets: torch.Tensor, target_ids: torch.Tensor, target_valid: torch.Tensor, pool: str | int = "all"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """The pool of target vectors this rank's queries are scored against.
 
-    targets [B, L, h] (unmasked-view vectors, with gradient), target_ids [B, L] int, target_valid [B, L] bool.
+    targets [B, L, h] (unmasked-view vectors of all this rank's sequences, with gradient), target_ids [B, L] int,
+    target_valid [B, L] bool; ``pool`` as ``ranks_per_pool`` (an integer pool counts this rank's B sequences per rank).
     Returns pool_vectors [S, Lp, h], pool_ids [S, Lp] int64, pool_valid [S, Lp] bool and ``offset``, the index
     of this rank's first sequence in the pool (so a query of local sequence b belongs to pool row offset + b).
-    Single process (torch.distributed not initialised, or a world of 1): the inputs themselves, offset 0.
+    A pool of one rank, or a single process (torch.distributed not initialised): the inputs themselves, offset 0.
     """
-    if pool not in POOLS:
-        raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
     ids, valid = target_ids.long(), target_valid.bool()
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    distributed = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size() if distributed else 1
+    k = ranks_per_pool(pool, world, targets.shape[0])
+    if k == 1:
+        if distributed and world > 1:
+            _group(dist.get_rank(), world, k, targets.device)  # every rank checks that all pools are single ranks
         return targets, ids, valid, 0
-    group = _group(dist.get_rank(), dist.get_world_size(), pool)
-    size = dist.get_world_size(group)
-    if size == 1:  # "half" of a world of 2: every rank pools only its own batch
-        return targets, ids, valid, 0
+    group = _group(dist.get_rank(), world, k, targets.device)
     rows, length = targets.shape[:2]
     shape = torch.tensor([rows, length], dtype=torch.int64, device=targets.device)
     dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=group)

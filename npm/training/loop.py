@@ -1,12 +1,16 @@
 """Contrastive pretraining of NPM and NPM-single (paper 3.2-3.3 and 4.1; paper-map §2.3-§2.5), and the plain
 MLM training of the parametric baseline (paper Table 1 "RoBERTa" row; paper-map §6).
 
-One step: each rank takes one batch line, encodes the masked view (queries) and the unmasked view
-(targets) with the same encoder, both with gradient; the targets of every rank form the candidate pool
-(all ranks, or this rank's half of the world as the original); the loss is the multi-positive InfoNCE of
-``npm.training.loss``. AdamW (weight decay on all parameters), linear warm-up then linear decay to zero
-(transformers' scheduler), gradient clipping, mixed precision (``npm.model.effective_precision``: on a GPU, and
-bf16 on a CPU that has it natively).
+One step: each rank takes ``lines_per_rank`` batch lines (the original: one), encodes the masked view (queries) and
+the unmasked view (targets) of all of them with the same encoder, both with gradient; the targets of a group of
+ranks form the candidate pool (``training.pool``: all ranks, this rank's half of the world as the original, or a
+number of sequences; ``npm.training.gather``); each line's loss is the multi-positive InfoNCE of
+``npm.training.loss`` of its queries against the whole pool, and the rank's loss is the mean over its lines. With
+``accumulate`` > 1 a step is that many such micro-steps, their gradients accumulated (DDP synchronises on the last),
+so the step's gradient is that of the mean over all its lines' losses, as the original's DDP average over 32 GPUs of
+one line each (docs/paper-scale.md, "The paper's pool on fewer GPUs"). AdamW (weight decay on all parameters), linear
+warm-up then linear decay to zero (transformers' scheduler), gradient clipping, mixed precision
+(``npm.model.effective_precision``: on a GPU, and bf16 on a CPU that has it natively).
 
 Resumable: every ``checkpoint_every`` steps a checkpoint folder (``save_pretrained`` weights plus
 optimiser, scheduler, RNG and data-position state) is written under a temporary name and renamed, so a
@@ -50,7 +54,7 @@ from npm.io import atomic_dir, folder_lock, write_json, write_summary
 from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
 from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
 from npm.training.data import BatchLines
-from npm.training.gather import candidate_pool
+from npm.training.gather import candidate_pool, parse_pool, ranks_per_pool
 from npm.training.loss import phrase_loss, phrase_positives, single_loss, single_positives
 
 log = logging.getLogger(__name__)
@@ -59,7 +63,7 @@ RUN_FILE = "run.json"
 # TrainConfig fields that change the trained weights (besides the encoder, tokenizer and data, fingerprinted); steps
 # and schedule_steps enter as the schedule horizon. checkpoint_every, keep_checkpoints, paths, resume and wandb don't.
 RESULT_FIELDS = ("model_type", "warmup_steps", "lr", "weight_decay", "betas", "eps", "grad_clip", "pool", "pad_to",
-                 "mlm_ratio", "attention", "seed")
+                 "mlm_ratio", "attention", "seed", "lines_per_rank", "accumulate")
 ATTENTION = ("sdpa", "eager")
 MODEL_TYPES = ("npm", "npm_single", "mlm")
 # model_type "mlm": loss_start = loss, loss_end = positives_per_span = 0, queries = tokens predicted.
@@ -83,10 +87,13 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 2.0
     precision: str = "bf16"  # bf16 | fp16 | fp32 on GPU; on CPU bf16 where native, else fp32 (effective_precision)
-    pool: str = "half"  # "all" ranks or this rank's "half" of the world (paper-map §2.4)
+    pool: str | int = "half"  # "all" ranks, this rank's "half" of the world (paper-map §2.4) or a number of sequences
+    lines_per_rank: int = 1  # batch lines each rank encodes together per micro-step (the original: 1)
+    accumulate: int = 1  # micro-steps per optimizer step (the original: 1)
     pad_to: int | None = None  # None: longest row of the batch; the original pads to 320
     mlm_ratio: float = 0.15  # model_type "mlm": share of non-special tokens selected (BERT's 15%)
     attention: str = "sdpa"  # attention kernels: sdpa (transformers' default) or eager (the original code's era)
+    compile: bool = False  # torch.compile the encoder (compile_encoder); rounding-level differences only
     checkpoint_every: int = 10_000
     keep_checkpoints: int = 2
     seed: int = 0
@@ -221,6 +228,26 @@ def _load_state(path: Path) -> dict:
         raise ValueError(f"corrupt checkpoint {path}: cannot read {STATE_FILE} ({e}); delete it to restart") from None
 
 
+def make_optimizer(parameters, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW of ``cfg`` (weight decay on all parameters, paper-map §2.5). On CUDA its fused kernel: one launch per
+    step instead of a few per parameter tensor, the same update up to rounding."""
+    return torch.optim.AdamW(parameters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                             fused=device.type == "cuda")
+
+
+def compile_encoder(model: torch.nn.Module, enabled: bool) -> str:
+    """``torch.compile`` ``model`` in place when ``enabled`` (its state_dict and ``save_pretrained`` are unchanged);
+    returns ``compiled`` or ``eager``. A graph that cannot be compiled (no C++ compiler, an unsupported operation)
+    runs eagerly with a warning from torch._dynamo instead of failing the job: the same loss up to rounding."""
+    if not enabled:
+        return "eager"
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True  # fall back to eager per graph, logged, rather than fail
+    model.compile()
+    return "compiled"
+
+
 def _wandb(cfg: TrainConfig, rank: int):
     if rank != 0 or not cfg.wandb_project or os.environ.get("WANDB_MODE") == "disabled":
         return None
@@ -282,18 +309,52 @@ def mlm_step_loss(model, batch: dict, device) -> tuple[torch.Tensor, dict]:
 
 
 def mlm_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
-    """The masking generator of one step of the MLM baseline: seeded from (seed, step, rank) only, so a resumed run
-    draws the same masks, and ranks draw independent ones."""
+    """The masking generator of one step of the MLM baseline (with ``accumulate`` > 1 the training loop passes the
+    micro-step, step x accumulate + micro): seeded from (seed, step, rank) only, so a resumed run draws the same
+    masks, and ranks draw independent ones."""
     state = np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(state))
 
 
-def step_loss(model, batch: dict, model_type: str, pool: str, device) -> tuple[torch.Tensor, dict]:
-    """Loss of one batch line: two views through the same encoder, then the pooled contrastive loss (paper-map §2.4).
+def collate_lines(collate, lines: list[tuple[list[np.ndarray], np.ndarray]], mask_id: int,
+                  pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    """One batch of a rank's batch lines (``collate_phrase`` or ``collate_single``): their sequences stacked in line
+    order, each line's spans renumbered to its rows, and ``sequence_line`` [rows], the line of each sequence (the rank's
+    loss is the mean of its lines' losses, ``step_loss``)."""
+    sequences, spans, sequence_line = [], [], []
+    for k, (rows, line_spans) in enumerate(lines):
+        line_spans = np.asarray(line_spans, dtype=np.int64).reshape(-1, 3).copy()
+        line_spans[:, 0] += len(sequences)
+        spans.append(line_spans)
+        sequences += list(rows)
+        sequence_line += [k] * len(rows)
+    batch = collate(sequences, np.concatenate(spans), mask_id, pad_to)
+    batch["sequence_line"] = torch.tensor(sequence_line, dtype=torch.int64)
+    return batch
 
-    The masked (query) and unmasked (target) views go through the encoder in one call (``_encode_both``: DDP
-    allows one forward per backward); the targets of the pool's ranks form the candidates (``candidate_pool``).
-    ``model_type="mlm"``: the masked-LM loss of ``mlm_step_loss`` (``pool`` unused).
+
+def _mean_over_lines(loss_of, query_line: torch.Tensor, lines: int) -> tuple[torch.Tensor, dict]:
+    """Mean over the batch lines of ``loss_of(rows)`` (rows: the queries of one line) and of its stats, queries
+    summed: each line weighs the same whatever its number of spans, as one GPU's line in the original."""
+    results = []
+    for k in range(lines):
+        try:
+            results.append(loss_of(torch.nonzero(query_line == k).flatten()))
+        except ValueError as e:
+            raise ValueError(f"line {k + 1} of this rank's {lines}: {e}" if lines > 1 else str(e)) from None
+    loss = torch.stack([r[0] for r in results]).mean()
+    stats = {key: sum(r[1][key] for r in results) / (1 if key == "queries" else lines) for key in results[0][1]}
+    return loss, stats
+
+
+def step_loss(model, batch: dict, model_type: str, pool: str | int, device) -> tuple[torch.Tensor, dict]:
+    """Loss of a rank's batch lines: two views through the same encoder, then the pooled contrastive loss of each line,
+    averaged over the lines (paper-map §2.4).
+
+    The masked (query) and unmasked (target) views of all the rank's lines go through the encoder in one call
+    (``_encode_both``: DDP allows one forward per backward); the targets of the pool's ranks form the candidates
+    (``candidate_pool``). ``batch["sequence_line"]`` (``collate_lines``) names each sequence's line; without it the
+    batch is one line. ``model_type="mlm"``: the masked-LM loss of ``mlm_step_loss`` (``pool`` unused).
     """
     if model_type == "mlm":
         return mlm_step_loss(model, batch, device)
@@ -302,17 +363,51 @@ def step_loss(model, batch: dict, model_type: str, pool: str, device) -> tuple[t
     pool_vectors, pool_ids, pool_valid, offset = candidate_pool(
         targets, batch["target_ids"], batch["target_valid"], pool
     )
+    sequence_line = batch.get("sequence_line", torch.zeros(len(targets), dtype=torch.int64, device=targets.device))
+    lines = int(sequence_line.max()) + 1
     if model_type == "npm":
         seq = batch["span_seq"] + offset
         q_start = queries[batch["span_seq"], batch["q_start_pos"]]
         q_end = queries[batch["span_seq"], batch["q_end_pos"]]
         pos_start, pos_end = phrase_positives(batch["span_tokens"], batch["span_lengths"], seq, pool_ids, pool_valid)
-        return phrase_loss(q_start, q_end, pool_vectors, pool_valid, pos_start, pos_end, seq,
-                           span_tokens=batch["span_tokens"])
+        return _mean_over_lines(
+            lambda i: phrase_loss(q_start[i], q_end[i], pool_vectors, pool_valid, pos_start[i], pos_end[i], seq[i],
+                                  span_tokens=batch["span_tokens"][i]),
+            sequence_line[batch["span_seq"]], lines)
     seq = batch["query_seq"] + offset
     q = queries[batch["query_seq"], batch["query_pos"]]
     positives = single_positives(batch["query_tokens"], seq, pool_ids, pool_valid)
-    return single_loss(q, pool_vectors, pool_valid, positives, seq)
+    return _mean_over_lines(lambda i: single_loss(q[i], pool_vectors, pool_valid, positives[i], seq[i]),
+                            sequence_line[batch["query_seq"]], lines)
+
+
+def accumulate_gradients(model, batches: list[dict], model_type: str, pool: str | int, device,
+                         precision: str = "fp32", scaler=None, where: list[str] | None = None) -> tuple[float, dict]:
+    """Forward and backward of the micro-batches of one optimizer step (one per micro-step, ``accumulate`` of them).
+
+    Each micro-step's loss (``step_loss``) is divided by their number, so the accumulated gradient is that of their
+    mean; a DistributedDataParallel ``model`` synchronises only on the last backward (``no_sync`` before), and its
+    average over the ranks then makes the step's gradient that of the mean over all the step's lines. ``scaler``: the
+    fp16 GradScaler (None: plain backward). ``where`` names each micro-batch's lines for errors. Returns the mean loss
+    and the stats summed over the micro-steps ("queries") or averaged (the others).
+    """
+    losses, stats = [], []
+    for m, batch in enumerate(batches):
+        last = m == len(batches) - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with autocast(device, precision):
+                try:
+                    loss, micro_stats = step_loss(model, batch, model_type, pool, device)
+                except ValueError as e:
+                    raise ValueError(f"{where[m]}: {e}" if where else str(e)) from None
+            scaled = loss / len(batches)
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        losses.append(loss.detach())
+        stats.append(micro_stats)
+    n = len(batches)
+    merged = {key: sum(float(st[key]) for st in stats) / (1 if key == "queries" else n) for key in stats[0]}
+    return float(torch.stack(losses).mean()), merged
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -333,6 +428,12 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.encoder)
     data = BatchLines(cfg.shards)
+    for name in ("lines_per_rank", "accumulate"):
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be a positive integer, not {getattr(cfg, name)!r} (training.{name})")
+    if cfg.model_type != "mlm":  # the pool's arithmetic fails here, before the model loads (npm.training.gather)
+        ranks_per_pool(cfg.pool, world, cfg.lines_per_rank * data.sequences_per_line()
+                       if isinstance(parse_pool(cfg.pool), int) else None)
     if cfg.model_type == "mlm":
         from npm.model import load_masked_lm
 
@@ -344,8 +445,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     model = load_model(cfg.encoder).to(device)
     model.train()
     _check_lengths(cfg, data, model, tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                  weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(model.parameters(), cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.schedule_steps or cfg.steps)
     mlm_vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)  # random replacements (MLM)
     collate = collate_phrase if cfg.model_type == "npm" else collate_single
@@ -371,6 +471,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     else:
         log.info("starting run %s in %s", record["run_id"][:16], run_dir)
     trainee = MaskedTokensMLM(model) if cfg.model_type == "mlm" else model
+    kernels = {"compile": compile_encoder(trainee, cfg.compile),
+               "adamw": "fused" if optimizer.defaults.get("fused") else "foreach"}
     ddp = torch.nn.parallel.DistributedDataParallel(trainee) if world > 1 else trainee
     precision = record["settings"]["precision"]  # the precision the run id records (effective_precision)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
@@ -386,30 +488,32 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         writer = csv.DictWriter(log_file, fieldnames=LOG_COLUMNS)
         writer.writeheader()
         writer.writerows(kept_rows)
-    order = data.order(cfg.seed, epoch, rank, world)
+    split = dict(rank=rank, world=world, lines_per_rank=cfg.lines_per_rank, accumulate=cfg.accumulate)
+    order = data.order(cfg.seed, epoch, **split)
     losses = []
     bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.model_type}", disable=rank != 0 or None)
     while step < cfg.steps:
-        if cursor >= len(order):
+        if cursor >= len(order):  # an epoch's order holds whole steps (BatchLines.order)
             epoch, cursor = epoch + 1, 0
-            order = data.order(cfg.seed, epoch, rank, world)
-        sequences, spans, where = data.line(int(order[cursor]))
-        cursor += 1
+            order = data.order(cfg.seed, epoch, **split)
         start = time.perf_counter()
-        if cfg.model_type == "mlm":  # the unmasked view, masked BERT-style with this step's generator
-            try:
-                batch = collate_mlm(sequences, tokenizer.mask_token_id, tokenizer.all_special_ids, mlm_vocab,
-                                    mlm_generator(cfg.seed, step, rank), cfg.mlm_ratio, cfg.pad_to)
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
-        else:
-            batch = collate(sequences, spans, tokenizer.mask_token_id, cfg.pad_to)
-        with autocast(device, precision):
-            try:
-                loss, stats = step_loss(ddp, batch, cfg.model_type, cfg.pool, device)
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
-        scaler.scale(loss).backward()
+        batches, where = [], []
+        for micro in range(cfg.accumulate):  # this rank's lines_per_rank lines of each micro-step
+            lines = [data.line(int(i)) for i in order[cursor : cursor + cfg.lines_per_rank]]
+            cursor += cfg.lines_per_rank
+            where.append(", ".join(name for _, _, name in lines))
+            if cfg.model_type == "mlm":  # the unmasked view, masked BERT-style with this micro-step's generator
+                try:
+                    batches.append(collate_mlm([s for seqs, _, _ in lines for s in seqs], tokenizer.mask_token_id,
+                                               tokenizer.all_special_ids, mlm_vocab,
+                                               mlm_generator(cfg.seed, step * cfg.accumulate + micro, rank),
+                                               cfg.mlm_ratio, cfg.pad_to))
+                except ValueError as e:
+                    raise ValueError(f"{where[-1]}: {e}") from None
+            else:
+                batches.append(collate_lines(collate, [(seqs, spans) for seqs, spans, _ in lines],
+                                             tokenizer.mask_token_id, cfg.pad_to))
+        loss, stats = accumulate_gradients(ddp, batches, cfg.model_type, cfg.pool, device, precision, scaler, where)
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         scaler.step(optimizer)
@@ -417,14 +521,15 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         step += 1
-        tokens = int(batch["attention_mask" if cfg.model_type == "mlm" else "target_valid"].sum()) * world
+        tokens = sum(int(b["attention_mask" if cfg.model_type == "mlm" else "target_valid"].sum()) for b in batches)
+        tokens *= world
         row = {
             "step": step,
-            "loss": round(float(loss.detach()), 6),
-            "loss_start": round(float(stats.get("loss_start", stats.get("loss", loss.detach()))), 6),
+            "loss": round(loss, 6),
+            "loss_start": round(float(stats.get("loss_start", stats.get("loss", loss))), 6),
             "loss_end": round(float(stats.get("loss_end", 0.0)), 6),
             "positives_per_span": round(float(stats.get("positives_per_span", 0.0)), 3),
-            "queries": int(stats.get("queries", len(spans))),
+            "queries": int(stats["queries"]),
             "lr": scheduler.get_last_lr()[0],
             "tokens_per_s": round(tokens / (time.perf_counter() - start), 1),
         }
@@ -443,7 +548,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     if log_file is not None:
         log_file.close()
     summary = {"model_type": cfg.model_type, "steps": step, "batch_lines": len(data), "world_size": world,
-               "run_id": record["run_id"], "run_folder": str(run_dir),
+               "run_id": record["run_id"], "run_folder": str(run_dir), **kernels,
                "first_losses": losses[:5], "last_losses": losses[-5:]}
     if rank == 0:
         out = Path(cfg.out_dir)

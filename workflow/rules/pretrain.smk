@@ -19,6 +19,7 @@ rule pretrain:
         t=config["training"],
         schedule_steps=config["training"]["schedule_steps"] or 0,
         pad_to=config["training"]["pad_to"] or 0,
+        compile="--compile" if config["training"]["compile"] else "",
         launcher=torch_launcher,
     resources:
         gpu=config["training"]["gpus_per_node"],
@@ -39,6 +40,7 @@ rule pretrain:
         " --steps {params.t[steps]} --warmup-steps {params.t[warmup_steps]} --schedule-steps {params.schedule_steps}"
         " --lr {params.t[lr]} --weight-decay {params.t[weight_decay]} --grad-clip {params.t[grad_clip]}"
         " --precision {params.t[precision]} --attention {params.t[attention]} --pool {params.t[pool]}"
-        " --pad-to {params.pad_to}"
+        " --lines-per-rank {params.t[lines_per_rank]} --accumulate {params.t[accumulate]}"
+        " --pad-to {params.pad_to} {params.compile}"
         " --checkpoint-every {params.t[checkpoint_every]} --seed {params.t[seed]}"
         " --summary results/checkpoints/{wildcards.model}/summary.json > {log} 2>&1"
