@@ -45,7 +45,8 @@ def build_mlm(name: str):
 
 
 def synthetic_batch(batch: int, length: int, vocab: int, mask_id: int, seed: int = 0):
-    """B sequences sharing phrases (so every span has a positive) and span masks over 15% of the tokens."""
+    """B sequences sharing phrases and span masks over up to 15% of the tokens, every span occurring in another
+    sequence (so it has a positive)."""
     rng = np.random.default_rng(seed)
     bank = [rng.integers(1000, vocab - 1000, size=rng.integers(1, 4)) for _ in range(64)]
     sequences, spans = [], []
@@ -60,7 +61,12 @@ def synthetic_batch(batch: int, length: int, vocab: int, mask_id: int, seed: int
         own = [s for s in own if s[1] + s[2] < length - 1]
         sequences.append(np.array(ids, dtype=np.int64))
         spans += own
-    return sequences, np.array(spans, dtype=np.int64)
+    # keep the spans that occur in another sequence (the masking step's rule): a small batch shares fewer phrases
+    grams = [{tuple(row[p:p + n]) for n in (1, 2, 3) for p in range(len(row) - n + 1)} for row in
+             (seq.tolist() for seq in sequences)]
+    spans = [(b, p, n) for b, p, n in spans
+             if any(tuple(sequences[b][p:p + n].tolist()) in g for o, g in enumerate(grams) if o != b)]
+    return sequences, np.array(spans, dtype=np.int64).reshape(-1, 3)
 
 
 def time_steps(fn, repeat: int, device) -> list[float]:
