@@ -164,13 +164,9 @@ def cmd_mask_batches(args):
 
 
 def pool_arg(value: str):
-    """--pool of train: "all", "half" or a positive number of sequences (npm.training.gather.parse_pool)."""
-    from npm.training.gather import parse_pool
-
-    try:
-        return parse_pool(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    """--pool of train: "all", "half" or a positive number of sequences (npm.training.gather.parse_pool's values;
+    parsed here without importing torch, which commands that only build the parser, such as report, do not have)."""
+    return value if value in ("all", "half") else positive_int(value)
 
 
 def cmd_train(args):
@@ -289,6 +285,19 @@ def cmd_convert_smollm2(args):
     from npm.baselines.smollm2 import convert_smollm2
 
     _summary(args, convert_smollm2(args.out, gguf=args.gguf))
+
+
+def cmd_verify(args):
+    from npm.checksums import verify_paths
+
+    results = verify_paths(args.paths)
+    for path, state, _ in results:
+        print(f"{state}  {path}")
+    bad = [message for _, state, message in results if message]
+    if bad:
+        print(f"npm-repro verify: {len(bad)} file(s) differ from their recorded checksums; first: {bad[0]}",
+              file=sys.stderr)
+        raise SystemExit(1)
 
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
@@ -610,6 +619,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_convert_smollm2)
 
+    p = _command(sub, "verify", "check artefacts against the sha256 recorded when they were built "
+                                "(docs/data-contracts.md, Checksums): one line per file, ok / MISMATCH / MISSING / no "
+                                "checksum recorded; exit 1 on any MISMATCH or MISSING")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                   help="a datastore folder, a FAISS index, a BM25 index folder, a blocks file, a checkpoint or model "
+                        "folder, or any folder above them (every record under it is checked)")
+    p.set_defaults(func=cmd_verify)
+
     from npm.densephrases.cli import add_cli as add_densephrases_cli
     from npm.evaluation.cli import add_cli as add_evaluation_cli
     from npm.replug.cli import add_cli as add_replug_cli
@@ -665,6 +682,40 @@ def disk_full_error(exc: BaseException, args: argparse.Namespace) -> str | None:
             "finished work is kept")
 
 
+def _dangling_link(path: Path) -> Path | None:
+    """``path`` or the nearest of its folders that is a symbolic link to nothing; None when there is none."""
+    return next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None)
+
+
+def unwritable_error(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The one-line message of an output path that cannot be written (an OSError naming a path): a symbolic link to
+    nothing on the way, a folder without write permission, a read-only file system, a file where a folder must be.
+    Names the command's output (its output option; the error's path, often a temporary beside it, otherwise) and
+    what to do; None for any other exception."""
+    if not isinstance(exc, OSError) or exc.filename is None:
+        return None
+    path = Path(os.fsdecode(exc.filename))
+    outputs = [Path(getattr(args, k)) for k in _OUTPUTS if getattr(args, k, None)]
+    output = next((o for o in outputs if o.parent == path.parent or o in path.parents or path in o.parents), None)
+    what = f"cannot write {output}" if output is not None else f"cannot use {path}"
+    link = _dangling_link(path)
+    if link is not None:
+        return (f"{what}: {link} is a symbolic link to {os.readlink(link)}, which does not exist; create that "
+                f"folder, or remove the link (rm {link}), and run again")
+    folder = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    folder = folder if folder.is_dir() else folder.parent
+    if exc.errno in (errno.EACCES, errno.EPERM) and output is None:
+        return f"{what}: permission denied; check the permissions of it and its folders (ls -ld {path})"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"{what}: permission denied in {folder}; make it writable (chmod u+w {folder}) or use another folder"
+    if exc.errno == errno.EROFS:
+        return f"{what}: {folder} is on a read-only file system; use another folder"
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        return f"{what}: {blocker} exists and is not a folder; move it away or use another folder"
+    return None
+
+
 def _fail(args: argparse.Namespace, message: str, exc: BaseException) -> int:
     """Print the error as one line (after the full traceback under ``-v``); exit status 1."""
     if getattr(args, "verbose", False):
@@ -685,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, KeyError, FolderBusy) as e:
         return _fail(args, str(e), e)
     except Exception as e:
-        message = disk_full_error(e, args) or edge_error(e)
+        message = disk_full_error(e, args) or unwritable_error(e, args) or edge_error(e)
         if message is None:
             raise
         return _fail(args, message, e)

@@ -791,3 +791,41 @@ def test_checks_catch_an_env_without_a_package_a_rule_imports(workflow_rules):
     # requirements count: huggingface_hub comes with transformers
     assert import_problems("report", env_with(["transformers==5.23.0"]), {}, {"huggingface_hub": "rule r"}) == []
     assert import_problems("report", env_with([]), {}, {"huggingface_hub": "rule r"})
+
+
+# ------------------------------------------------------------------------------ the package's own imports
+
+OPTIONAL_DEPENDENCIES = {"wandb"}  # imported under `except ImportError` only; not a dependency (yet)
+
+
+def undeclared_imports(files, declared):
+    """["file: module (distribution)"] of each third-party module imported by ``files`` (not under an optional
+    ImportError guard) whose distribution is not in ``declared`` (canonical names) nor OPTIONAL_DEPENDENCIES."""
+    problems = []
+    for path in files:
+        code = Code("body", {})
+        code.visit(ast.parse(Path(path).read_text(encoding="utf-8")))
+        for name, level, _, optional, _ in code.imports:
+            top = name.split(".")[0]
+            if level or optional or top in ("npm", "__future__") or top in sys.stdlib_module_names:
+                continue
+            dists = distributions_of().get(top, {canonical(top)})
+            if not dists & (declared | OPTIONAL_DEPENDENCIES):
+                problems.append(f"{Path(path).name}: {name} ({', '.join(sorted(dists))})")
+    return sorted(set(problems))
+
+
+def test_every_third_party_import_of_the_package_is_a_declared_dependency():
+    declared = {canonical(n) for n in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+                for n in [Requirement(n).name]}
+    assert undeclared_imports(sorted((ROOT / "npm").rglob("*.py")), declared) == []
+
+
+def test_the_import_check_catches_a_module_that_only_arrives_through_another_package(tmp_path):
+    source = tmp_path / "uses.py"
+    source.write_text("import os\nimport numpy\nfrom threadpoolctl import ThreadpoolController\n"
+                      "try:\n    import wandb\nexcept ImportError:\n    wandb = None\n"
+                      "def f():\n    from huggingface_hub import snapshot_download\n")
+    assert undeclared_imports([source], {"numpy"}) == ["uses.py: huggingface_hub (huggingface-hub)",
+                                                        "uses.py: threadpoolctl (threadpoolctl)"]
+    assert undeclared_imports([source], {"numpy", "threadpoolctl", "huggingface-hub"}) == []
