@@ -1,18 +1,26 @@
-"""Download a public source (paper-scale raw dumps): resumable, checksum-verified, atomic.
+"""Download a public source (paper-scale raw dumps): resumable, checked against what the server says, atomic.
 
-A partial download is kept as ``<out>.part`` and continued with an HTTP Range request on the next run, but only by
-a download of the same URL (recorded in ``<out>.part.json``; another URL starts over);
-the file appears under its final name only once complete and verified: against the configured sha256, or else
-against the sha256 its first download recorded (``<out>.source.json``), so that a file that changes on the server
-between two runs is refused. Every URL can be fetched through a mirror (config ``mirror``, npm.data.mirror).
-Offline, the error says which URL could not be reached and where to put the file by hand.
+A partial download is kept as ``<out>.part`` and continued with an HTTP Range request, but only by a download of
+the same URL (recorded, with the file's size, in ``<out>.part.json``; another URL starts over). Every response is
+checked against what the server states (``_receive``): a body shorter than its Content-Length is kept and resumed
+from its length, up to ``tries`` requests with a doubling delay; a 206 must start at the byte asked (its
+``Content-Range: bytes a-b/total``); a 200 to a Range request is the whole file and starts the part over; a size
+that differs from an earlier response's (or run's) means the file changed on the server and is refused. The file
+appears under its final name only once it has its full length and matches the configured sha256, or else the
+sha256 its first download recorded (``<out>.source.json``, written and logged then), so that a file that changes on
+the server between two runs is refused; a short body is never checked nor recorded. Every URL can be fetched
+through a mirror (config ``mirror``, npm.data.mirror). Offline, the error says which URL could not be reached and
+where to put the file by hand. (Data acquisition, not a paper method: docs/paper-map.md §8.2 item 4.)
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
+import logging
 import os
+import re
 import shutil
 import time
 import urllib.error
@@ -25,6 +33,7 @@ from npm.data.mirror import hub_endpoint, mirrored
 from npm.io import atomic_dir
 
 CHUNK = 1 << 20
+log = logging.getLogger("npm-repro.download")
 
 
 def sha256_of(path: Path) -> str:
@@ -35,11 +44,13 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _part_url(record: Path) -> str | None:
+def _part_record(record: Path) -> dict:
+    """What the download that left ``out.part`` recorded: its ``url`` and the file's size ``bytes`` if known."""
     try:
-        return json.loads(record.read_text(encoding="utf-8")).get("url")
-    except (OSError, ValueError, AttributeError):
-        return None
+        got = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
 
 
 def _record(out: Path) -> Path:
@@ -58,64 +69,123 @@ def _first_sha256(out: Path, url: str) -> tuple[str | None, str]:
     return first.get("sha256"), f"its first download ({first.get('date', 'date unknown')}, {_record(out)})"
 
 
+def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
+    """(first byte, total size) of a ``Content-Range: bytes a-b/total`` (``bytes */total``: first byte None; a
+    total of ``*``: None); None when the header is absent or unreadable."""
+    m = re.fullmatch(r"bytes (?:(\d+)-\d+|\*)/(\d+|\*)", (value or "").strip())
+    if m is None:
+        return None
+    return (None if m[1] is None else int(m[1])), (None if m[2] == "*" else int(m[2]))
+
+
+def _receive(source: str, part: Path, have: int, timeout: float, where: str) -> tuple[int | None, bool]:
+    """One request for the bytes of ``source`` from ``have`` (the length of ``part``) on, written into ``part``.
+
+    Returns the file's total size as the server states it (None: not stated) and whether the body arrived in full
+    (its Content-Length, or a clean close where there is none). A 206 must start at ``have``; a 200 is the whole file
+    and starts the part over; a 416 with a size other than ``have`` means the part is not a prefix of the file: it is
+    emptied (the next request starts over). A network failure before any byte arrives is the offline error."""
+    request = urllib.request.Request(source, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # nothing from `have` on: complete if the file has exactly `have` bytes
+            total = (_content_range(e.headers.get("Content-Range")) or (None, None))[1]
+            if total is not None and total != have:
+                part.write_bytes(b"")
+            return total, total is None or total == have
+        raise ValueError(f"download of {source} failed: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise ValueError(f"cannot reach {source} ({getattr(e, 'reason', e)}). Offline? Download it elsewhere and "
+                         f"place it at {where}") from None
+    length = response.headers.get("Content-Length")
+    length = int(length) if length and length.isdigit() else None
+    start, total = 0, length
+    if response.status == 206:
+        stated = response.headers.get("Content-Range")
+        start, total = _content_range(stated) or (None, None)
+        if start != have:
+            response.close()
+            part.unlink()
+            raise ValueError(f"{source} answered the request for its bytes from byte {have} with "
+                             f"'{stated or 'no Content-Range'}'; the part file of {where} was removed: run again to "
+                             "download the whole file")
+    elif have:
+        log.info("%s ignored the request for its bytes from byte %d: downloading the whole file again", source, have)
+    got, clean = 0, True
+    with response, open(part, "r+b" if start else "wb") as f, tqdm(
+            total=total, initial=start, unit="B", unit_scale=True, desc=Path(where).name) as bar:
+        f.seek(start)
+        read = getattr(response, "read1", response.read)  # read1: what has arrived is written before a stall
+        try:
+            for block in iter(lambda: read(CHUNK), b""):
+                f.write(block)
+                got += len(block)
+                bar.update(len(block))
+        except (OSError, http.client.HTTPException):  # connection reset or timed out mid-body: a short body
+            clean = False
+    return total, clean and (length is None or got == length)
+
+
 def download(url: str, out: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0,
-             mirror: str | None = None) -> dict:
+             mirror: str | None = None, tries: int = 5, backoff: float = 1.0) -> dict:
     """Fetch ``url`` (through ``mirror``, npm.data.mirror) into ``out``, resuming ``out.part`` if present.
 
-    The file is checked against ``sha256`` when given, else against the sha256 its first download recorded in
-    ``out.source.json`` (a served file that changed between two runs is refused, never installed). A body shorter
-    than its Content-Length is kept as the part file, to be resumed by the next run."""
+    Each response is checked by ``_receive``; a short one is resumed from the part's length, up to ``tries`` requests
+    in all, waiting ``backoff`` seconds before the second, doubling after each. Only a file of its full length is
+    checked against ``sha256`` when given, else against the sha256 its first download recorded in
+    ``out.source.json`` (a served file that changed between two runs is refused, never installed); a file without
+    either has its sha256 recorded there. After ``tries`` short bodies the part file is kept for the next run."""
     out = Path(out)
     part = out.with_name(out.name + ".part")
     record = out.with_name(out.name + ".part.json")
     source = mirrored(url, mirror)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if part.exists() and _part_url(record) != url:  # bytes of another URL (or of unknown origin): start over
-        part.unlink()
-    have = part.stat().st_size if part.exists() else 0
-    record.write_text(json.dumps({"url": url}) + "\n", encoding="utf-8")
-    request = urllib.request.Request(source, headers={"Range": f"bytes={have}-"} if have else {})
-    try:
-        response = urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # nothing left to fetch: the part file is complete
-            response = None
-        else:
-            raise ValueError(f"download of {source} failed: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise ValueError(
-            f"cannot reach {source} ({getattr(e, 'reason', e)}). Offline? Download it elsewhere and place it at {out}"
-        ) from None
-    if response is not None:
-        resumed = have and response.status == 206
-        mode = "ab" if resumed else "wb"
-        length = response.headers.get("Content-Length")
-        length = int(length) if length else None
-        got = 0
-        with response, open(part, mode) as f, tqdm(total=None if length is None else length + (have if resumed else 0),
-                                                   initial=have if resumed else 0, unit="B", unit_scale=True,
-                                                   desc=out.name) as bar:
-            for block in iter(lambda: response.read(CHUNK), b""):
-                f.write(block)
-                got += len(block)
-                bar.update(len(block))
-        if length is not None and got < length:
-            raise ValueError(f"download of {source} was cut short: {got} of {length} bytes; the part file "
-                             f"{part} is kept and the next run resumes it")
+    known = _part_record(record)
+    if known.get("url") != url or not part.exists():  # bytes of another URL (or of unknown origin): start over
+        part.unlink(missing_ok=True)
+        known = {}
+    size = known.get("bytes")
+    for attempt in range(tries):
+        have = part.stat().st_size if part.exists() else 0
+        if attempt:
+            delay = backoff * 2 ** (attempt - 1)
+            log.info("download of %s has %d of %s bytes; asking for the rest in %g s (request %d of %d)", source, have,
+                     size or "?", delay, attempt + 1, tries)
+            time.sleep(delay)
+        record.write_text(json.dumps({"url": url, "bytes": size}) + "\n", encoding="utf-8")
+        total, body_complete = _receive(source, part, have, timeout, str(out))
+        if total is not None and size is not None and total != size:
+            part.unlink(missing_ok=True)
+            record.unlink(missing_ok=True)
+            raise ValueError(f"{source} changed on the server while {out} was downloaded: {size} bytes at first, "
+                             f"{total} now; the part file was removed: run again to download the new file")
+        size = size if total is None else total
+        record.write_text(json.dumps({"url": url, "bytes": size}) + "\n", encoding="utf-8")
+        have = part.stat().st_size if part.exists() else 0
+        if (have == size) if size is not None else body_complete:
+            break
+    else:
+        raise ValueError(f"download of {source} was cut short {tries} times ({have} of {size or '?'} bytes): {out} "
+                         f"was not installed; the part file {part} is kept: run again to resume it")
     expected, what = (sha256, "the configured sha256") if sha256 else _first_sha256(out, url)
     got_sha = sha256_of(part)
     if expected and got_sha != expected:
         part.unlink()
         record.unlink(missing_ok=True)
-        hint = ("" if sha256 else f"; if the new file is wanted, delete {_record(out)} and run again")
+        hint = (f"; if the new file is wanted, delete {_record(out)} and run again" if not sha256 else
+                "; check the URL, or the configured sha256 if the server's file is the right one")
         raise ValueError(f"checksum mismatch for {url}: expected {expected} ({what}), got {got_sha}; the "
-                         f"downloaded file was removed{hint}")
+                         f"downloaded file {out} was removed{hint}")
     os.replace(part, out)
     record.unlink(missing_ok=True)
     info = {"url": url, "fetched_from": source, "bytes": out.stat().st_size, "sha256": got_sha,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if expected is None or sha256:
         _record(out).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        if expected is None:
+            log.info("%s has no published sha256: recorded this download's, %s, in %s; a later download of %s must "
+                     "match it", out, got_sha, _record(out), url)
     return info
 
 
@@ -143,9 +213,14 @@ def unpack(archive: str | os.PathLike, out: str | os.PathLike) -> dict:
                 try:
                     t.extractall(tmp, filter="data")
                 except tarfile.FilterError as e:  # absolute paths, "..", links out of the folder, devices
-                    member = getattr(getattr(e, "tarinfo", None), "name", "?")
-                    raise ValueError(f"{archive}: member {member!r} would unpack outside {out} or is not a plain "
-                                     f"file ({type(e).__name__}); nothing was unpacked") from None
+                    info = getattr(e, "tarinfo", None)
+                    member, link = getattr(info, "name", "?"), getattr(info, "linkname", "")
+                    why = {"SpecialFileError": "is a device or pipe, not a plain file",
+                           "AbsoluteLinkError": f"is a link to the absolute path {link!r}",
+                           "LinkOutsideDestinationError": f"is a link to {link!r}, outside {out}",
+                           }.get(type(e).__name__, f"would unpack outside {out}")
+                    raise ValueError(f"{archive}: member {member!r} {why} ({type(e).__name__}); refused, nothing "
+                                     "was unpacked") from None
         else:
             raise ValueError(f"{archive} is neither a tar nor a zip archive (a partial or failed download?)")
     files = [p for p in out.rglob("*") if p.is_file()]
