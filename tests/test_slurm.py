@@ -88,6 +88,12 @@ def test_slurm_profile_reads_site_settings_from_the_environment():
     # The GPU partition falls back to the CPU one.
     one = render_profile(ROOT / "profiles" / "slurm" / "config.yaml", {**bare, "NPM_SLURM_PARTITION": "all"})
     assert "pretrain:slurm_partition=all" in one["set-resources"]
+    # The per-shard jobs go as job arrays; a partition file, when named, picks each job's partition.
+    assert set(plain["slurm-array-jobs"].split(",")) == {"embed_shard", "densephrases_dump", "tokenize_blocks"}
+    assert "slurm-partition-config" not in plain
+    limits = render_profile(ROOT / "profiles" / "slurm" / "config.yaml",
+                            {**bare, "NPM_SLURM_PARTITION_CONFIG": "/etc/partitions.yaml"})
+    assert limits["slurm-partition-config"] == "/etc/partitions.yaml"
 
 
 def test_slurm_profile_by_name_plans_the_paper_dag_with_gpus(tmp_path):
