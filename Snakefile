@@ -2,6 +2,7 @@
 #   snakemake --cores all                                   # embedded default (config/config.yaml)
 #   snakemake --profile slurm results/tables/table1.csv     # paper scale on a SLURM cluster
 import os
+import sys
 
 from snakemake.utils import min_version, validate
 
@@ -24,6 +25,35 @@ if not workflow.config_settings.configfiles:
 
 
 validate(config, "config/schema.yaml")
+
+
+# One run per working directory: a second one stops here, naming the first, before Snakemake's own lock and
+# incomplete-file checks (which would advise --unlock / --rerun-incomplete). A dry run is never refused and records
+# nothing; cluster jobs (not the main process) skip both (npm.workflow_run).
+if workflow.is_main_process:
+    from npm.workflow_run import RUN_FILE, busy_message, forget_run, other_run, record_run
+
+    _other = other_run(RUN_FILE)
+    if _other and not workflow.output_settings.dryrun:
+        print(f"npm-repro: error: {busy_message(_other, '.')}", file=sys.stderr)
+        sys.exit(1)
+    if _other:
+        print(f"npm-repro: note: {busy_message(_other, '.')}", file=sys.stderr)
+
+
+onstart:
+    if workflow.is_main_process:
+        record_run(RUN_FILE)
+
+
+onsuccess:
+    if workflow.is_main_process:
+        forget_run(RUN_FILE)
+
+
+onerror:
+    if workflow.is_main_process:
+        forget_run(RUN_FILE)
 
 
 include: "workflow/rules/common.smk"

@@ -696,7 +696,8 @@ def unwritable_error(exc: BaseException, args: argparse.Namespace) -> str | None
         return None
     path = Path(os.fsdecode(exc.filename))
     outputs = [Path(getattr(args, k)) for k in _OUTPUTS if getattr(args, k, None)]
-    output = next((o for o in outputs if o.parent == path.parent or o in path.parents or path in o.parents), None)
+    output = next((o for o in outputs if o == path or o in path.parents or path in o.parents  # or a temporary beside
+                   or (o.parent == path.parent and path.name.startswith(f".{o.name}."))), None)  # it: npm.io.atomic_*
     what = f"cannot write {output}" if output is not None else f"cannot use {path}"
     link = _dangling_link(path)
     if link is not None:
@@ -713,6 +714,8 @@ def unwritable_error(exc: BaseException, args: argparse.Namespace) -> str | None
     if exc.errno in (errno.EEXIST, errno.ENOTDIR):
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
         return f"{what}: {blocker} exists and is not a folder; move it away or use another folder"
+    if exc.errno == errno.EISDIR:
+        return f"{what}: {path} is a folder where a file is expected; check the path"
     return None
 
 

@@ -12,29 +12,33 @@ content (never of paths or modification times), so a rebuilt but identical input
   ``$XDG_CACHE_HOME/npm-repro/fingerprints/``), keyed by each hashed file's name, size, mtime_ns, ctime_ns and
   inode: a cached value is used only when every key matches exactly; any change to a file (or a copy of the folder)
   hashes the bytes again. The cache changes how fast, never what, the fingerprint is.
+  The cache (``cached_digest``) lives in ``npm.checksums``, whose artefact checksums use it too.
 * ``tokenizer_fingerprint``: the vocabulary and tokenizer files of a model folder.
-* ``CorpusHasher`` / ``corpus_fingerprint``: the token ids and block lengths of a corpus's blocks, in order. It does
-  not depend on how the corpus is cut into files, so the datastore (its global arrays) and the BM25 index (its
-  blocks files) of the same blocks agree.
+* ``CorpusHasher`` / ``corpus_fingerprint``: the token ids, block lengths and token spans (each token's bytes in
+  its block's text, what a predicted phrase's surface string is cut by) of a corpus's blocks, in order. It does not
+  depend on how the corpus is cut into files, so the datastore (its plan, from the blocks files) and the BM25 index
+  (its blocks files) of the same blocks agree.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-CHUNK_BYTES = 1 << 22
+from npm.checksums import (  # noqa: F401 - file_fingerprint and the cache's name are this module's API too
+    CHUNK_BYTES,
+    MODEL_FINGERPRINT_CACHE,
+    cached_digest,
+    file_fingerprint,
+)
+
 CHUNK_TOKENS = 1 << 24
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model")
-# The cache of model_fingerprint beside the weights: JSON, but not named *.json, which checkpoint downloads fetch
-# (npm.data.download.CHECKPOINT_FILES); no weight or tokenizer pattern matches it either.
-MODEL_FINGERPRINT_CACHE = ".npm-fingerprint.cache"
 
 
 def _hash_files(files: Sequence[Path]) -> str:
@@ -44,15 +48,6 @@ def _hash_files(files: Sequence[Path]) -> str:
         with open(p, "rb") as f:
             while chunk := f.read(CHUNK_BYTES):
                 h.update(chunk)
-    return h.hexdigest()
-
-
-def file_fingerprint(path: str | os.PathLike) -> str:
-    """sha256 of the bytes of ``path``."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            h.update(chunk)
     return h.hexdigest()
 
 
@@ -81,52 +76,13 @@ def _weight_files(folder: Path) -> list[Path]:
 def model_fingerprint(name: str) -> str:
     """sha256 over config.json and the weight files (names and bytes) of model ``name``: what made the vectors.
 
-    Cached (``_fingerprint_cache``): the bytes are hashed again only when a file's name, size, mtime, ctime or inode
-    changed since the cached value was computed."""
+    Cached (``npm.checksums.cached_digest``): the bytes are hashed again only when a file's name, size, mtime, ctime
+    or inode changed since the cached value was computed."""
     folder = model_folder(name)
     files = _weight_files(folder)
     if not any(p.name != "config.json" for p in files):
         raise FileNotFoundError(f"model {name!r}: no weight files (*.safetensors, pytorch_model*.bin) in {folder}")
-    key, where = _stat_key(files), str(folder.resolve())
-    for cache in _fingerprint_caches(folder):
-        try:
-            cached = json.loads(cache.read_text(encoding="utf-8"))
-            if cached["folder"] == where and cached["files"] == key:
-                return str(cached["fingerprint"])
-        except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: not trusted
-            pass
-    value = _hash_files(files)
-    if _stat_key(files) == key:  # no file changed while it was hashed
-        _write_fingerprint_cache(folder, {"folder": where, "files": key, "fingerprint": value})
-    return value
-
-
-def _stat_key(files: Sequence[Path]) -> list[list]:
-    """[name, size, mtime_ns, ctime_ns, inode] of each file: what a cached fingerprint of ``files`` is valid for."""
-    return [[p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] for p in files for st in [p.stat()]]
-
-
-def _fingerprint_caches(folder: Path) -> list[Path]:
-    """Where the model fingerprint of ``folder`` may be cached, in order: inside it (``MODEL_FINGERPRINT_CACHE``),
-    then the user's cache folder ($XDG_CACHE_HOME or ~/.cache)/npm-repro/fingerprints/, under the sha256 of the
-    folder's resolved path."""
-    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npm-repro" / "fingerprints"
-    named = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()
-    return [folder / MODEL_FINGERPRINT_CACHE, user / f"{named}.json"]
-
-
-def _write_fingerprint_cache(folder: Path, record: dict) -> None:
-    """Write the cache record atomically inside ``folder`` when it is writable, else (or when that fails: a read-only
-    file system) in the user's cache folder; when both fail the next call only hashes again."""
-    from npm.io import write_json
-
-    beside, user = _fingerprint_caches(folder)
-    for target in ([beside] if os.access(folder, os.W_OK) else []) + [user]:
-        try:
-            write_json(target, record)
-            return
-        except OSError:
-            continue
+    return cached_digest(files, folder, lambda fs: _hash_files(fs))
 
 
 def tokenizer_fingerprint(name: str) -> str:
@@ -140,26 +96,31 @@ def tokenizer_fingerprint(name: str) -> str:
 
 
 class CorpusHasher:
-    """Streaming fingerprint of blocks: feed ``(input_ids, block_offsets)`` of consecutive parts in corpus order."""
+    """Streaming fingerprint of blocks: feed ``(input_ids, block_offsets, token_spans)`` of consecutive parts in
+    corpus order."""
 
     def __init__(self):
         self._ids = hashlib.sha256()
         self._lengths = hashlib.sha256()
+        self._spans = hashlib.sha256()
         self.n_blocks = 0
         self.n_tokens = 0
 
-    def update(self, input_ids: np.ndarray, block_offsets: np.ndarray) -> None:
-        """Add the blocks ``block_offsets[b]:block_offsets[b+1]`` of ``input_ids`` (offsets relative to the array)."""
+    def update(self, input_ids: np.ndarray, block_offsets: np.ndarray, token_spans: np.ndarray) -> None:
+        """Add the blocks ``block_offsets[b]:block_offsets[b+1]`` of ``input_ids`` and ``token_spans`` [T, 2]
+        (offsets relative to the arrays)."""
         block_offsets = np.asarray(block_offsets, dtype=np.int64)
         first, last = int(block_offsets[0]), int(block_offsets[-1])
-        for a in range(first, last, CHUNK_TOKENS):  # ids as little-endian int32, whatever the stored dtype
-            self._ids.update(np.asarray(input_ids[a:min(a + CHUNK_TOKENS, last)], dtype="<i4").tobytes())
+        for a in range(first, last, CHUNK_TOKENS):  # as little-endian int32 / uint16, whatever the stored dtype
+            b = min(a + CHUNK_TOKENS, last)
+            self._ids.update(np.asarray(input_ids[a:b], dtype="<i4").tobytes())
+            self._spans.update(np.asarray(token_spans[a:b], dtype="<u2").tobytes())
         self._lengths.update(np.diff(block_offsets).astype("<i8").tobytes())
         self.n_blocks += len(block_offsets) - 1
         self.n_tokens += last - first
 
     def hexdigest(self) -> str:
-        return hashlib.sha256(self._ids.digest() + self._lengths.digest()).hexdigest()
+        return hashlib.sha256(self._ids.digest() + self._lengths.digest() + self._spans.digest()).hexdigest()
 
 
 def corpus_fingerprint(blocks_paths: Sequence[str | os.PathLike]) -> str:
@@ -168,6 +129,6 @@ def corpus_fingerprint(blocks_paths: Sequence[str | os.PathLike]) -> str:
 
     hasher = CorpusHasher()
     for path in blocks_paths:
-        blocks = load_blocks(path)
-        hasher.update(blocks["input_ids"], blocks["block_offsets"])
+        blocks = load_blocks(path, text=True)
+        hasher.update(blocks["input_ids"], blocks["block_offsets"], blocks["token_spans"])
     return hasher.hexdigest()

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     ``path`` changes and the partial build is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))  # ATOMIC_DIR_WORK
     try:
         new = work / "new"
         yield new
@@ -86,6 +87,32 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# The build folder of atomic_dir(PATH): ".NAME.XXXXXXXX.tmp" beside PATH (tempfile.mkdtemp's 8 random characters).
+ATOMIC_DIR_WORK = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+
+
+def remove_atomic_leftovers(folder: str | os.PathLike) -> list[tuple[str, int]]:
+    """Remove the build folders that ``atomic_dir`` left in ``folder`` when its process was killed mid-build (SIGTERM,
+    SIGKILL, a lost node: no ``finally`` ran), e.g. a checkpoint-sized ``.step-N.XXXXXXXX.tmp``; returns (name, bytes)
+    of each. Only folders named as ``atomic_dir`` names them are touched. A process killed between its two renames
+    left the previous version of the target inside (``previous``): it is put back when nothing replaced it.
+    Call it only while holding ``folder``'s lock (``folder_lock``): a live build looks the same."""
+    folder, removed = Path(folder), []
+    if not folder.is_dir():
+        return removed
+    for work in sorted(folder.iterdir()):
+        match = ATOMIC_DIR_WORK.fullmatch(work.name)
+        if not match or work.is_symlink() or not work.is_dir():
+            continue
+        target, previous = folder / match["name"], work / "previous"
+        if previous.is_dir() and not os.path.lexists(target):
+            os.rename(previous, target)
+        size = sum(p.lstat().st_size for p in work.rglob("*"))
+        shutil.rmtree(work, ignore_errors=True)
+        removed.append((work.name, size))
+    return removed
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict], gz: bool | None = None) -> int:
@@ -281,17 +308,28 @@ class FolderBusy(RuntimeError):
     """Another process holds the lock of a folder that one writer at a time may change."""
 
 
+_HELD_LOCKS: set[str] = set()  # lock files this process holds (folder_lock's `reentrant`)
+
+
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``folder`` (``folder/.lock``, flock) for the block; FolderBusy at once if another
-    process holds it. The kernel drops the lock when its process dies (kill -9 included), so a crashed job never
-    leaves a stale lock. The file keeps the holder's pid and host for the message."""
+def folder_lock(folder: str | os.PathLike, what: str, name: str = ".lock", reentrant: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (the file ``folder/name``, flock) for the block; FolderBusy at once if
+    another process holds it ("another WHAT (pid N on HOST since TIME) is writing to FOLDER; ..."). The kernel drops
+    the lock when its process dies (kill -9 included), so a crashed job never leaves a stale lock. The file keeps the
+    holder's pid, host and start time for the message. ``name``: another lock file for a part of the folder (a
+    datastore's shard). ``reentrant``: inside a block of this process that holds the same lock, hold it already
+    (else that is a second holder, refused like another process)."""
     import fcntl
     import socket
+    import time
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ".lock"
+    path = folder / name
+    key = os.path.realpath(path)
+    if reentrant and key in _HELD_LOCKS:
+        yield
+        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
@@ -301,8 +339,13 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[None]:
             raise FolderBusy(f"another {what} ({holder}) is writing to {folder}; wait for it to finish, or stop it, "
                              "or give this one another folder") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        yield
+        since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}".encode(), 0)
+        _HELD_LOCKS.add(key)
+        try:
+            yield
+        finally:
+            _HELD_LOCKS.discard(key)
     finally:
         os.close(fd)  # releases the lock
 

@@ -217,11 +217,12 @@ def test_padding_length_does_not_change_the_vectors(tmp_path, tiny, corpus, buil
 
 
 def test_real_minilm_vectors_match_a_direct_encode(tmp_path, corpus):
-    blocks = load_blocks(corpus[0])
-    bo = blocks["block_offsets"]
+    blocks = load_blocks(corpus[0], text=True)
+    bo, to = blocks["block_offsets"], blocks["text_offsets"]
     few = {k: blocks[k] for k in ("doc_ids",)}
     few.update(input_ids=blocks["input_ids"][:bo[4]], flags=blocks["flags"][:bo[4]], block_offsets=bo[:5],
-               block_doc=blocks["block_doc"][:4])
+               block_doc=blocks["block_doc"][:4], text=blocks["text"][:to[4]], text_offsets=to[:5],
+               token_spans=blocks["token_spans"][:bo[4]])
     save_npz(tmp_path / "few.npz", **few)
     embed_corpus(MINILM, [tmp_path / "few.npz"], tmp_path / "ds", progress=False)
     ds = load_datastore(tmp_path / "ds", expected_model=MINILM)

@@ -10,11 +10,12 @@ import pytest
 import torch
 from tqdm import tqdm
 
+import npm.checksums as checksums
 import npm.datastore.embed as embed
 from npm.data.blocks import tokenize_documents
 from npm.datastore.embed import embed_corpus, embed_shard, plan_batches, plan_datastore
 from npm.datastore.store import done_path, load_datastore, read_plan
-from npm.io import load_npz, save_npz
+from npm.io import load_npz, save_npz, write_json
 from npm.model import encode, load_encoder
 from tests.conftest import lee_corpus_lines, save_tiny_bert
 
@@ -95,8 +96,13 @@ def planned(tmp_path, blocks):
 
 
 def corrupt_tokens(root, **changes):
+    """tokens.npz rewritten with ``changes``, and the plan's checksum of it too: wrong arrays that the plan vouches
+    for (a planning fault; a damaged file is caught by its checksum first, tests/test_integrity.py)."""
     arrays = load_npz(root / "tokens.npz")
     save_npz(root / "tokens.npz", **(arrays | changes))
+    plan = read_plan(root)
+    plan["checksums"]["tokens.npz"] = checksums.entry(root / "tokens.npz", "plan_datastore", "test", cached=False)
+    write_json(root / "plan.json", plan)
 
 
 def raised_in(excinfo, function):

@@ -56,7 +56,7 @@ class BlockTexts:
             if not Path(p).is_file():
                 raise FileNotFoundError(f"blocks file {p} does not exist; run the tokenize_blocks rule first")
             arrays = load_blocks(p, text=True)
-            hasher.update(arrays["input_ids"], arrays["block_offsets"])
+            hasher.update(arrays["input_ids"], arrays["block_offsets"], arrays["token_spans"])
             self._files.append({k: arrays[k] for k in ("text", "text_offsets")})
             firsts.append(firsts[-1] + len(arrays["block_doc"]))
             self.tokens += int(len(arrays["input_ids"]))

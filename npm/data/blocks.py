@@ -7,6 +7,9 @@ stored unpadded (docs/data-contracts.md); ``pad_blocks`` pads with id 0 and atte
 
 * ``tokenize_documents(docs, tokenizer)``: the block arrays of a list of documents, in memory.
 * ``build_blocks(docs_path, out_path, tokenizer_name)``: the stage, streaming a documents file into one ``.npz``.
+
+Every blocks file gets a checksum sidecar ``X.npz.sha256.json`` from the code that writes it, and ``load_blocks``
+verifies it (``npm.checksums``) and checks the surface-text arrays against each other (``check_token_spans``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from npm.boundaries import SPECIAL, encode_units_with_offsets, utf8_offsets
+from npm.checksums import verify_sidecar, write_sidecar
 from npm.io import load_npz, read_jsonl, save_npz
 
 logger = logging.getLogger(__name__)
@@ -242,6 +246,8 @@ def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: st
                          f"block ({stats['units_dropped_mask']} units dropped for containing the mask token, "
                          f"{stats['documents_empty']} documents without a token)")
     save_npz(out_path, **arrays)
+    write_sidecar(out_path, "tokenize_blocks", f"npm-repro tokenize-blocks --docs {docs_path} --tokenizer "
+                  f"{tokenizer_name} --max-seq-length {max_seq_length} --out {out_path}")
     return {"documents": stats["documents"], "units": stats["units"],
             "units_dropped_mask": stats["units_dropped_mask"], "documents_empty": stats["documents_empty"],
             "blocks": n_blocks,
@@ -249,8 +255,10 @@ def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: st
 
 
 def load_blocks(path: str | Path, text: bool = False) -> dict[str, np.ndarray]:
-    """Read a blocks ``.npz`` and check that it has the arrays of the contract (``text``: the surface-text arrays
-    too, which only the datastore and BM25 stages read)."""
+    """Read a blocks ``.npz``, verify it against its checksum sidecar (when it has one) and check that it has the
+    arrays of the contract (``text``: the surface-text arrays too, which only the datastore and BM25 stages read,
+    checked by ``check_token_spans``)."""
+    verify_sidecar(path)
     arrays = load_npz(path)
     need = {"input_ids", "flags", "block_offsets", "block_doc", "doc_ids"}
     if text:
@@ -258,7 +266,39 @@ def load_blocks(path: str | Path, text: bool = False) -> dict[str, np.ndarray]:
     missing = need - set(arrays)
     if missing:
         raise ValueError(f"{path}: not a blocks file (missing {sorted(missing)}); rebuild it with build_blocks")
+    if text:
+        check_token_spans(path, arrays)
     return arrays
+
+
+def check_token_spans(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
+    """A ValueError naming ``path``, the block and the token when the surface-text arrays disagree
+    (docs/data-contracts.md): ``text_offsets`` must cut ``text`` into one run per block, and every token's span must
+    lie inside its block's text (start <= end <= the text's length), the spans of a block's non-special tokens with
+    non-decreasing starts."""
+    bo, to = arrays["block_offsets"].astype(np.int64), arrays["text_offsets"].astype(np.int64)
+    spans = arrays["token_spans"].astype(np.int64)
+    fix = "the file is damaged or was not written by this code; rebuild it (rule tokenize_blocks)"
+    if (len(to) != len(bo) or (len(to) and (to[0] != 0 or to[-1] != len(arrays["text"])))
+            or np.any(np.diff(to) < 0)):
+        raise ValueError(f"{path}: text_offsets ({len(to)} values, ending at {int(to[-1]) if len(to) else None}) do "
+                         f"not cut text ({len(arrays['text'])} bytes) into its {len(bo) - 1} blocks; {fix}")
+    if spans.shape != (len(arrays["input_ids"]), 2):
+        raise ValueError(f"{path}: token_spans has shape {spans.shape}, expected ({len(arrays['input_ids'])}, 2); "
+                         f"{fix}")
+    block = np.repeat(np.arange(len(bo) - 1), np.diff(bo))
+    words = np.flatnonzero((arrays["flags"] & SPECIAL) == 0)
+    outside = (spans[:, 0] > spans[:, 1]) | (spans[:, 1] > np.diff(to)[block])
+    back = np.zeros(len(spans), dtype=bool)
+    back[words[1:]] = (block[words[1:]] == block[words[:-1]]) & (spans[words[1:], 0] < spans[words[:-1], 0])
+    bad = np.flatnonzero(outside | back)
+    if len(bad):
+        t = int(bad[0])
+        b = int(block[t])
+        raise ValueError(f"{path}: block {b}, token {t - int(bo[b])}: token_spans ({spans[t, 0]}, {spans[t, 1]}) "
+                         + ("start before the previous token's" if back[t] and not outside[t] else
+                            f"lie outside the block's {int(to[b + 1] - to[b])} bytes of text")
+                         + f" ({len(bad)} such tokens); {fix}")
 
 
 def check_vocabulary(path: str | Path, input_ids: np.ndarray, vocab_size: int) -> None:
@@ -319,6 +359,8 @@ def subsample_blocks(paths: list[str | Path], fraction: float, out_path: str | P
     out["doc_ids"] = cat["doc_ids"][docs]
     out["source_blocks"] = keep.astype(np.int64)  # the corpus block each block is (its datastore rows are copied)
     save_npz(out_path, **out)
+    write_sidecar(out_path, "subsample_corpus", f"npm-repro subsample-blocks --blocks {' '.join(map(str, paths))} "
+                  f"--percent {fraction * 100:g} --seed {seed} --out {out_path}")
     return {"fraction": fraction, "seed": seed, "blocks": int(n_keep), "of_blocks": int(n_blocks),
             "tokens": int(new_block_offsets[-1]), "of_tokens": int(block_offsets[-1]), "documents": int(len(docs)),
             "sources": [str(p) for p in paths]}

@@ -102,7 +102,11 @@ def read_shard(folder: str | Path, stem: str) -> dict:
     valid = None
     if valid_path.exists():
         with open(valid_path, "rb") as f:
-            valid = _ValidUnpickler(f).load()
+            try:
+                valid = _ValidUnpickler(f).load()
+            except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:  # refused, cut short, foreign
+                raise ValueError(f"{valid_path}: not read ({e or type(e).__name__}); nothing was imported. Get the "
+                                 "file again from the corpus's published archive") from None
         if not isinstance(valid, (list, tuple)) or len(valid) != len(starts):
             got = f"{type(valid).__name__} of {len(valid) if hasattr(valid, '__len__') else '?'}"
             raise ValueError(f"{valid_path}: expected one (valid_starts, valid_ends) pair per block ({len(starts)} "
@@ -279,6 +283,10 @@ def import_shard(folder: str | Path, stem: str, tokenizer_name: str, out: str | 
     tokenizer = load_tokenizer(tokenizer_name)
     arrays, summary = released_blocks(shard["ids"], shard["block_offsets"], shard["valid"], tokenizer, stem)
     save_npz(out, **arrays)
+    from npm.checksums import write_sidecar
+
+    write_sidecar(out, "import_blocks", f"npm-repro import-corpus --folder {folder} --stem {stem} --tokenizer "
+                  f"{tokenizer_name} --out {out}")
     return {"source": str(Path(folder) / stem), **summary}
 
 

@@ -26,11 +26,14 @@ first ``Bm25Searcher``; see that module.
 
 Identity (issue 12): the index folder holds, besides Lucene's files, the record ``npm-repro-index.json`` (written
 before the atomic rename, so every finished index has it): the ``corpus_fingerprint`` of the blocks it indexes
-(``npm.fingerprint.CorpusHasher``: token ids and block lengths, in order; the datastore of the same blocks has the
-same one), ``n_blocks``, ``n_tokens``, ``documents``, ``markers`` and the blocks files (``sources``). A reader
-that passes ``corpus_fingerprint`` to :class:`Bm25Searcher` (the Predictor, the decoder baselines) gets a ValueError
-when the record is missing or differs, before any search. A corrupt Lucene index (truncated or overwritten segment
-files) is a ValueError naming the folder and the Java exception's class and gist, not a Java traceback.
+(``npm.fingerprint.CorpusHasher``: token ids, block lengths and token spans, in order; the datastore of the same
+blocks has the same one), ``n_blocks``, ``n_tokens``, ``documents``, ``markers`` and the blocks files (``sources``).
+A reader that passes ``corpus_fingerprint`` to :class:`Bm25Searcher` (the Predictor, the decoder baselines) gets a
+ValueError when the record is missing or differs, before any search. A corrupt Lucene index (truncated or
+overwritten segment files) is a ValueError naming the folder and the Java exception's class and gist, not a Java
+traceback; a segment file whose bytes changed but which Lucene still reads (zeroed bytes in the term dictionary
+answer "no candidate") is caught by the sha256 of every index file, recorded under ``checksums`` in the record and
+verified by :class:`Bm25Searcher` (``npm.checksums``; hashed once per file, then cached).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+import npm.checksums as checksums
 from npm.boundaries import SPECIAL
 from npm.datastore.java import ensure_jvm
 from npm.edge_errors import java_gist
@@ -158,7 +162,7 @@ class BlockDocuments(Iterator):
         hasher, first = CorpusHasher(), 0
         for path in self.sources:
             blocks = load_blocks(path, text=True)
-            hasher.update(blocks["input_ids"], blocks["block_offsets"])
+            hasher.update(blocks["input_ids"], blocks["block_offsets"], blocks["token_spans"])
             n = len(blocks["block_doc"])
             marked = marked_texts(blocks, *self.markers) if self.markers else None
             for b in range(n):
@@ -221,6 +225,8 @@ def build_bm25_index(docs: Iterable[tuple[int, str]], out_dir: str | os.PathLike
         if stats.get("documents") != n:
             raise RuntimeError(f"Lucene indexed {stats.get('documents')} documents out of {n}; index left unused")
         record = _index_record(docs, corpus, n)
+        record["checksums"] = checksums.folder_record(index, "build_bm25_index", _rebuild_command(
+            out_dir, record["sources"]), skip=[INDEX_RECORD])
         write_json(index / INDEX_RECORD, record)
     unique_terms = stats.get("unique_terms")  # Lucene reports -1 when the index has several segments
     return {"documents": n, "unique_terms": unique_terms if unique_terms is None or unique_terms >= 0 else None,
@@ -258,12 +264,17 @@ def read_index_record(index_dir: str | os.PathLike) -> dict | None:
 
 def _rebuild_hint(index_dir, blocks: Sequence[str] | None) -> str:
     """How to rebuild the BM25 index at ``index_dir`` over ``blocks`` (the blocks files, in order)."""
+    return f"rebuild it with `{_rebuild_command(index_dir, blocks)}` (rule build_bm25_index)"
+
+
+def _rebuild_command(index_dir, blocks: Sequence[str] | None) -> str:
+    """The command that builds the BM25 index at ``index_dir`` over ``blocks`` (the blocks files, in order)."""
     if blocks:
         shown = [str(b) for b in blocks[:3]] + ([f"... ({len(blocks)} files in this order)"] if len(blocks) > 3 else [])
         files = " ".join(shown)
     else:
         files = "<the datastore's blocks files>"
-    return f"rebuild it with `npm-repro build-bm25-index --blocks {files} --out {index_dir}` (rule build_bm25_index)"
+    return f"npm-repro build-bm25-index --blocks {files} --out {index_dir}"
 
 
 def _write_collection(docs: Iterable[tuple[int, str]], folder: Path, threads: int) -> int:
@@ -363,6 +374,7 @@ class Bm25Searcher:
             self._searcher = LuceneSearcher(str(index_dir))
             self._searcher.set_bm25(self.k1, self.b)
             self.num_docs = int(self._searcher.num_docs)
+        checksums.verify(index_dir, (self.record or {}).get("checksums"))  # files Lucene reads without complaint
         self._cache: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
 
     @contextlib.contextmanager

@@ -20,11 +20,16 @@ failed job loses only its own shard) and ``embed_corpus`` runs in one process:
    marker matches the plan is kept; any other is redone from scratch.
 3. ``finish_datastore``: checks every shard against the plan and writes ``meta.json`` last, atomically; its presence
    means the datastore is complete. The layout is in ``npm.datastore.store``.
+
+Two writers never interleave: plan, finish and ``embed_corpus`` hold the datastore folder's lock, a shard's vectors
+its own lock (``.shard{k}.lock``); a second writer fails at once naming the first (``_locked``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 import queue
@@ -32,9 +37,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
+import npm.checksums as checksums
 from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.store import (
     EMBEDDINGS,
@@ -54,8 +61,8 @@ from npm.datastore.store import (
     stored_mask,
 )
 from npm.fingerprint import CorpusHasher, model_fingerprint, model_folder
-from npm.io import atomic_path, load_npz, preallocate, provenance, save_npz, write_json
-from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer
+from npm.io import atomic_path, folder_lock, load_npz, preallocate, provenance, save_npz, write_json
+from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
 
 PIPELINE_BATCHES = 4  # batches prepared ahead, and batches on their way to the shard file (``_embed_rows``)
 SYNC_BYTES = 1 << 26  # the writer flushes the shard file to disk after every this many bytes of vectors
@@ -65,11 +72,12 @@ SYNC_BYTES = 1 << 26  # the writer flushes the shard file to disk after every th
 
 
 def gather_tokens(blocks_paths: Sequence[str | Path], stopword_ids: np.ndarray | None,
-                  vocab_size: int | None = None) -> dict[str, np.ndarray]:
+                  vocab_size: int | None = None, corpus: CorpusHasher | None = None) -> dict[str, np.ndarray]:
     """The datastore's token arrays (``tokens.npz`` of ``npm.datastore.store``) over ``blocks_paths`` in order.
 
-    Each blocks file is loaded in turn; ``stored_mask`` is applied to it (the rule is block-local) and its
-    STORED bit is set in ``flags``. Ids are kept as uint16 when the vocabulary has at most 65536 ids, else int32.
+    Each blocks file is loaded in turn (checked, its token spans too: ``load_blocks(text=True)``) and fed to
+    ``corpus`` when given; ``stored_mask`` is applied to it (the rule is block-local) and its STORED bit is set in
+    ``flags``. Ids are kept as uint16 when the vocabulary has at most 65536 ids, else int32.
     """
     if not blocks_paths:
         raise ValueError("no blocks files to embed")
@@ -77,10 +85,12 @@ def gather_tokens(blocks_paths: Sequence[str | Path], stopword_ids: np.ndarray |
     n_tokens = n_rows = 0
     small = vocab_size is not None and vocab_size <= 1 << 16
     for path in blocks_paths:
-        blocks = load_blocks(path)
+        blocks = load_blocks(path, text=True)
         ids, flags, bo = blocks["input_ids"], blocks["flags"].astype(np.uint8), blocks["block_offsets"]
         if len(bo) < 2 or bo[0] != 0 or bo[-1] != len(ids) or np.any(np.diff(bo) < 0):
             raise ValueError(f"{path}: block_offsets do not cover input_ids; rebuild the blocks file")
+        if corpus is not None:
+            corpus.update(ids, bo, blocks["token_spans"])
         if vocab_size is not None:
             check_vocabulary(path, ids, vocab_size)
         mask = stored_mask(ids, flags, bo, stopword_ids)
@@ -197,6 +207,28 @@ def _remove_stale(root: Path, n_shards: int) -> None:
 # ------------------------------------------------------------------------------------------------- steps
 
 
+def _locked(folder: str, shard: str | None = None):
+    """Decorator: the step runs holding the lock of its datastore folder (its argument named ``folder``), or, given
+    ``shard`` (the argument holding the shard number), of that one shard, so that shards of one datastore still run
+    as parallel jobs. A second writer of the same folder or shard fails at once with one line naming the first
+    (pid, host, start time; ``npm.io.folder_lock``)."""
+    def wrap(step):
+        signature = inspect.signature(step)
+
+        @functools.wraps(step)
+        def locked(*args, **kwargs):
+            given = signature.bind(*args, **kwargs).arguments
+            root = Path(given[folder])
+            lock = (folder_lock(root, "embedding", reentrant=True) if shard is None
+                    else folder_lock(root, f"embedding of shard {given[shard]}", name=f".shard{given[shard]}.lock",
+                                     reentrant=True))
+            with lock:
+                return step(*args, **kwargs)
+        return locked
+    return wrap
+
+
+@_locked("out_dir")
 def plan_datastore(model_name: str, blocks_paths: Sequence[str | Path], out_dir: str | Path,
                    drop_stopwords: bool = False, shards: int = 1, max_length: int | None = None,
                    precision: str = "fp16", tokenizer_name: str | None = None,
@@ -227,8 +259,12 @@ def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length,
     config = AutoConfig.from_pretrained(model_folder(model_name))
     hidden = int(config.hidden_size)
     tokenizer_name = tokenizer_name or model_name
-    stopword_ids = stopword_ids_for(load_tokenizer(tokenizer_name), stopwords)
-    arrays = gather_tokens(blocks_paths, stopword_ids if drop_stopwords else None, getattr(config, "vocab_size", None))
+    tokenizer = load_tokenizer(tokenizer_name)
+    stopword_ids = stopword_ids_for(tokenizer, stopwords)
+    corpus = CorpusHasher()
+    arrays = gather_tokens(blocks_paths, stopword_ids if drop_stopwords else None, getattr(config, "vocab_size", None),
+                           corpus)
+    _check_positions(arrays, blocks_paths, max_input_length(SimpleNamespace(config=config), tokenizer), model_name)
     bo, ro = arrays["block_offsets"], arrays["row_offsets"]
     n_blocks, n_tokens, n_rows = len(bo) - 1, int(bo[-1]), int(ro[-1])
     if n_rows == 0:
@@ -240,8 +276,6 @@ def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length,
     settings = {"format_version": FORMAT_VERSION, "model_fingerprint": fingerprint, "hidden_size": hidden,
                 "drop_stopwords": bool(drop_stopwords), "stopwords": stopwords, "shards": int(shards),
                 "max_length": max_length, "precision": precision}
-    corpus = CorpusHasher()
-    corpus.update(arrays["input_ids"], bo)
     record = {
         "format_version": FORMAT_VERSION, "plan": plan_hash(arrays, stopword_ids, settings), "model": model_name,
         "model_fingerprint": fingerprint, "tokenizer": tokenizer_name, "hidden_size": hidden, "dtype": "float16",
@@ -255,11 +289,14 @@ def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length,
                     "blocks": [b0, b1]} for k, (b0, b1) in enumerate(shard_ranges(n_blocks, shards))],
     }
     try:
-        unchanged = read_plan(root)["plan"] == record["plan"]
+        old = read_plan(root)
+        unchanged = (old["plan"], old.get("corpus_fingerprint")) == (record["plan"], record["corpus_fingerprint"])
+        states = [state for _, state, _ in checksums.status(root, old.get("checksums"))]
+        unchanged = unchanged and len(states) == 2 and set(states) == {"ok"}
     except (FileNotFoundError, ValueError):
         unchanged = False
-    if unchanged and (root / TOKENS).exists() and (root / STOPWORDS).exists():
-        return record, arrays
+    if unchanged:  # the same token arrays, written and still intact: nothing to do
+        return {**record, "checksums": old["checksums"]}, arrays
     (root / META).unlink(missing_ok=True)  # the datastore changes: incomplete until finish_datastore
     (root / EMBEDDINGS).mkdir(parents=True, exist_ok=True)
     save_npz(root / TOKENS, **arrays)
@@ -267,8 +304,27 @@ def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length,
         with open(tmp, "wb") as f:
             np.save(f, stopword_ids)
     _remove_stale(root, shards)
+    command = (f"npm-repro embed --step plan --model {model_name} --blocks {' '.join(map(str, blocks_paths))} "
+               f"--out {root}")
+    record["checksums"] = {name: checksums.entry(root / name, "plan_datastore", command)
+                           for name in (TOKENS, STOPWORDS)}
     write_json(root / PLAN, record)
     return record, arrays
+
+
+def _check_positions(arrays: dict[str, np.ndarray], blocks_paths: Sequence[str | Path], limit: int,
+                     model_name: str) -> None:
+    """A ValueError naming the blocks file, the block and its length when a block is longer than the encoder's
+    ``limit`` positions (``npm.model.max_input_length``): refused at the plan, not by the encoder mid-shard."""
+    lengths = np.diff(arrays["block_offsets"])
+    if not len(lengths) or lengths.max() <= limit:
+        return
+    b = int(np.argmax(lengths > limit))
+    src = int(np.searchsorted(arrays["source_block_offsets"], b, side="right")) - 1
+    raise ValueError(f"{blocks_paths[src]}: block {b - int(arrays['source_block_offsets'][src])} has "
+                     f"{int(lengths[b])} tokens, more than the {limit} positions of encoder {model_name!r} "
+                     f"({int((lengths > limit).sum())} such blocks); re-tokenize the blocks with --max-seq-length "
+                     f"{limit} (config data.max_seq_length) or use an encoder with more positions")
 
 
 class _Encoder:
@@ -442,6 +498,7 @@ def _embed_rows(encoder: _Encoder, arrays: dict, lengths: np.ndarray, blocks: tu
     return tokens
 
 
+@_locked("root", shard="k")
 def _embed_one(root: Path, plan: dict, arrays: dict, k: int, encoder: _Encoder, batch_blocks: int, bar) -> dict:
     """Embed shard k from scratch into a fresh file, then mark it done."""
     t0 = time.perf_counter()
@@ -468,7 +525,9 @@ def _embed_one(root: Path, plan: dict, arrays: dict, k: int, encoder: _Encoder, 
             os.close(fd)
     info = {"shard": k, "n_rows": r1 - r0, "rows": [r0, r1], "blocks": [b0, b1], "tokens": tokens,
             "seconds": round(time.perf_counter() - t0, 3), "device": encoder.device, "precision": encoder.precision,
-            "plan": plan["plan"]}
+            "plan": plan["plan"],
+            "checksums": {f.name: checksums.entry(f, "embed_shard", f"npm-repro embed --step shard --shard {k} "
+                                                                     f"--out {root}")}}
     write_json(done_path(root, k), info)
     return info
 
@@ -480,6 +539,7 @@ def _progress(total: int, name: str, progress: bool):
                 smoothing=0.1)
 
 
+@_locked("out_dir", shard="k")  # before the encoder loads: a second job is refused at once
 def embed_shard(out_dir: str | Path, k: int, batch_blocks: int = 64, device: str | None = None,
                 precision: str | None = None, progress: bool = True) -> dict:
     """Step 2: embed shard ``k`` of a planned datastore (kept when its marker matches the plan). Returns the
@@ -493,6 +553,7 @@ def embed_shard(out_dir: str | Path, k: int, batch_blocks: int = 64, device: str
     rows = plan["shards"][k]["rows"]
     if _shard_is_done(root, k, plan["plan"], rows[1] - rows[0], plan["hidden_size"]):
         return {**_read_done(root, k), "reused": True}
+    checksums.verify(root, plan.get("checksums"))
     arrays = load_npz(root / TOKENS)
     encoder = _Encoder(plan, device, precision)
     b0, b1 = plan["shards"][k]["blocks"]
@@ -504,6 +565,7 @@ def embed_shard(out_dir: str | Path, k: int, batch_blocks: int = 64, device: str
         bar.close()
 
 
+@_locked("out_dir", shard="k")
 def slice_shard(out_dir: str | Path, k: int, base_dir: str | Path, chunk_rows: int = 1 << 20) -> dict:
     """Step 2 for a datastore of a subsampled corpus (Figure 7, paper 6.4): shard ``k``'s vectors are copied from
     the datastore of the full corpus ``base_dir`` instead of being encoded again. Every block is encoded on its own
@@ -551,11 +613,14 @@ def slice_shard(out_dir: str | Path, k: int, base_dir: str | Path, chunk_rows: i
                 handle.write(base.vectors(rows[a:a + chunk_rows]).astype(VECTOR_DTYPE).tobytes())
     info = {"shard": k, "n_rows": r1 - r0, "rows": [r0, r1], "blocks": [b0, b1], "tokens": 0,
             "seconds": round(time.perf_counter() - t0, 3), "device": f"rows of {base.root}",
-            "precision": base.meta["precision"], "plan": plan["plan"], "sliced_from": base.meta["plan"]}
+            "precision": base.meta["precision"], "plan": plan["plan"], "sliced_from": base.meta["plan"],
+            "checksums": {f.name: checksums.entry(f, "slice_shard", f"npm-repro embed --step slice --shard {k} "
+                                                                     f"--out {root} --base {base_dir}")}}
     write_json(done_path(root, k), info)
     return {**info, "reused": False}
 
 
+@_locked("out_dir")
 def finish_datastore(out_dir: str | Path) -> dict:
     """Step 3: check that every shard is done for the current plan and write ``meta.json`` (last, atomically).
     Returns the meta record."""
@@ -578,6 +643,8 @@ def finish_datastore(out_dir: str | Path) -> dict:
             "bytes_per_token_non_vector": round(_non_vector_bytes(plan) / n_tokens, 3),
             "disk_bytes_per_token_non_vector": round(((root / TOKENS).stat().st_size + stop_bytes) / n_tokens, 3),
             "seconds_embedding": round(sum(d["seconds"] for d in done), 3),
+            "checksums": {**plan.get("checksums", {}), **{f"{EMBEDDINGS}/{name}": e for d in done
+                                                          for name, e in d.get("checksums", {}).items()}},
             "provenance": provenance({"model": plan["model"], "blocks": plan["sources"],
                                       "drop_stopwords": plan["drop_stopwords"], "stopwords": plan.get("stopwords"),
                                       "shards": len(plan["shards"]),
@@ -589,6 +656,7 @@ def finish_datastore(out_dir: str | Path) -> dict:
 # -------------------------------------------------------------------------------------------------- main
 
 
+@_locked("out_dir")
 def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: str | Path,
                  drop_stopwords: bool = False, batch_blocks: int = 64, shards: int = 8,
                  max_length: int | None = None, device: str | None = None, precision: str = "fp16",

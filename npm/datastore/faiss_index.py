@@ -62,7 +62,9 @@ Choices this module makes and documents:
   with the same hidden size over the same corpus (same rows) still differ. :func:`load_faiss_index` with
   ``datastore=`` (the Predictor always passes it) checks dimension, row count and plan and refuses a mismatch, a
   missing sidecar or a sidecar without the record. A file FAISS cannot read (not an index, truncated) is a
-  ValueError naming it.
+  ValueError naming it. The sidecar also records the index file's sha256 (``checksums``, ``npm.checksums``), which
+  :func:`load_faiss_index` verifies (hashed once per file, then cached), so bytes changed after the build (the
+  vectors of a Flat index, say) are an error, not a slightly different score.
 * Determinism: IVF/PQ training on the seeded sample is deterministic, so two builds give identical indexes. HNSW
   construction with more than one thread is not bit-reproducible (FAISS inserts in parallel). Pass ``threads=1`` when
   that matters.
@@ -81,6 +83,7 @@ from pathlib import Path
 
 import numpy as np
 
+import npm.checksums as checksums
 from npm.edge_errors import faiss_gist, first_line
 from npm.io import atomic_path, dumps_json, read_json
 
@@ -637,6 +640,8 @@ def build_faiss_index(
     with atomic_path(out_path) as tmp_index:
         faiss.write_index(index, str(tmp_index))
         record["build_seconds"] = round(time.perf_counter() - t0, 3)
+        command = f"npm-repro build-faiss-index --datastore {owner['root'] if owner else '...'} --out {out_path}"
+        record["checksums"] = {out_path.name: checksums.entry(tmp_index, where[0], command, cached=False)}
         with atomic_path(sidecar_path(out_path)) as tmp_json:
             tmp_json.write_text(dumps_json(record, str(sidecar_path(out_path)), indent=2) + "\n", encoding="utf-8")
     log.info("FAISS %s (%s) over %d vectors -> %s in %.1fs", effective, metric, ntotal, out_path,
@@ -697,6 +702,7 @@ def load_faiss_index(path: str | os.PathLike, nprobe: int | None = None, ef_sear
     if datastore is not None:
         meta = datastore if isinstance(datastore, dict) else datastore.meta
         _check_datastore(path, index, sidecar, datastore_record(datastore, corpus=not meta.get("plan")))
+    checksums.verify(path.parent, (sidecar or {}).get("checksums"), [path.name])
     params = {}
     side = sidecar_path(path)
     if sidecar is not None:

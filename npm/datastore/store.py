@@ -33,7 +33,12 @@ Folder layout::
                                 filter spans
       embeddings/shard{k}.f16   raw float16 [rows_k, hidden], C order, no .npy header (as the original's
                                 ``*.float16.npy``); rows_k and the row range are in meta.json
-      embeddings/shard{k}.done.json   the embedder's marker of a finished shard (rows, seconds, plan hash)
+      embeddings/shard{k}.done.json   the embedder's marker of a finished shard (rows, seconds, plan hash, the
+                                shard file's checksum)
+
+``plan.json`` records the checksums (``npm.checksums``) of ``tokens.npz`` and ``stopword_ids.npy``, each shard's
+marker that of its vectors, and ``meta.json`` all of them; ``load_datastore`` verifies every file against them
+(hashed once per file, then cached by size/mtime/ctime/inode).
 
 A row r lives in the shard whose row range holds it; its block is ``searchsorted(row_offsets, r) - 1`` and its
 position the (r - row_offsets[block])-th STORED position of that block (computed on demand, per queried block).
@@ -48,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+import npm.checksums as checksums
 from npm.boundaries import (
     PUNCT_END,
     PUNCT_PIECE,
@@ -275,18 +281,16 @@ class Datastore:
 
     @cached_property
     def corpus_fingerprint(self) -> str:
-        """The content fingerprint of the corpus blocks (``npm.fingerprint.CorpusHasher`` over ``input_ids`` and
-        ``block_offsets``): meta.json's ``corpus_fingerprint``, computed from the token arrays when the meta (written
-        before it recorded one) lacks it. Equals ``corpus_fingerprint`` of the blocks files the datastore was built
-        from, which a BM25 index records."""
+        """The content fingerprint of the corpus blocks (``npm.fingerprint.CorpusHasher`` over ``input_ids``,
+        ``block_offsets`` and the blocks' ``token_spans``): meta.json's ``corpus_fingerprint``, computed from its
+        blocks files when the meta (written before it recorded one) lacks it. Equals ``corpus_fingerprint`` of the
+        blocks files the datastore was built from, which a BM25 index records."""
         recorded = self.meta.get("corpus_fingerprint")
         if recorded:
             return str(recorded)
-        from npm.fingerprint import CorpusHasher
+        from npm.fingerprint import corpus_fingerprint
 
-        hasher = CorpusHasher()
-        hasher.update(self.input_ids, self.block_offsets)
-        return hasher.hexdigest()
+        return corpus_fingerprint(self.sources)  # the token spans are only in the blocks files
 
     # -- sizes
 
@@ -503,4 +507,5 @@ def load_datastore(path: str | Path, expected_model: str | None = None, verify: 
     stopword_ids = np.load(stop_path, allow_pickle=False).astype(np.int64)
     if verify:
         check_stored(arrays, stopword_ids if meta.get("drop_stopwords") else None)
+    checksums.verify(root, meta.get("checksums"))  # last: the checks above name what is wrong more precisely
     return Datastore(root, meta, arrays, stopword_ids, shards)

@@ -18,8 +18,9 @@ killed job leaves the previous checkpoint intact; ``resume`` continues bit-for-b
 folder ``<checkpoint_dir>/run-<id>`` whose ``run.json`` records what produces the result (the settings that change
 it, the encoder's and tokenizer's fingerprints, the training files' fingerprints; ``run_record``): a run resumes
 only its own checkpoints, so a changed setting or rebuilt data starts fresh in a new run folder and the old run
-stays resumable. A lock on ``checkpoint_dir`` keeps a second training out; an unreadable newest checkpoint is set
-aside (``step-N.corrupt-<time>``) and the previous one resumed.
+stays resumable. A lock on ``checkpoint_dir`` keeps a second training out; an unreadable newest checkpoint, or one
+whose files differ from the checksums recorded when it was saved (``sha256.json``, ``npm.checksums``), is set aside
+(``step-N.corrupt-<time>``) and the previous one resumed. The final model folder records its checksums too.
 
 ``model_type="mlm"``: the parametric baseline. At paper scale it is the released roberta-large (not trained); the
 embedded default's encoder (MiniLM, a sentence-transformers BERT) ships without an MLM head, so the head (newly
@@ -49,8 +50,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
+import npm.checksums as checksums
 from npm.fingerprint import file_fingerprint, model_fingerprint, tokenizer_fingerprint
-from npm.io import atomic_dir, folder_lock, write_json, write_summary
+from npm.io import atomic_dir, folder_lock, remove_atomic_leftovers, write_json, write_summary
 from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
 from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
 from npm.training.data import BatchLines
@@ -136,7 +138,8 @@ def run_record(cfg: TrainConfig, world: int, device: torch.device) -> dict:
 
 
 def _run_folder(root: Path, record: dict, rank: int) -> Path:
-    """The run folder of ``record`` under ``root``, created with its run.json; logs the runs it does not resume."""
+    """The run folder of ``record`` under ``root``, created with its run.json; logs the runs it does not resume and
+    removes (and logs) the half-written checkpoints of a killed earlier run (``npm.io.remove_atomic_leftovers``)."""
     folder = root / f"run-{record['run_id'][:16]}"
     if rank == 0:
         others = sorted(p.name for p in root.glob("run-*") if p.is_dir() and p != folder)
@@ -150,6 +153,9 @@ def _run_folder(root: Path, record: dict, rank: int) -> Path:
         if not (folder / RUN_FILE).exists():
             folder.mkdir(parents=True, exist_ok=True)
             write_json(folder / RUN_FILE, record)
+        for name, size in remove_atomic_leftovers(folder):  # safe: train() holds the folder lock
+            log.warning("removed %s (%.1f MB) from %s: a checkpoint write cut short when an earlier run was killed",
+                        name, size / 1e6, folder)
     return folder
 
 
@@ -178,6 +184,7 @@ def _resume_point(folder: Path, steps: int, load_model, rank: int):
         try:
             state = _load_state(ckpt)
             weights = load_model(str(ckpt)).state_dict()
+            checksums.verify_folder(ckpt)  # bytes changed in a file that still loads
         except Exception as e:  # noqa: BLE001 - any unreadable part makes the checkpoint unusable
             aside = ckpt.with_name(f"{ckpt.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
             if rank == 0:
@@ -216,6 +223,7 @@ def _save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, schedul
             "position": position,
         }
         torch.save(state, tmp / STATE_FILE)
+        checksums.write_folder_record(tmp, "pretrain", f"npm-repro train (checkpoint {final})")
     for old in _checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -557,6 +565,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
             tokenizer.save_pretrained(tmp)
             shutil.copy(log_path, tmp / "train_log.csv")
             shutil.copy(run_dir / RUN_FILE, tmp / RUN_FILE)
+            checksums.write_folder_record(tmp, "pretrain", f"npm-repro train --out {out}")
         write_summary(out / "training_summary.json", summary, config=asdict(cfg))
     if run is not None:
         run.finish()

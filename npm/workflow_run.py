@@ -1,0 +1,77 @@
+"""Which snakemake run is working in a folder, for the Snakefile's start-up check.
+
+Snakemake's own lock refuses a second run in the same working directory, but after the first run has marked its
+running jobs' outputs incomplete, so the second one reads "IncompleteFilesException ... --rerun-incomplete" (advice
+that would corrupt the running jobs) or "LockException", never that another run is at work. The Snakefile records
+the main process of a run in ``RUN_FILE`` (``record_run`` in ``onstart``, ``forget_run`` in ``onsuccess`` /
+``onerror``; a dry run records nothing) and, before building its DAG, a run stops with ``busy_message`` when that
+file names another live process on this host. A file left by a killed run names a dead process (or a pid since
+reused by another process, told apart by its start time) and is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+RUN_FILE = Path(".snakemake") / "npm-run.json"  # relative to the working directory (--directory)
+
+
+def _started(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux /proc); None where unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return started is None or _started(pid) in (None, started)
+
+
+def record_run(path: str | os.PathLike = RUN_FILE) -> None:
+    """Record this process as the run working in the folder (pid, host, start, command line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": _started(os.getpid()),
+              "start": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": sys.argv}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def forget_run(path: str | os.PathLike = RUN_FILE) -> None:
+    """Remove the record if it is this process's."""
+    path = Path(path)
+    if (other_run(path, include_self=True) or {}).get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def other_run(path: str | os.PathLike = RUN_FILE, include_self: bool = False) -> dict | None:
+    """The record of a live run of this host working in the folder, other than this process (unless
+    ``include_self``); None when there is none (no file, an unreadable one, a dead process, another host)."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+        pid = int(record["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if record.get("host") != socket.gethostname() or (pid == os.getpid() and not include_self):
+        return None
+    return record if _alive(pid, record.get("started")) else None
+
+
+def busy_message(record: dict, folder: str | os.PathLike) -> str:
+    command = " ".join(map(str, record.get("command") or [])) or "snakemake"
+    return (f"another snakemake run (pid {record['pid']}, started {record.get('start', '?')}: {command}) is working "
+            f"in {Path(folder).resolve()}; wait for it to finish or stop it (kill {record['pid']}), then run again. "
+            "Do not --unlock or --rerun-incomplete while it runs: that would redo the jobs it is running")
