@@ -57,22 +57,29 @@ def lead_blocks(tokenizer, n_blocks: int) -> dict[str, np.ndarray]:
         text = " ".join(lead_paragraphs(leads[title]["extract"]))
         if text:
             docs.append({"id": title, "units": [f"{title}. {text}"]})
-    ids, flags, offsets, block_doc, doc_ids = [], [], [], [], []
-    n_tokens = n = 0
+    ids, flags, spans, texts, offsets, text_offsets, block_doc, doc_ids = [], [], [], [], [], [], [], []
+    n_tokens = n_bytes = n = 0
     for a in range(0, len(docs), LEAD_CHUNK):
         part = tokenize_documents(docs[a:a + LEAD_CHUNK], tokenizer)
         ids.append(part["input_ids"])
         flags.append(part["flags"])
+        spans.append(part["token_spans"])
+        texts.append(part["text"])
         offsets.append(part["block_offsets"][:-1] + n_tokens)
+        text_offsets.append(part["text_offsets"][:-1] + n_bytes)
         block_doc.append(part["block_doc"] + len(doc_ids))
         doc_ids.extend(part["doc_ids"])
         n_tokens += len(part["input_ids"])
+        n_bytes += len(part["text"])
         n += len(part["block_doc"])
         if n >= n_blocks:
             break
     bo = np.concatenate(offsets + [[n_tokens]])[:n_blocks + 1]
+    to = np.concatenate(text_offsets + [[n_bytes]])[:n_blocks + 1]
     return {"input_ids": np.concatenate(ids)[:bo[-1]], "flags": np.concatenate(flags)[:bo[-1]], "block_offsets": bo,
-            "block_doc": np.concatenate(block_doc)[:n_blocks], "doc_ids": np.array(doc_ids)}
+            "block_doc": np.concatenate(block_doc)[:n_blocks], "doc_ids": np.array(doc_ids),
+            "text": np.concatenate(texts)[:to[-1]], "text_offsets": to,
+            "token_spans": np.concatenate(spans)[:bo[-1]]}
 
 
 def bare_forward(model, inputs, device: str) -> float:

@@ -92,7 +92,7 @@ def peak(device: torch.device, size: int, precision: str) -> dict:
         a @ b
         _sync(device)
         times.append(time.perf_counter() - start)
-    return {"dtype": str(dtype).split(".")[1], "size": size, "tflops": round(2 * size**3 / min(times) / 1e12, 2)}
+    return {"dtype": str(dtype).split(".")[1], "size": size, "tflops": round(2 * size**3 / min(times) / 1e12, 4)}
 
 
 def run_pytest() -> dict:
