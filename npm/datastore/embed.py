@@ -222,10 +222,28 @@ def _locked(folder: str, shard: str | None = None):
             lock = (folder_lock(root, "embedding", reentrant=True) if shard is None
                     else folder_lock(root, f"embedding of shard {given[shard]}", name=f".shard{given[shard]}.lock",
                                      reentrant=True))
-            with lock:
-                return step(*args, **kwargs)
+            existed = root.exists()
+            try:
+                with lock:
+                    return step(*args, **kwargs)
+            except BaseException:
+                if not existed:  # a step that failed its checks leaves no folder behind, not even its lock file
+                    _remove_if_only_locks(root)
+                raise
         return locked
     return wrap
+
+
+def _remove_if_only_locks(root: Path) -> None:
+    """Remove ``root`` when it holds nothing but lock files (``*.lock``)."""
+    try:
+        inside = list(root.iterdir())
+        if all(p.is_file() and p.name.endswith(".lock") for p in inside):
+            for p in inside:
+                p.unlink()
+            root.rmdir()
+    except OSError:
+        pass
 
 
 @_locked("out_dir")
