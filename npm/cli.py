@@ -21,7 +21,7 @@ from npm import threads
 from npm.datastore.bm25 import DEFAULT_MARKERS as BM25_MARKERS_DEFAULT
 from npm.datastore.store import STOPWORD_LISTS, STOPWORDS_DEFAULT
 from npm.edge_errors import faiss_gist, first_line, java_gist, safetensors_gist
-from npm.io import FolderBusy, write_summary
+from npm.io import FolderBusy, resolve_package_path, write_summary
 from npm.settings import (
     FIELDS,
     Settings,
@@ -114,7 +114,8 @@ def cmd_download_task(args):
 def cmd_extract_documents(args):
     from npm.data.documents import extract_documents
 
-    _summary(args, extract_documents(args.format, args.source, args.out, limit=args.limit or None))
+    source = resolve_package_path(args.source)
+    _summary(args, extract_documents(args.format, source, args.out, limit=args.limit or None))
 
 
 def cmd_shard_documents(args):
@@ -404,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["mediawiki", "kilt", "cc_news"], required=True,
                    help="mediawiki: a Wikipedia XML export; kilt: the KILT knowledge source JSONL (Wikipedia as "
                         "sections); cc_news: a folder of CC-News (news-please) JSON records, one document per date")
-    p.add_argument("--source", required=True, help="the raw dump: a file (mediawiki, kilt) or a folder (cc_news)")
+    p.add_argument("--source", required=True, help="the raw dump: a file (mediawiki, kilt) or a folder (cc_news), or "
+                   "pypi:PACKAGE/PATH for one inside an installed package")
     p.add_argument("--out", type=Path, required=True, help="documents JSONL (docs/data-contracts.md)")
     p.add_argument("--limit", type=nonneg_int, default=0, help="stop after this many documents (0 = all)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gzip
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -44,6 +45,14 @@ def resolve_package_path(name: str | os.PathLike) -> str:
     if not path.exists():
         raise FileNotFoundError(f"{name!r}: {path} does not exist inside the installed package {package!r}")
     return str(path)
+
+
+def package_release(name: str) -> str:
+    """``pypi:PACKAGE/PATH`` -> ``DISTRIBUTION==VERSION`` of the installed package that holds it: what names its
+    content across clones and moves (the path itself depends on where the virtual environment lies)."""
+    package = name[len("pypi:"):].partition("/")[0]
+    dists = importlib.metadata.packages_distributions().get(package) or [package.replace("_", "-")]
+    return f"{dists[0]}=={importlib.metadata.version(dists[0])}"
 
 
 @contextlib.contextmanager

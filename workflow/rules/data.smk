@@ -199,6 +199,8 @@ rule extract_documents:
         summary="data/docs/{corpus}.summary.json",
     params:
         format=lambda wc: source(wc.corpus)["format"],
+        source=source_arg,
+        package=source_package,
     priority: DATA_PRIORITY
     log:
         "logs/extract_documents/{corpus}.log",
@@ -207,7 +209,7 @@ rule extract_documents:
     conda:
         "../envs/data.yaml"
     shell:
-        "npm-repro extract-documents --format {params.format} --source {input}"
+        "npm-repro extract-documents --format {params.format} --source {params.source:q}"
         " --out {output.docs} --summary {output.summary} > {log} 2>&1"
 
 
