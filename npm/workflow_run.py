@@ -75,3 +75,35 @@ def busy_message(record: dict, folder: str | os.PathLike) -> str:
     return (f"another snakemake run (pid {record['pid']}, started {record.get('start', '?')}: {command}) is working "
             f"in {Path(folder).resolve()}; wait for it to finish or stop it (kill {record['pid']}), then run again. "
             "Do not --unlock or --rerun-incomplete while it runs: that would redo the jobs it is running")
+
+
+# ------------------------------------------------------------------------------------------- config files on the line
+# Snakemake parses every --configfile before any workflow code runs, and a YAML error there reads only "Config file is
+# not valid JSON or YAML" (no file, no line). The workflow profiles (profiles/default, which Snakemake uses by itself
+# in this checkout, and profiles/slurm) run check_configfiles while Snakemake reads them, which is earlier.
+def configfiles(argv: list[str]) -> list[str]:
+    """The files that ``--configfile`` / ``--configfiles`` name on a snakemake command line."""
+    found, taking = [], False
+    for arg in argv[1:]:
+        option, eq, value = arg.partition("=")
+        if option in ("--configfile", "--configfiles"):
+            taking = not eq
+            found += [value] if eq else []
+        elif arg.startswith("-"):
+            taking = False
+        elif taking:
+            found.append(arg)
+    return found
+
+
+def check_configfiles(argv: list[str], *more: str) -> None:
+    """Stop with one line naming the file, line and column of the first config file that is not valid YAML."""
+    from npm.io import read_yaml
+
+    for path in [*configfiles(argv), *more]:
+        if Path(path).is_file():
+            try:
+                read_yaml(path)
+            except ValueError as e:
+                print(f"npm-repro: error: {e}", file=sys.stderr)
+                sys.exit(1)

@@ -280,3 +280,35 @@ def test_a_second_snakemake_run_in_one_folder_names_the_first(tmp_path):
     assert record.exists()  # a killed run leaves its record: a dead pid, ignored
     dry = snakemake(tmp_path, overlay, target, "-n")
     assert dry.returncode == 0 and "another snakemake run" not in dry.stdout + dry.stderr, dry.stderr[-3000:]
+
+
+def broken_copy(tmp_path: Path, name: str) -> Path:
+    """config/NAME with a syntax error on line 5 (a stray ': : [')."""
+    lines = (ROOT / "config" / name).read_text().splitlines()
+    lines.insert(4, " : : [")
+    bad = tmp_path / name
+    bad.write_text("\n".join(lines) + "\n")
+    return bad
+
+
+@pytest.mark.parametrize("profile", [None, "slurm"])
+def test_yaml_error_in_a_configfile_names_file_and_line(tmp_path, profile):
+    """Fault: `snakemake --configfile config/paper.yaml` (how the paper and released routes are used) with a YAML
+    error said only "Config file is not valid JSON or YAML": Snakemake parses it before any workflow code. The workflow
+    profiles check the named files first: one line with the file, line and column."""
+    bad = broken_copy(tmp_path, "paper.yaml")
+    work = tmp_path / "w"
+    work.mkdir()
+    extra = ["--profile", str(ROOT / "profiles" / profile)] if profile else []
+    out = subprocess.run([str(BIN / "snakemake"), "-n", *extra, "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+                          "--configfile", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 1
+    assert f"npm-repro: error: {bad}:5:2: not valid YAML" in out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stdout + out.stderr and "usage:" not in out.stderr
+
+
+def test_configfiles_on_a_command_line():
+    from npm.workflow_run import configfiles
+
+    argv = ["snakemake", "-n", "--configfile", "a.yaml", "b.yaml", "--cores", "1", "--configfiles=c.yaml", "target"]
+    assert configfiles(argv) == ["a.yaml", "b.yaml", "c.yaml"]
