@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,20 +71,10 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     evaluation and baseline on 3 examples per task, the corpus-size ablation on two points, REPLUG's bits per byte
     on two short texts with a two-step LSR retriever, DensePhrases with one epoch of each training, tables and
     figures."""
-    config = {"embedded": {"max_articles": 300, "max_news": 100, "max_reviews": 50},
-              "training": {"steps": 4, "warmup_steps": 1, "checkpoint_every": 2},
-              "evaluation": {"max_examples": 3},
-              "inference": {"max_new_tokens": 4, "passages": 2},
-              "ablation": {"percents": [50, 100], "tasks": ["lama_trex"]},
-              "replug": {"n_texts": 2, "max_chars": 300, "k": [1, 2], "context_len": 16, "pred_len": 16,
-                         "doc_len": 16,
-                         "lsr": {"n_queries": 4, "chars": 200, "steps": 2, "batch_size": 2, "k": 2, "refresh_every": 1,
-                                 "x_len": 8, "y_len": 8, "doc_len": 16, "checkpoint_every": 1}},
-              "densephrases": {"max_passage_tokens": 64, "max_question_tokens": 16, "teacher": {"epochs": 1},
-                               "train": {"epochs": 1, "pre_batch_epochs": 1, "batch_size": 32},
-                               "compare_indexes": ["IVF8,SQ4"], "query_ft": {"epochs": 1, "k": 4},
-                               "eval_tasks": ["nq", "lama_trex"]}}
-    run_workflow(tmp_path, targets=["all"], config=config)
+    # .test/config/config.yaml, as `snakemake --directory .test` reads it: the working directory's config/config.yaml
+    # merged over the embedded default by the Snakefile itself (no --configfile).
+    shutil.copytree(ROOT / ".test" / "config", tmp_path / "config")
+    run_workflow(tmp_path, targets=["all"], configfile=False)
     for corpus, shards in [("enwiki", 2), ("enwiki_excerpt", 1), ("cc_news", 1)]:
         for shard in range(shards):
             for mode in ("span", "uniform"):

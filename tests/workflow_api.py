@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_workflow(workdir: Path, targets: list[str], config: dict | None = None, configfile: Path | None = None,
+def run_workflow(workdir: Path, targets: list[str], config: dict | None = None, configfile: Path | None | bool = None,
                  dryrun: bool = False, cores: int = 2) -> None:
     """Execute (or dry-run) ``targets`` of the repository's Snakefile with ``workdir`` as working directory."""
     from snakemake.api import SnakemakeApi
@@ -24,7 +24,8 @@ def run_workflow(workdir: Path, targets: list[str], config: dict | None = None, 
     bindir = str(Path(os.sys.executable).parent)
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-    configfiles = [configfile or ROOT / "config" / "config.yaml"]
+    # configfile=False: none, so that the Snakefile picks its default (and the working directory's config/config.yaml).
+    configfiles = [] if configfile is False else [configfile or ROOT / "config" / "config.yaml"]
     with SnakemakeApi(OutputSettings(quiet=None, printshellcmds=True, show_failed_logs=True)) as api:
         workflow = api.workflow(
             resource_settings=ResourceSettings(cores=cores),

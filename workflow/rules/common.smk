@@ -331,7 +331,7 @@ def task_inputs(tasks, system=None):
 # ------------------------------------------------------------------------------------------------ evaluation
 # Systems come from the registry npm.evaluation.systems (what each needs); the inference switches from
 # npm.settings (config `inference`, defaults filled in and validated there).
-TASKS = yaml.safe_load(Path(workflow.basedir, "config", "tasks.yaml").read_text(encoding="utf-8"))["tasks"]
+TASKS = yaml.safe_load(Path(REPO, "config", "tasks.yaml").read_text(encoding="utf-8"))["tasks"]
 EVAL = config["evaluation"]
 try:
     INFERENCE = Settings.from_mapping(config.get("inference"))

@@ -8,7 +8,7 @@
 from npm.tasks.fetch import cache_path
 from npm.tasks.registry import download_checksums, fuzzy_verbalizer_info, load_registry
 
-TASK_REGISTRY_FILE = Path(workflow.basedir, "config", "tasks.yaml")
+TASK_REGISTRY_FILE = Path(REPO, "config", "tasks.yaml")
 TASK_REGISTRY = load_registry(TASK_REGISTRY_FILE)  # every entry validated at start-up
 TASK_CHECKSUMS = download_checksums(TASK_REGISTRY_FILE)
 FUZZY_URL = fuzzy_verbalizer_info(TASK_REGISTRY_FILE)["url"]
