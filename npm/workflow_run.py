@@ -107,3 +107,16 @@ def check_configfiles(argv: list[str], *more: str) -> None:
             except ValueError as e:
                 print(f"npm-repro: error: {e}", file=sys.stderr)
                 sys.exit(1)
+
+
+# ------------------------------------------------------------------------------------------------------ the container
+def container_problem(image: str, with_conda: bool) -> str | None:
+    """Why `--sdm apptainer` cannot run with ``image`` (config `container`), or None."""
+    if with_conda:
+        return ("--sdm conda apptainer expects the rules' conda envs inside the image, and the Dockerfile's image "
+                "holds the package instead: use --sdm apptainer alone (or --sdm conda without apptainer)")
+    if "://" not in image and not Path(image).is_file():
+        return (f"config container: the Apptainer image {image} does not exist in {Path.cwd()}: build it from the "
+                "Dockerfile (docker build -t npm-repro:0.1.0 . && apptainer build npm-repro.sif "
+                "docker-daemon://npm-repro:0.1.0) or set `container` to a docker:// URI of a pushed image")
+    return None
