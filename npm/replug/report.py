@@ -10,10 +10,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from npm.io import read_json
 from npm.report.figures import _pyplot, save_figure
+from npm.report.frame import load_lm_eval
 from npm.report.tables import Table
 
 # Shi et al. 2023, Table 1, GPT-2 Small (117M): Pile bits per byte; REPLUG ensembles 10 documents.
@@ -22,20 +21,8 @@ NAMES = {"lm": "LM", "replug": "+ REPLUG", "replug_lsr": "+ REPLUG LSR", "random
          "concat": "+ documents concatenated"}
 
 
-def load_results(path: str | os.PathLike) -> dict:
-    """The results JSON of ``npm-repro replug eval-lm``, checked for its rows."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; run `npm-repro replug eval-lm` (rule replug_eval_lm) first")
-    results = read_json(path, "run `npm-repro replug eval-lm` again")
-    rows = results.get("rows") if isinstance(results, dict) else None
-    if not rows or not all({"system", "k", "bpb", "bpb_ci95", "gain_pct"} <= set(r) for r in rows):
-        raise ValueError(f"{path}: not a `replug eval-lm` results file (rows with system, k, bpb, bpb_ci95, gain_pct)")
-    return results
-
-
 def lm_table(path: str | os.PathLike) -> Table:
-    results = load_results(path)
+    results = load_lm_eval(path)
     top_k = {}
     for r in results["rows"]:
         top_k[r["system"]] = max(top_k.get(r["system"], 0), r["k"])
@@ -66,7 +53,7 @@ def k_figure(path: str | os.PathLike, out: str | os.PathLike) -> dict:
     """Gain in bits per byte over the plain LM (%, with the paired 95 % interval over resampled texts) against k, for
     REPLUG, REPLUG LSR and random documents; 0 = no retrieval. Paired gains, because the texts' own difficulty makes
     the absolute bits-per-byte intervals much wider than the differences between systems."""
-    results = load_results(path)
+    results = load_lm_eval(path)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     drawn = {}

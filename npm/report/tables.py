@@ -8,8 +8,9 @@
 * ``table8``: knowledge tasks, LAMA with its UHN / Hard subsets (paper Table 8, paper-map §7.2).
 
 Each builder reads metrics JSON files (the contract of ``npm-repro evaluate``: task, system, metric, score, n, ...;
-the path is never parsed) and returns a :class:`Table`; :func:`write_table` writes it as CSV (2 decimals) and
-Markdown (1 decimal, same basename, ``.md``, with a provenance footer), both atomically. Which paper row each of
+the path is never parsed), turns them into the tidy rows of ``npm.report.results`` (:func:`metrics_frame`), pivots
+them with pandas and returns a :class:`Table`; :func:`write_table` writes it as CSV (pandas ``to_csv``, 2 decimals)
+and Markdown (1 decimal, same basename, ``.md``, with a provenance footer), both atomically. Which paper row each of
 our systems is compared with is data (``paper_values.yaml``, ``mapping``). A cell we have no number for is empty:
 nothing is filled in or carried over from another setting. :func:`paper_cells` lists the same comparisons cell by
 cell, for the paper check (``npm.report.check``, docs/expected-numbers.md).
@@ -17,7 +18,6 @@ cell, for the paper check (``npm.report.check``, docs/expected-numbers.md).
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -200,33 +200,56 @@ def display_name(system: str, model: str | None = None) -> str:
     return SYSTEMS[system].display_name(short_model_name(model))
 
 
-def _system_model(records: Sequence[dict], system: str) -> str | None:
-    for rec in records:
-        if rec["system"] == system and rec.get("model"):
-            return rec["model"]
-    return None
+def metrics_frame(records: Sequence[dict]):
+    """The checked records as the tidy rows of ``npm.report.results`` (:mod:`npm.report.frame`: one per number, the
+    task's score, each subset, each group, the queries per second), which the builders pivot. pandas is imported
+    here, not at the top: every ``npm-repro`` command imports this module to build its parser, in envs without it."""
+    from npm.report.frame import metrics_frame as frame
+
+    return frame(records)
 
 
-def _system_params(records: Sequence[dict], system: str) -> float | None:
-    for rec in records:
-        if rec["system"] == system and _number(rec.get("parameters")):
-            return rec["parameters"] / 1e6
-    return None
+def _scores(frame):
+    """The rows of the tasks' scores (one per metrics file: no subset, group or speed row)."""
+    return frame[frame["subset"].isna() & frame["group"].isna() & (frame["metric"] != "queries_per_s")]
 
 
-def footer(records: Sequence[dict]) -> list[str]:
-    """Provenance lines: the git commit(s) of the metrics and the number of examples per task."""
-    commits = sorted({str((rec.get("provenance") or {}).get("git_commit") or "unknown") for rec in records})
-    by_task: dict[str, dict[int, list[str]]] = {}
-    for rec in records:
-        by_task.setdefault(rec["task"], {}).setdefault(int(rec["n"]), []).append(rec["system"])
+def _plain(value):
+    """A pandas / numpy cell as a plain Python value; None where it is missing (NaN or None)."""
+    value = value.item() if hasattr(value, "item") else value
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def _cell(pivot, row, column):
+    """``pivot.at[row, column]`` as a plain value; None where the pivot has no such row, column or value."""
+    if row not in pivot.index or column not in pivot.columns:
+        return None
+    return _plain(pivot.at[row, column])
+
+
+def _about(frame):
+    """Per system: its model and its parameter count, each the first one its files give (file order)."""
+    return frame.groupby("system", sort=False)[["model", "parameters"]].first()
+
+
+def _params(about, system: str) -> float | None:
+    """The system's parameters in millions."""
+    params = _cell(about, system, "parameters")
+    return params / 1e6 if params is not None else None
+
+
+def footer(scores) -> list[str]:
+    """Provenance lines: the git commit(s) of the metrics and the number of examples per task (``scores``: the
+    score rows of a metrics frame)."""
+    commits = sorted(set(scores["commit"].fillna("unknown").astype(str)))
+    by_task = scores.groupby("task")
     parts = []
-    for task in [t for t in KNOWN_TASKS if t in by_task]:
-        ns = by_task[task]
+    for task in [t for t in KNOWN_TASKS if t in by_task.groups]:
+        ns = by_task.get_group(task).groupby("n")["system"].agg(lambda s: sorted(set(s)))
         if len(ns) == 1:
-            parts.append(f"{task} {next(iter(ns)):,}")
+            parts.append(f"{task} {int(ns.index[0]):,}")
         else:
-            parts.append(f"{task} " + ", ".join(f"{n:,} ({', '.join(sorted(set(s)))})" for n, s in sorted(ns.items())))
+            parts.append(f"{task} " + ", ".join(f"{int(n):,} ({', '.join(s)})" for n, s in ns.items()))
     return [f"Metrics from git commit(s): {', '.join(commits)}.", f"Examples per task (n): {'; '.join(parts)}."]
 
 
@@ -240,13 +263,6 @@ def _paper_vals(paper: Mapping, table: str, name: str | None) -> dict:
     if name not in paper[table]:
         raise ValueError(f"paper values: the mapping names row {name!r} but {table} has no such row")
     return paper[table][name]
-
-
-def _scored(row: dict, label: str, rec: dict | None) -> None:
-    """``row[label]`` = the record's score and ``row[f"{label} ±"]`` its bootstrap standard error (metrics field
-    ``stderr``; absent in files written before it existed)."""
-    row[label] = rec["score"] if rec else None
-    row[f"{label} ±"] = rec.get("stderr") if rec and _number(rec.get("stderr")) else None
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -266,23 +282,29 @@ def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
     """
     paper = paper or load_paper_values()
     records = load_metrics(paths, tasks=tuple(CLOSED_SET_TASKS), what="table1")
-    cells = index_by_task_system(records, "table1")
-    tasks = [t for t in CLOSED_SET_TASKS if any(t == task for _, task in cells)]
+    index_by_task_system(records, "table1")
+    frame = metrics_frame(records)
+    scores = _scores(frame)
+    score = scores.pivot(index="system", columns="task", values="value")
+    stderr = scores.pivot(index="system", columns="task", values="stderr")
+    about = _about(frame)
+    tasks = [t for t in CLOSED_SET_TASKS if t in score.columns]
     columns = ["System", "Paper row", "#Params (M)"]
     for t in tasks:
         columns += [CLOSED_SET_TASKS[t], f"{CLOSED_SET_TASKS[t]} (paper)"]
     columns += ["Avg", "Avg (paper)"]
     rows = []
-    for system in ordered_systems(s for s, _ in cells):
+    for system in ordered_systems(score.index):
         paper_name = _paper_row(paper, "table1", system)
         paper_vals = _paper_vals(paper, "table1", paper_name)
-        row = {"_system": system, "System": display_name(system, _system_model(records, system)),
-               "Paper row": paper_name, "#Params (M)": _system_params(records, system)}
+        row = {"_system": system, "System": display_name(system, _cell(about, system, "model")),
+               "Paper row": paper_name, "#Params (M)": _params(about, system)}
         ours, theirs = [], []
         for t in tasks:
-            _scored(row, CLOSED_SET_TASKS[t], cells.get((system, t)))
-            row[f"{CLOSED_SET_TASKS[t]} (paper)"] = paper_vals.get(t)
-            ours.append(row[CLOSED_SET_TASKS[t]])
+            label = CLOSED_SET_TASKS[t]
+            row[label], row[f"{label} ±"] = _cell(score, system, t), _cell(stderr, system, t)
+            row[f"{label} (paper)"] = paper_vals.get(t)
+            ours.append(row[label])
             theirs.append(paper_vals.get(t))
         row["Avg"] = _mean(ours)
         row["Avg (paper)"] = (paper_vals.get("avg") if len(tasks) == len(CLOSED_SET_TASKS) else _mean(theirs)) \
@@ -291,7 +313,7 @@ def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
     notes = [f"Avg over the {len(tasks)} task(s) shown; empty where a system lacks one.", STDERR_NOTE]
     if len(tasks) != len(CLOSED_SET_TASKS):
         notes.append("Avg (paper) is the mean of the paper row's cells over the tasks shown, not the paper's Avg.")
-    return Table("table1", "Table 1: zero-shot closed-set accuracy (%)", columns, rows, notes + footer(records),
+    return Table("table1", "Table 1: zero-shot closed-set accuracy (%)", columns, rows, notes + footer(scores),
                  stderr=tuple(CLOSED_SET_TASKS[t] for t in tasks))
 
 
@@ -320,23 +342,27 @@ def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", 
                              f" {slots[key]['_file']} (corpus {slots[key].get('corpus')!r}) and {rec['_file']} (corpus "
                              f"{rec.get('corpus')!r}); the outdated corpus is {outdated_corpus!r}")
         slots[key] = rec
+    frame = metrics_frame(records)
+    scores = _scores(frame)
+    scores = scores.assign(when=["outdated" if c == outdated_corpus else "updated" for c in scores["corpus"]])
+    score = scores.pivot(index="system", columns=["task", "when"], values="value")
+    stderr = scores.pivot(index="system", columns=["task", "when"], values="stderr")
+    retrieving = set(scores.loc[scores["corpus"].notna() | scores["retrieval"].notna(), "system"])
+    about = _about(frame)
     columns = ["System", "Paper row", "#Params (M)", "Unchanged", "Unchanged (paper)", "Changed", "Changed (paper)",
                "AVG", "AVG (paper)", "unchanged_outdated", "unchanged_updated", "changed_outdated", "changed_updated"]
     rows = []
-    for system in ordered_systems(s for s, _, _ in slots):
-        mine = [rec for rec in records if rec["system"] == system]
-        retrieval = any(rec.get("corpus") or rec.get("retrieval") for rec in mine)
+    for system in ordered_systems(score.index):
         paper_name = _paper_row(paper, "table2", system)
         paper_vals = _paper_vals(paper, "table2", paper_name)
-        row = {"_system": system, "System": display_name(system, _system_model(records, system)),
-               "Paper row": paper_name, "#Params (M)": _system_params(records, system)}
+        row = {"_system": system, "System": display_name(system, _cell(about, system, "model")),
+               "Paper row": paper_name, "#Params (M)": _params(about, system)}
         for task, label in TEMPLAMA_TASKS.items():
             key = label.lower()
-            old = slots.get((system, task, "outdated"))
-            new = slots.get((system, task, "updated"))
-            _scored(row, f"{key}_outdated", old)
-            _scored(row, f"{key}_updated", new)
-            if retrieval:
+            for when in ("outdated", "updated"):
+                row[f"{key}_{when}"] = _cell(score, system, (task, when))
+                row[f"{key}_{when} ±"] = _cell(stderr, system, (task, when))
+            if system in retrieving:
                 both = (row[f"{key}_outdated"], row[f"{key}_updated"])
                 row[label] = Arrow(*both) if any(v is not None for v in both) else None
             else:
@@ -348,7 +374,7 @@ def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", 
     notes = [f"a→b: EM on the outdated corpus ({outdated_corpus}) → on the task's updated (2022) corpus; – = not "
              "evaluated. AVG = mean of Unchanged and Changed on the updated corpus.",
              "Systems without retrieval have one number (no corpus).", STDERR_NOTE]
-    return Table("table2", "Table 2: TempLAMA exact match (%)", columns, rows, notes + footer(records),
+    return Table("table2", "Table 2: TempLAMA exact match (%)", columns, rows, notes + footer(scores),
                  stderr=("unchanged_outdated", "unchanged_updated", "changed_outdated", "changed_updated"))
 
 
@@ -379,35 +405,43 @@ def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
             raise ValueError(f"table3: two metrics files for the {row_key!r} row, column {col!r}: {other['_file']} "
                              f"(system {other['system']!r}) and {rec['_file']} (system {rec['system']!r})")
         slots[(row_key, col)] = rec
-    langs = sorted({g for rec in records for g in (rec.get("groups") or {})})
+    frame = metrics_frame(records)
+    frame = frame.assign(row=[layout["same_row"].get(s, s) for s in frame["system"]],
+                         column=[table3_column(r) for r in frame["retrieval"]])
+    scores = _scores(frame)
+    cell = {what: scores.pivot(index="row", columns="column", values=what)
+            for what in ("value", "system", "model", "parameters")}
+    groups = frame[frame["group"].notna()]
+    by_lang = groups.pivot(index=["row", "column"], columns="group", values="value")
+    langs = sorted(set(groups["group"]))
     columns = ["System", "Paper row", "#Params (M)", "w/o BM25", "w/o BM25 (paper)", "w/ BM25", "w/ BM25 (paper)"]
     for lang in langs:
         columns += [lang, f"{lang} (paper)"]
-    row_keys = {k for k, _ in slots}
+    row_keys = set(scores["row"])
     order = [k for k in layout["rows"] if k in row_keys] + ordered_systems(row_keys - set(layout["rows"]))
     rows = []
     for key in order:
-        wo, w = slots.get((key, "w/o BM25")), slots.get((key, "w/ BM25"))
-        systems = [rec["system"] for rec in (wo, w) if rec]
-        model = next((rec.get("model") for rec in (w, wo) if rec and rec.get("model")), None)
+        w_first = ("w/ BM25", "w/o BM25")  # the w/ BM25 run's model, parameters and languages where there is one
+        systems = [s for s in (_cell(cell["system"], key, c) for c in reversed(w_first)) if s]
+        model = next((m for m in (_cell(cell["model"], key, c) for c in w_first) if m), None)
+        params = next((p for p in (_cell(cell["parameters"], key, c) for c in w_first) if p is not None), None)
         paper_name = next((p for p in (_paper_row(paper, "table3", s) for s in systems) if p), None)
         paper_vals = _paper_vals(paper, "table3", paper_name)
-        params = [rec["parameters"] / 1e6 for rec in (w, wo) if rec and _number(rec.get("parameters"))]
         row = {"_system": key, "System": display_name(key, model), "Paper row": paper_name,
-               "#Params (M)": params[0] if params else None,
-               "w/o BM25": wo["score"] if wo else None,
+               "#Params (M)": params / 1e6 if params is not None else None,
+               "w/o BM25": _cell(cell["value"], key, "w/o BM25"),
                "w/o BM25 (paper)": paper_vals.get(TABLE3_COLUMNS["w/o BM25"]),
-               "w/ BM25": w["score"] if w else None, "w/ BM25 (paper)": paper_vals.get(TABLE3_COLUMNS["w/ BM25"])}
-        groups = ((w or wo).get("groups") or {})
+               "w/ BM25": _cell(cell["value"], key, "w/ BM25"),
+               "w/ BM25 (paper)": paper_vals.get(TABLE3_COLUMNS["w/ BM25"])}
+        source = next(c for c in w_first if (key, c) in slots)
         per_lang = paper["table10_npm"] if paper_name == "NPM" else {}
         for lang in langs:
-            value = groups.get(lang)
-            row[lang] = value if _number(value) else None
+            row[lang] = _cell(by_lang, (key, source), lang)
             row[f"{lang} (paper)"] = per_lang.get(lang)
         rows.append(row)
     notes = ["LM and BM25 + LM share a row (w/o / w/ BM25); per-language EM is of the w/ BM25 run where there is "
              "one. Paper per-language numbers: NPM's Table 10."]
-    return Table("table3", "Table 3: entity translation exact match (%)", columns, rows, notes + footer(records))
+    return Table("table3", "Table 3: entity translation exact match (%)", columns, rows, notes + footer(scores))
 
 
 # ------------------------------------------------------------------------------------------------ Table 4
@@ -418,33 +452,34 @@ def table4(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
     ``system/task`` entry (e.g. ``npm/subj`` -> "NPM (Subj)")."""
     paper = paper or load_paper_values()
     records = load_metrics(paths, what="table4", require=("retrieval", "queries_per_s", "device"))
-    cells = index_by_task_system(records, "table4")
+    index_by_task_system(records, "table4")
+    frame = metrics_frame(records)
+    scores = _scores(frame).set_index(["system", "task"])
+    qps = frame[frame["metric"] == "queries_per_s"].set_index(["system", "task"])["value"]
     columns = ["System", "Task", "Paper row", "#Params (M)", "FAISS", "FAISS (paper)", "Sparse", "Sparse (paper)",
                "Corpus", "|C| (M tokens)", "|C| (paper, M tokens)", "Acc", "Acc (paper)", "#Q/sec", "#Q/sec (paper)",
                "Device"]
     rows = []
-    for system in ordered_systems(s for s, _ in cells):
-        for task in [t for t in KNOWN_TASKS if (system, t) in cells]:
-            rec = cells[(system, task)]
+    for system in ordered_systems(scores.index.get_level_values("system")):
+        for task in [t for t in KNOWN_TASKS if (system, t) in scores.index]:
+            rec = {k: _plain(v) for k, v in scores.loc[(system, task)].items()}
             paper_name = _paper_row(paper, "table4", f"{system}/{task}")
             pv = _paper_vals(paper, "table4", paper_name)
-            qps = rec["queries_per_s"]
-            tokens = rec.get("corpus_tokens")
+            params, tokens = rec["parameters"], rec["corpus_tokens"]
             rows.append({
-                "_system": system, "System": display_name(system, rec.get("model")), "Task": task,
-                "Paper row": paper_name,
-                "#Params (M)": rec["parameters"] / 1e6 if _number(rec.get("parameters")) else None,
+                "_system": system, "System": display_name(system, rec["model"]), "Task": task,
+                "Paper row": paper_name, "#Params (M)": params / 1e6 if params is not None else None,
                 "FAISS": rec["retrieval"] == "faiss", "FAISS (paper)": pv.get("faiss") if pv else None,
                 "Sparse": rec["retrieval"] == "bm25", "Sparse (paper)": pv.get("sparse") if pv else None,
-                "Corpus": rec.get("corpus"), "|C| (M tokens)": tokens / 1e6 if _number(tokens) else None,
+                "Corpus": rec["corpus"], "|C| (M tokens)": tokens / 1e6 if tokens is not None else None,
                 "|C| (paper, M tokens)": pv["corpus_tokens"] / 1e6 if pv.get("corpus_tokens") else None,
-                "Acc": rec["score"], "Acc (paper)": pv.get("acc"),
-                "#Q/sec": qps if _number(qps) else None, "#Q/sec (paper)": pv.get("queries_per_s"),
+                "Acc": rec["value"], "Acc (paper)": pv.get("acc"),
+                "#Q/sec": _plain(qps.get((system, task))), "#Q/sec (paper)": pv.get("queries_per_s"),
                 "Device": rec["device"],
             })
     notes = ["The paper timed one Quadro GP100 GPU; ours ran on the device shown, so only the ratios between rows "
              "compare.", "#Q/sec is empty where the run was too short to time."]
-    return Table("table4", "Table 4: inference speed", columns, rows, notes + footer(records),
+    return Table("table4", "Table 4: inference speed", columns, rows, notes + footer(scores.reset_index()),
                  md_digits={"#Q/sec": 2, "#Q/sec (paper)": 2})
 
 
@@ -460,30 +495,33 @@ def table8(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
         if rec["task"] in LAMA_TASKS and not isinstance(rec.get("subsets"), dict):
             raise ValueError(f"metrics file {rec['_file']} lacks the field 'subsets' (UHN / Hard) that table8 needs "
                              f"for {rec['task']}; re-run its evaluation")
-    cells = index_by_task_system(records, "table8")
+    index_by_task_system(records, "table8")
+    frame = metrics_frame(records)
+    scores = _scores(frame)
+    score = scores.pivot(index="system", columns="task", values="value")
+    stderr = scores.pivot(index="system", columns="task", values="stderr")
+    subsets = frame[frame["subset"].notna()].pivot(index="system", columns=["task", "subset"], values="value")
+    with_corpus = set(scores.loc[scores["corpus"].notna(), "system"])
+    about = _about(frame)
     columns = ["System", "Paper row", "#Params (M)", "Corpus"]
     for label, *_ in TABLE8_COLUMNS:
         columns += [label, f"{label} (paper)"]
     rows = []
-    for system in ordered_systems(s for s, _ in cells):
+    for system in ordered_systems(score.index):
         paper_name = _paper_row(paper, "table8", system)
         pv = _paper_vals(paper, "table8", paper_name)
-        mine = [rec for rec in records if rec["system"] == system]
-        row = {"_system": system, "System": display_name(system, _system_model(records, system)),
-               "Paper row": paper_name, "#Params (M)": _system_params(records, system),
-               "Corpus": any(rec.get("corpus") for rec in mine)}
+        row = {"_system": system, "System": display_name(system, _cell(about, system, "model")),
+               "Paper row": paper_name, "#Params (M)": _params(about, system), "Corpus": system in with_corpus}
         for label, task, subset, key in TABLE8_COLUMNS:
-            rec = cells.get((system, task))
             if subset is None:
-                _scored(row, label, rec)
+                row[label], row[f"{label} ±"] = _cell(score, system, task), _cell(stderr, system, task)
             else:
-                value = rec["subsets"].get(subset) if rec is not None else None
-                row[label] = value if _number(value) else None
+                row[label] = _cell(subsets, system, (task, subset))
             row[f"{label} (paper)"] = pv.get(key)
         rows.append(row)
     notes = ["LAMA columns are macro over the 1/2/3/4+ n-gram buckets; UHN / Hard are the same average over the "
              "filtered subsets (empty where a subset has no example).", STDERR_NOTE]
-    return Table("table8", "Table 8: open-set exact match (%)", columns, rows, notes + footer(records),
+    return Table("table8", "Table 8: open-set exact match (%)", columns, rows, notes + footer(scores),
                  stderr=tuple(label for label, _, subset, _ in TABLE8_COLUMNS if subset is None))
 
 
@@ -557,16 +595,20 @@ def format_cell(value, digits: int) -> str:
     return str(value)
 
 
+def table_frame(table: Table, digits: int = 2):
+    """The table's CSV columns as a pandas DataFrame of cell texts (:func:`format_cell`, ``digits`` decimals)."""
+    import pandas as pd
+
+    columns = table.csv_columns()
+    return pd.DataFrame([[format_cell(row.get(c), digits) for c in columns] for row in table.rows], columns=columns,
+                        dtype=object)
+
+
 def write_csv(table: Table, path: str | os.PathLike) -> Path:
     """The table as CSV (2 decimals), atomically."""
     path = Path(path)
     with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f)
-            columns = table.csv_columns()
-            writer.writerow(columns)
-            for row in table.rows:
-                writer.writerow([format_cell(row.get(c), 2) for c in columns])
+        table_frame(table).to_csv(tmp, index=False, encoding="utf-8")
     return path
 
 
