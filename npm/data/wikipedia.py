@@ -38,7 +38,7 @@ from mwparserfromhell.nodes import (
     Wikilink,
 )
 
-from npm.data.documents import Stats
+from npm.data.stats import Stats
 from npm.io import read_jsonl
 
 logger = logging.getLogger(__name__)

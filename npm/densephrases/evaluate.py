@@ -9,18 +9,27 @@
 * :func:`teacher_filter`: the filter of generated questions (paper 4.1): a generated question is kept only if the
   cross-attention teacher reads its answer exactly; questions that are not generated are always kept.
 * :func:`open_domain`: EM@1 of the top phrase over the index (``npm.densephrases.searcher``) and questions/s.
-* :func:`task_question`: the question DensePhrases encodes for an NPM-style open-set input (its "<mask>" form):
-  NQ, TriviaQA and KAMEL keep their question; a cloze (LAMA, TempLAMA) or translation input is its text with the mask
-  removed ("The capital of Greece is"), a format that phrase training never sees and that query-side fine-tuning can
-  learn (paper 7.2, slot filling). :func:`task_questions` turns a task of the registry into such records.
+* :func:`task_question` (``npm.densephrases.questions``): the question DensePhrases encodes for an NPM-style
+  open-set input (its "<mask>" form): NQ, TriviaQA and KAMEL keep their question; a cloze (LAMA, TempLAMA) or
+  translation input is its text with the mask removed ("The capital of Greece is"), a format that phrase training
+  never sees and that query-side fine-tuning can learn (paper 7.2, slot filling). :func:`task_questions` turns a task
+  of the registry into such records.
 """
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 
+# torch, and npm.densephrases.train which imports it, are imported inside the functions that run a model: the
+# question and scoring helpers here serve callers that load none (the question files of npm.densephrases.cli).
+from npm.densephrases.features import rc_features
+from npm.densephrases.questions import task_question
+from npm.model import autocast
 from npm.tasks.metrics import exact_match, f1_score
-from npm.tasks.templates import MASK_PLACEHOLDER as MASK
+from npm.tasks.registry import resolve_task, task_examples
 
 
 def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarray,
@@ -66,7 +75,6 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_
     cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting), computed
     on the model's device under ``precision``'s autocast. ``tokenizer`` (default: the model's) lays out the passages;
     the teacher alone needs no ``model``."""
-    from npm.densephrases.features import rc_features
     from npm.densephrases.train import teacher_logits
 
     tok = tokenizer or model.tokenizer
@@ -93,8 +101,6 @@ def rc_vectors(model, feats: dict, batch_size: int = 32, precision: str = "fp32"
     ``passages``, q_start [b, d], q_end [b, d]), computed on the model's device under ``precision``'s autocast."""
     import torch
 
-    from npm.model import autocast
-
     device = next(model.parameters()).device
     model.eval()
     for a in range(0, len(feats["passage_ids"]), batch_size):
@@ -113,8 +119,6 @@ def passage_vectors(model, contexts: list[str], max_passage_tokens: int = 384, b
     """float32 h [P, Lp, d], valid bool [P, Lp] (non-special, non-padding tokens) and the tokens' character offsets
     of ``contexts`` under the phrase encoder (on the model's device, ``precision``'s autocast)."""
     import torch
-
-    from npm.model import autocast
 
     device = next(model.parameters()).device
     enc = model.tokenizer(contexts, truncation=True, max_length=max_passage_tokens, padding=True,
@@ -139,8 +143,6 @@ def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = 384,
     SQuAD-style examples, say the training and dev splits) pooled, and each question of ``examples`` answered by the
     best span over every pooled passage (eq. 10, exactly: no index), not only over its own. EM / F1, the number of
     pooled passages and the share of questions answered from their own passage."""
-    from npm.densephrases.features import rc_features
-
     feats = rc_features(examples, model.tokenizer, max_passage_tokens, max_question_tokens)
     own_contexts = [examples[n]["context"] for n in feats["example"]]
     contexts = list(dict.fromkeys(own_contexts + [ex["context"] for ex in pool or []]))
@@ -184,8 +186,6 @@ def random_span_baseline(examples: list[dict], tokenizer, max_passage_tokens: in
                          seed: int = 0) -> dict:
     """EM / F1 of a uniformly random valid span per passage (at most ``max_answer_tokens``): the floor RC EM must
     clear."""
-    from npm.densephrases.features import rc_features
-
     feats = rc_features(examples, tokenizer, max_passage_tokens)
     rng = np.random.default_rng(seed)
     spans = []
@@ -201,8 +201,6 @@ def random_span_baseline(examples: list[dict], tokenizer, max_passage_tokens: in
 
 def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 20, refine_factor: int = 1) -> dict:
     """EM@1 (percent) of the top phrase of each {id, question, answers} record, questions/s, and the predictions."""
-    import time
-
     start = time.perf_counter()
     found = searcher.search([q["question"] for q in questions], k=k, max_words=max_words, top_n=1,
                             refine_factor=refine_factor)
@@ -213,22 +211,9 @@ def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 2
                              "em": h} for f, q, h in zip(found, questions, hits, strict=True)]}
 
 
-def task_question(task: str, text: str) -> str:
-    """The question of one open-set input of ``task`` (see the module docstring)."""
-    from npm.baselines.lm import question_text, task_family
-
-    if task_family(task) == "question":
-        return question_text(text)
-    return " ".join(text.replace(MASK, " ").split()).rstrip(" .?!:")
-
-
 def task_questions(task: str, tasks_root, tokenizer=None, n_samples: int = 0) -> list[dict]:
     """{id, question, answers} records of an open-set task of the registry read from ``tasks_root/task``
     (``n_samples`` = 0: all its examples; ``tokenizer``: LAMA's n-gram buckets)."""
-    from pathlib import Path
-
-    from npm.tasks.registry import resolve_task, task_examples
-
     if resolve_task(task).closed:
         raise ValueError(f"task {task} is a closed-set task: DensePhrases answers open-set tasks")
     return [{"id": ex["id"], "question": task_question(task, ex["input"]), "answers": ex["answers"]}

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
+from npm.densephrases.questions import task_question
 from npm.io import atomic_path
+from npm.tasks.embedded import TREX_TEMPLATES, collect_facts
+from npm.tasks.templates import MASK_PLACEHOLDER
 
 # GENERATED SQuAD-style questions, one per relation (the evaluation tasks' own templates are in npm.tasks.embedded).
 RC_QUESTIONS = {"P36": "What is the capital city of {s}?", "P37": "Which language is an official language of {s}?",
@@ -100,10 +104,6 @@ def embedded_rc(leads: dict, corpus_titles: list[str], seed: int = 0,
                 fractions: tuple[float, float] = (0.8, 0.1)) -> dict[str, list[dict]]:
     """Train / dev / test RC examples by distant supervision from the leads outside ``corpus_titles``, split by
     subject (``fractions``: train and dev shares of the subjects, in a ``seed`` permutation; the rest is test)."""
-    import re
-
-    from npm.tasks.embedded import collect_facts
-
     in_corpus = set(corpus_titles)
     held_out = sorted(t for t in leads if t not in in_corpus)
     if not held_out:
@@ -132,10 +132,7 @@ def embedded_rc(leads: dict, corpus_titles: list[str], seed: int = 0,
 
 def cloze_questions(examples: list[dict]) -> list[dict]:
     """{id, question, answers} of the examples whose relation has a LAMA template (``npm.tasks.embedded``), asked as
-    DensePhrases asks a LAMA input (``npm.densephrases.evaluate.task_question``); GENERATED."""
-    from npm.densephrases.evaluate import task_question
-    from npm.tasks.embedded import TREX_TEMPLATES
-    from npm.tasks.templates import MASK_PLACEHOLDER
+    DensePhrases asks a LAMA input (``npm.densephrases.questions.task_question``); GENERATED."""
 
     out = []
     for ex in examples:
