@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from npm import threads
+from npm import threads, tracking
 from npm.datastore.bm25 import DEFAULT_MARKERS as BM25_MARKERS_DEFAULT
 from npm.datastore.store import STOPWORD_LISTS, STOPWORDS_DEFAULT
 from npm.edge_errors import faiss_gist, first_line, java_gist, safetensors_gist
@@ -199,7 +199,8 @@ def cmd_train(args):
         seed=args.seed,
         resume=args.resume,
     )
-    _summary(args, train(cfg))
+    with tracking.from_args(args, "pretrain", args.model_type) as run:
+        _summary(args, train(cfg, run))
 
 
 def cmd_embed(args):
@@ -286,6 +287,13 @@ def cmd_convert_smollm2(args):
     from npm.baselines.smollm2 import convert_smollm2
 
     _summary(args, convert_smollm2(args.out, gguf=args.gguf))
+
+
+def cmd_serve(args):
+    from npm.serve import serve
+
+    threads.set_threads(args.threads)
+    serve(config=args.config, corpus=args.corpus, host=args.host, port=args.port, top=args.top)
 
 
 def cmd_verify(args):
@@ -527,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the run (new weights, the mlm baseline's on-the-fly masking)")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from the latest checkpoint in --checkpoint-dir if there is one")
+    tracking.add_arguments(p)
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_train)
 
@@ -628,6 +637,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a datastore folder, a FAISS index, a BM25 index folder, a blocks file, a checkpoint or model "
                         "folder, or any folder above them (every record under it is checked)")
     p.set_defaults(func=cmd_verify)
+
+    p = _command(sub, "serve", "a local web page asking NPM (restricted and FAISS), NPM-single, DensePhrases and "
+                               "REPLUG one question side by side (npm.serve); run it where snakemake runs")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind: 127.0.0.1 = this machine only; 0.0.0.0 opens the page to the network")
+    p.add_argument("--port", type=bounded(int, minimum=0, maximum=65535), default=8000,
+                   help="TCP port (0 = any free port, printed at start-up)")
+    p.add_argument("--config", default="config/config.yaml", help="the workflow config whose outputs are served")
+    p.add_argument("--corpus", default="enwiki", help="the reference corpus every system reads (a config source)")
+    p.add_argument("--top", type=positive_int, default=3, help="answers shown per system (REPLUG: always one)")
+    p.add_argument("--threads", type=positive_int, help=threads.HELP)
+    p.set_defaults(func=cmd_serve)
 
     from npm.densephrases.cli import add_cli as add_densephrases_cli
     from npm.evaluation.cli import add_cli as add_evaluation_cli

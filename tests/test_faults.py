@@ -30,7 +30,7 @@ def encoder(tmp_path_factory):
 def run_config(tmp_path, encoder, shards, out, ckpt="ckpt", **kw):
     base = dict(model_type="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / out),
                 checkpoint_dir=str(tmp_path / ckpt), steps=8, warmup_steps=2, lr=1e-3, pool="all",
-                checkpoint_every=4, seed=0, wandb_project=None)
+                checkpoint_every=4, seed=0)
     base.update(kw)
     return TrainConfig(**base)
 

@@ -149,7 +149,8 @@ def test_no_input_lies_in_the_checkout_or_the_venv(tmp_path, configfile):
     tie the finished work to one place on disk; see test_moved_project_reruns_nothing)."""
     out = subprocess.run([str(BIN / "snakemake"), "-n", "--cores", "1", "-s", str(ROOT / "Snakefile"), "--directory",
                           str(tmp_path), "--configfile", str(ROOT / "config" / configfile)],
-                         capture_output=True, text=True, env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+                         capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     inputs = [p.strip() for line in out.stdout.splitlines() if line.strip().startswith("input:")
               for p in line.split(":", 1)[1].split(",")]

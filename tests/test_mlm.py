@@ -76,7 +76,7 @@ def shards(tmp_path_factory):
 def config(tmp_path, encoder, shards, name, **kw):
     base = dict(model_type="mlm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), steps=6, warmup_steps=2, lr=1e-3, pool="all",
-                checkpoint_every=3, seed=0, wandb_project=None)
+                checkpoint_every=3, seed=0)
     base.update(kw)
     return TrainConfig(**base)
 
@@ -233,9 +233,9 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str, encoder: st
                                                                  model.named_parameters()}},
                Path(out_dir) / f"rank{rank}.pt")
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
+    # train destroys the process group at the end
     train(TrainConfig(model_type="mlm", encoder=encoder, shards=shards, out_dir=str(Path(out_dir) / "model"),
-                      checkpoint_dir=str(Path(out_dir) / "ckpt"), steps=2, warmup_steps=1, checkpoint_every=2,
-                      wandb_project=None))  # destroys the process group at the end
+                      checkpoint_dir=str(Path(out_dir) / "ckpt"), steps=2, warmup_steps=1, checkpoint_every=2))
 
 
 def test_ddp_mlm_gradients_are_the_mean_of_the_ranks_and_train_runs(tmp_path, tiny_encoder, shards):

@@ -270,7 +270,7 @@ def tiny_encoder(tmp_path_factory):
 def _config(tmp_path, encoder, shards, name, **kw):
     base = dict(model_type="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), warmup_steps=1, lr=1e-3, pool=8, lines_per_rank=2,
-                accumulate=2, checkpoint_every=2, seed=0, wandb_project=None)
+                accumulate=2, checkpoint_every=2, seed=0)
     base.update(kw)
     return TrainConfig(**base)
 

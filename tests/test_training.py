@@ -64,7 +64,7 @@ def write_shard(tmp_path, n_lines=6, batch=4, length=24, seed=0):
 def config(tmp_path, encoder, shards, name, **kw):
     base = dict(model_type="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), steps=8, warmup_steps=2, lr=1e-3, pool="all",
-                checkpoint_every=4, seed=0, wandb_project=None)
+                checkpoint_every=4, seed=0)
     base.update(kw)
     return TrainConfig(**base)
 

@@ -126,7 +126,7 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
         assert (tmp_path / f"results/figures/{figure}.pdf").read_bytes()[:4] == b"%PDF"
     assert "git_commit" in (tmp_path / "results/config.yaml").read_text()
     # Re-running does nothing: every output is up to date.
-    run_workflow(tmp_path, targets=["all"], config=config, dryrun=True)
+    run_workflow(tmp_path, targets=["all"], configfile=False, dryrun=True)
     out = subprocess.run([str(Path(sys.executable).parent / "npm-repro"), "predict", "--model", "results/models/npm",
                           "--datastore", "data/datastore/npm/enwiki", "--bm25", "data/bm25/enwiki", "--top", "3",
                           "Paris is the capital of <mask>."], cwd=tmp_path, capture_output=True, text=True)

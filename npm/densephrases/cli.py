@@ -9,6 +9,7 @@ import json
 import logging
 from pathlib import Path
 
+from npm import tracking
 from npm.settings import bounded, positive_float, positive_int
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
@@ -56,7 +57,8 @@ def cmd_train_teacher(args) -> int:
                         lr=args.lr, max_passage_tokens=args.max_passage_tokens,
                         max_question_tokens=args.max_question_tokens, seed=args.seed, precision=args.precision,
                         device=args.device)
-    log.info("teacher: %s", train_teacher(cfg))
+    with tracking.from_args(args, "densephrases_teacher", "teacher") as run:
+        log.info("teacher: %s", train_teacher(cfg, run=run))
     return 0
 
 
@@ -87,7 +89,8 @@ def cmd_train(args) -> int:
                       lambda_neg=args.lambda_neg, lambda_filter=args.lambda_filter,
                       max_passage_tokens=args.max_passage_tokens, max_question_tokens=args.max_question_tokens,
                       seed=args.seed, precision=args.precision, device=args.device)
-    log.info("DensePhrases: %s", train_densephrases(cfg))
+    with tracking.from_args(args, "densephrases_train", args.negatives) as run:
+        log.info("DensePhrases: %s", train_densephrases(cfg, run=run))
     return 0
 
 
@@ -132,10 +135,11 @@ def cmd_index(args) -> int:
 def cmd_query_ft(args) -> int:
     from npm.densephrases.query_ft import query_finetune
 
-    summary = query_finetune(args.model, args.dump, args.index, _questions(args.train), args.out,
-                             dev=_questions(args.dev) if args.dev else None, k=args.k, max_words=args.max_words,
-                             epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, objective=args.objective,
-                             seed=args.seed, precision=args.precision, device=args.device)
+    with tracking.from_args(args, "densephrases_query_ft", f"{Path(args.model).name}_qft") as run:
+        summary = query_finetune(args.model, args.dump, args.index, _questions(args.train), args.out,
+                                 dev=_questions(args.dev) if args.dev else None, k=args.k, max_words=args.max_words,
+                                 epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, objective=args.objective,
+                                 seed=args.seed, precision=args.precision, device=args.device, run=run)
     log.info("query-side fine-tuning: dev EM %s -> %s", summary["dev_em_before"], summary["dev_em_best"])
     return 0
 
@@ -192,6 +196,8 @@ def cmd_evaluate(args) -> int:
         raise ValueError("nothing to evaluate: give --rc, --questions and/or --task")
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     write_json(args.out, {**out, "provenance": provenance(settings)}, default=str)  # paths as strings
+    with tracking.from_args(args, "densephrases_evaluate", Path(args.model).name) as run:  # every number of --out
+        run.log(0, **tracking.numbers(out))
     return 0
 
 
@@ -276,6 +282,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     _length_args(s)
     s.add_argument("--seed", type=int, default=0, help="seed")
     _compute_args(s, training=True)
+    tracking.add_arguments(s)
     s.set_defaults(func=cmd_train_teacher)
 
     s = sub.add_parser("filter", help="keep the generated questions the teacher answers exactly (paper 4.1)",
@@ -315,6 +322,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     _length_args(s)
     s.add_argument("--seed", type=int, default=0, help="seed")
     _compute_args(s, training=True)
+    tracking.add_arguments(s)
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("dump", help="the phrase dump: fp16 token vectors of every passage",
@@ -370,6 +378,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                    help="paper: phrase MML; code: + start-only and end-only MML")
     s.add_argument("--seed", type=int, default=0, help="seed")
     _compute_args(s, training=True)
+    tracking.add_arguments(s)
     s.set_defaults(func=cmd_query_ft)
 
     s = sub.add_parser("evaluate", help="RC EM/F1 (vs a random span and the teacher) and open-domain EM@1",
@@ -396,6 +405,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     _length_args(s)
     s.add_argument("--out", type=Path, required=True, help="results JSON")
     _compute_args(s)
+    tracking.add_arguments(s)
     s.set_defaults(func=cmd_evaluate)
 
     s = sub.add_parser("search", help="print the top phrases of questions with their passages",

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from npm import tracking
 from npm.io import atomic_dir, write_json
 
 log = logging.getLogger("npm-repro.densephrases")
@@ -77,9 +78,11 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
                    train: list[dict], out_dir: str | os.PathLike, dev: list[dict] | None = None, k: int = 100,
                    max_words: int = 20, epochs: int = 10, batch_size: int = 12, lr: float = 3e-5,
                    objective: str = "paper", seed: int = 0, progress: bool = True, precision: str = "fp32",
-                   device: str | None = None) -> dict:
+                   device: str | None = None, run: tracking.Run | None = None) -> dict:
     """Fine-tune the query encoders of ``model_dir`` on ``train`` [{question, answers}] and write the whole model
-    (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch."""
+    (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch. ``run`` (``npm.tracking``; the
+    caller finishes it) gets each step's loss and learning rate and each epoch's row (dev EM, questions per
+    second)."""
     from transformers import get_linear_schedule_with_warmup
 
     from npm.densephrases.searcher import PhraseSearcher
@@ -100,6 +103,9 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, max(1, epochs * n_batches))
     history, best_em, best_state = [], -1.0, None
     before = exact_match_at_1(searcher, dev, k, max_words) if dev else None
+    run = run or tracking.Run()
+    run.update(dev_em_before=before)
+    step = 0  # optimizer steps so far (the run's x axis)
     bar = tqdm(total=epochs * n_batches, desc="query-side fine-tuning", disable=not progress or None)
     for epoch in range(epochs):
         t0 = time.perf_counter()
@@ -111,6 +117,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
             batch = batch_losses(searcher, [train[i] for i in order[a:a + batch_size]], k, max_words, objective)
             kept = [x for x in batch if x is not None]
             skipped += len(batch) - len(kept)
+            step += 1
             if kept:
                 loss = torch.stack(kept).mean()
                 loss.backward()
@@ -118,12 +125,15 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 losses.append(float(loss.detach()))
+                run.log(step, loss=losses[-1], lr=scheduler.get_last_lr()[0])
             scheduler.step()
             bar.update(1)
         model.eval()
         em = exact_match_at_1(searcher, dev, k, max_words) if dev else None
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else None,
                         "skipped": skipped, "dev_em": em, "seconds": round(time.perf_counter() - t0, 2)})
+        run.log(step, epoch=epoch + 1, epoch_loss=history[-1]["loss"], skipped=skipped, dev_em=em,
+                questions_per_s=round(len(train) / history[-1]["seconds"], 2) if history[-1]["seconds"] else None)
         if dev is None or em > best_em:
             best_em = em if em is not None else best_em
             best_state = {part: {k_: v.clone() for k_, v in getattr(model, part).state_dict().items()}

@@ -14,7 +14,8 @@
 Adam (AdamW with weight decay 0), a linear decay, gradient norm clipped at 1 (appendix D). Shuffling is seeded per
 epoch. Both trainings are resumable per epoch: ``run-<id>/epoch-N/`` (the model and ``state.pt`` with optimiser,
 schedule and RNG) is written atomically, and the run id hashes the settings and the fingerprints of the encoder,
-the training file and the teacher, so a run resumes only its own epochs. ``train_log.csv`` has a row per step.
+the training file and the teacher, so a run resumes only its own epochs. ``train_log.csv`` has a row per step; the
+same rows (loss, learning rate, examples per second) and the epoch checkpoints go to the job's ``npm.tracking`` run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from npm import tracking
 from npm.io import atomic_dir, folder_lock, write_json
 
 log = logging.getLogger("npm-repro.densephrases")
@@ -96,6 +98,10 @@ def _run_dir(cfg, kind: str) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "run.json", {"run_id": run_id, "kind": kind, "settings": asdict(cfg)})
     return run_dir
+
+
+def _run_id(run_dir: Path) -> str:
+    return json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["run_id"]
 
 
 def _last_epoch(run_dir: Path) -> int:
@@ -223,8 +229,15 @@ def teacher_logits(teacher, feats: dict, batch_size: int = 32,
     return out_s, out_e
 
 
-def train_teacher(cfg: TeacherConfig, progress: bool = True) -> dict:
-    """Fine-tune the cross-attention reader (resumable per epoch); writes ``cfg.out_dir`` (``save_pretrained``)."""
+def _track(run: tracking.Run, row: dict, scheduler, size: int) -> None:
+    """One step's row of ``train_log.csv`` on ``run`` with the learning rate and the throughput (``size`` examples)."""
+    run.log(row["step"], **{k: v for k, v in row.items() if k != "step"}, lr=scheduler.get_last_lr()[0],
+            examples_per_s=round(size / row["seconds"], 2) if row["seconds"] > 0 else None)
+
+
+def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
+    """Fine-tune the cross-attention reader (resumable per epoch); writes ``cfg.out_dir`` (``save_pretrained``).
+    ``run`` (``npm.tracking``; the caller finishes it) gets the run folder, each step's row and each epoch's step."""
     from npm.densephrases.features import teacher_inputs
     from npm.model import autocast, load_tokenizer, torch_device
 
@@ -233,6 +246,8 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True) -> dict:
         run_dir, feats = _start(cfg, "teacher")
         n = len(feats["start"])
         start_epoch, rows = _last_epoch(run_dir), []
+        run = run or tracking.Run()
+        run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, examples=n)
         teacher = load_teacher(str(run_dir / f"epoch-{start_epoch}") if start_epoch else cfg.encoder).to(device)
         steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
         optimizer, scheduler = _optimizer(teacher.parameters(), cfg.lr, steps)
@@ -255,11 +270,13 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True) -> dict:
                 _update(loss, teacher, optimizer, scheduler)
                 rows.append({"step": len(rows) + 1, "epoch": epoch + 1, "loss": round(float(loss.detach()), 6),
                              "seconds": round(time.perf_counter() - t0, 3)})
+                _track(run, rows[-1], scheduler, len(rows_b))
                 bar.update(1)
             with atomic_dir(run_dir / f"epoch-{epoch + 1}") as tmp:
                 teacher.save_pretrained(tmp)
                 load_tokenizer(cfg.encoder).save_pretrained(tmp)
                 _save_state(tmp, epoch + 1, optimizer, scheduler, rows)
+            run.log(len(rows), checkpoint_step=len(rows), checkpoint_epoch=epoch + 1)
         bar.close()
         with atomic_dir(cfg.out_dir) as tmp:
             teacher.save_pretrained(tmp)
@@ -308,8 +325,9 @@ def step_loss(model, feats: dict, rows: np.ndarray, cfg: TrainConfig, queue, tea
     return total_loss(parts, lambdas), {k: float(v.detach()) for k, v in parts.items()}
 
 
-def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
-    """Train (or resume) the phrase and query encoders; writes the model folder ``cfg.out_dir``."""
+def train_densephrases(cfg: TrainConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
+    """Train (or resume) the phrase and query encoders; writes the model folder ``cfg.out_dir``. ``run`` as for
+    ``train_teacher``."""
     from npm.densephrases.losses import PreBatchQueue
     from npm.densephrases.model import DensePhrases
     from npm.model import autocast, torch_device
@@ -322,6 +340,8 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases training"):
         run_dir, feats = _start(cfg, "densephrases")
         n = len(feats["start"])
+        run = run or tracking.Run()
+        run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=_last_epoch(run_dir), examples=n)
         teacher_s = teacher_e = None
         if cfg.teacher and cfg.lambda_distill:
             teacher_s, teacher_e = teacher_logits(load_teacher(cfg.teacher).to(device), feats,
@@ -348,11 +368,13 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True) -> dict:
                              **{f"loss_{k}": round(parts.get(k, float("nan")), 6) for k in
                                 ("single", "distill", "neg", "filter")},
                              "pre_batch": used, "seconds": round(time.perf_counter() - t0, 3)})
+                _track(run, rows[-1], scheduler, len(batch))
                 bar.update(1)
                 bar.set_postfix(loss=f"{rows[-1]['loss']:.3f}")
             with atomic_dir(run_dir / f"epoch-{epoch + 1}") as tmp:
                 model.save(tmp)
                 _save_state(tmp, epoch + 1, optimizer, scheduler, rows)
+            run.log(len(rows), checkpoint_step=len(rows), checkpoint_epoch=epoch + 1)
         bar.close()
         with atomic_dir(cfg.out_dir) as tmp:
             model.save(tmp)

@@ -1,6 +1,7 @@
 """``npm-repro evaluate``: one system of the registry (``npm.evaluation.systems``) on one or more tasks that read the
 same artefacts (the model and indexes load once), one predictions file and one metrics file per task. The options of
-``npm.settings.Settings`` are added from its fields."""
+``npm.settings.Settings`` are added from its fields. With ``--tracking wandb`` the job's ``npm.tracking`` run gets each
+task's score, 95 % interval and throughput, and a table of them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import argparse
 from pathlib import Path
 
 from npm import settings as settings_module
-from npm import threads
+from npm import threads, tracking
 from npm.evaluation.systems import NEGATIVE_CONTROLS, SYSTEMS, Inputs
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
+
+TABLE_KEYS = ("metric", "score", "ci95", "stderr", "n", "corpus", "queries_per_s", "seconds")  # the run's table
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -31,6 +34,14 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     results = evaluate_tasks(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
                              tokenizer=args.tokenizer, predictions_paths=args.predictions,
                              metrics_paths=args.metrics)
+    corpus = args.corpus or results[0].get("corpus")
+    with tracking.from_args(args, "evaluate", f"{args.system}@{corpus}" if corpus else args.system) as run:
+        # each task's score with its 95 % interval and throughput, and a table of them
+        run.log(0, **{f"{task}/{key}": value for task, m in zip(args.task, results, strict=True) for key, value in
+                      [("score", m["score"]), ("ci95_low", m["ci95"][0]), ("ci95_high", m["ci95"][1]),
+                       ("stderr", m["stderr"]), ("n", m["n"]), ("queries_per_s", m.get("queries_per_s"))]})
+        run.log_table("metrics", [{"task": task, **{k: m.get(k) for k in TABLE_KEYS}}
+                                  for task, m in zip(args.task, results, strict=True)])
     if args.metrics is None:
         print(dumps_json(results[0] if n == 1 else results, "metrics (stdout)", indent=2, default=str))
 
@@ -79,6 +90,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--metrics", type=Path, nargs="+", help="metrics JSON to write, one per --task (printed when "
                    "absent)")
     settings_module.add_arguments(p)
+    tracking.add_arguments(p)
     p.set_defaults(func=cmd_evaluate)
 
 

@@ -9,6 +9,7 @@ import logging
 import time
 from pathlib import Path
 
+from npm import tracking
 from npm.settings import bounded, positive_float, positive_int, unit_interval
 
 log = logging.getLogger("npm-repro.replug")
@@ -72,6 +73,13 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
                           "texts": str(args.texts), "n_texts": len(texts), "n_windows": scored["n_windows"],
                           "n_bytes": scored["n_bytes"], "corpus_blocks": len(blocks), "seconds": round(seconds, 2),
                           "threads": threads, "provenance": provenance(settings)}, default=str)  # paths as strings
+    with tracking.from_args(args, "replug_eval_lm", "replug_lm") as run:  # per system and k: bpb with its interval
+        metrics = {f"{r['system']}/k{r['k']}/{key}": value for r in rows for key, value in
+                   [("bpb", r["bpb"]), ("bpb_ci95_low", r["bpb_ci95"][0]), ("bpb_ci95_high", r["bpb_ci95"][1]),
+                    ("gain_pct", r["gain_pct"]), ("perplexity", r["perplexity"])]}
+        run.log(0, **metrics, seconds=round(seconds, 2),
+                windows_per_s=round(scored["n_windows"] / seconds, 2) if seconds else None)
+        run.log_table("bits_per_byte", rows)
     return 0
 
 
@@ -96,7 +104,8 @@ def cmd_train_lsr(args: argparse.Namespace) -> int:
                     kl=args.kl, lr=args.lr, warmup_ratio=args.warmup_ratio, refresh_every=args.refresh_every,
                     x_len=args.x_len, y_len=args.y_len, doc_len=args.doc_len, score=args.score, index=args.index,
                     checkpoint_every=args.checkpoint_every, seed=args.seed)
-    log.info("LSR: %s", train_lsr(cfg))
+    with tracking.from_args(args, "replug_lsr", "replug_lsr") as run:
+        log.info("LSR: %s", train_lsr(cfg, run=run))
     return 0
 
 
@@ -182,6 +191,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
     e.add_argument("--out", type=Path, required=True, help="results JSON to write")
+    tracking.add_arguments(e)
     e.set_defaults(func=cmd_eval_lm)
 
     q = sub.add_parser("queries", help="LSR training queries: body text of articles outside the evaluation texts",
@@ -230,6 +240,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="seed of torch and python")
     t.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
+    tracking.add_arguments(t)
     t.set_defaults(func=cmd_train_lsr)
 
     r = sub.add_parser("report", help="the bits-per-byte table (CSV + MD) and the k figure (PDF + PNG)",

@@ -17,7 +17,8 @@ A query never retrieves a block of its own source document (``source_doc``, a co
 Resumable: every ``checkpoint_every`` steps ``step-N/`` (the retriever in ``save_pretrained`` format, its tokenizer,
 ``state.pt`` with optimiser, scheduler, RNG, data position and the LM-score cache) is written atomically inside
 ``run-<id>``, whose id hashes the settings and the inputs' fingerprints: a run resumes only its own checkpoints.
-``train_log.csv`` has one row per step.
+``train_log.csv`` has one row per step; the same rows (with the learning rate and queries per second) and the
+checkpoint steps go to the job's ``npm.tracking`` run.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from npm import tracking
 from npm.baselines.dense import DEFAULT_INDEX
 from npm.io import atomic_dir, folder_lock, read_jsonl, write_json
 
@@ -243,18 +245,19 @@ def load_queries(path: str, lm_tokenizer, x_len: int, y_len: int) -> list[dict]:
     return out
 
 
-def train_lsr(cfg: LsrConfig, progress: bool = True) -> dict:
-    """Train (or resume) the retriever; writes ``cfg.out_dir`` (``save_pretrained``) and returns a summary."""
+def train_lsr(cfg: LsrConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
+    """Train (or resume) the retriever; writes ``cfg.out_dir`` (``save_pretrained``) and returns a summary. ``run``
+    (``npm.tracking``; the caller finishes it) gets the run id, each step's row and each checkpoint's step."""
     if cfg.lm_score not in ("sum", "mean"):
         raise ValueError(f"lm_score must be sum or mean, not {cfg.lm_score!r}")
     if min(cfg.steps, cfg.batch_size, cfg.k, cfg.refresh_every, cfg.checkpoint_every) < 1:
         raise ValueError("steps, batch_size, k, refresh_every and checkpoint_every must be >= 1")
     root = Path(cfg.checkpoint_dir)
     with folder_lock(root, "REPLUG LSR training"):
-        return _train(cfg, root, progress)
+        return _train(cfg, root, progress, run or tracking.Run())
 
 
-def _train(cfg: LsrConfig, root: Path, progress: bool) -> dict:
+def _train(cfg: LsrConfig, root: Path, progress: bool, run: tracking.Run) -> dict:
     from transformers import get_linear_schedule_with_warmup
 
     from npm.baselines.decoder import BlockTexts
@@ -296,6 +299,7 @@ def _train(cfg: LsrConfig, root: Path, progress: bool) -> dict:
     if step and (run_dir / "train_log.csv").exists():
         with open(run_dir / "train_log.csv", newline="") as f:
             rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+    run.update(run_id=run_id, run_folder=str(run_dir), start_step=step)
     bar = tqdm(total=cfg.steps, initial=step, desc="REPLUG LSR", disable=not progress or None)
     while step < cfg.steps:
         t0 = time.perf_counter()
@@ -314,6 +318,8 @@ def _train(cfg: LsrConfig, root: Path, progress: bool) -> dict:
                      "top1_share_lm": round(float(torch.softmax(lm_s / cfg.beta, -1)[:, 0].mean()), 4),
                      "lm_scores_computed": computed, "refreshed": int(refreshed),
                      "seconds": round(time.perf_counter() - t0, 3)})
+        run.log(step, **{k: v for k, v in rows[-1].items() if k != "step"}, lr=scheduler.get_last_lr()[0],
+                queries_per_s=round(cfg.batch_size / rows[-1]["seconds"], 2) if rows[-1]["seconds"] else None)
         bar.update(1)
         bar.set_postfix(loss=f"{rows[-1]['loss']:.4f}")
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
@@ -327,6 +333,7 @@ def _train(cfg: LsrConfig, root: Path, progress: bool) -> dict:
                 writer = csv.DictWriter(f, fieldnames=LOG_COLUMNS)
                 writer.writeheader()
                 writer.writerows(rows)
+            run.log(step, checkpoint_step=step)
     bar.close()
     with atomic_dir(cfg.out_dir) as tmp:
         retriever.model.save_pretrained(tmp)

@@ -10,13 +10,20 @@ import argparse
 import dataclasses
 import logging
 
+from npm import tracking
 from npm.report import figures, tables
 
 WHAT = ("table1", "table2", "table3", "table4", "table8", "figure6", "figure7", "figure8", "densephrases")
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Build ``args.what`` and write it to ``args.out``; bad input raises ValueError / FileNotFoundError."""
+    """Build ``args.what`` and write it to ``args.out``; a table is also logged as a wandb Table (``--tracking``).
+    Bad input raises ValueError / FileNotFoundError."""
+    with tracking.from_args(args, "report", args.what) as run:
+        return _report(args, run)
+
+
+def _report(args: argparse.Namespace, run: tracking.Run) -> int:
     log = logging.getLogger("npm-repro.report")
     if args.what == "figure8":
         if not args.predictions:
@@ -32,7 +39,9 @@ def run_report(args: argparse.Namespace) -> int:
     if args.what == "densephrases":
         from npm.report.densephrases import densephrases_table
 
-        log.info("densephrases -> %s", tables.write_table(densephrases_table(args.metrics), args.out))
+        table = densephrases_table(args.metrics)
+        log.info("densephrases -> %s", tables.write_table(table, args.out))
+        run.log_table(args.what, tables.table_frame(table))
         return 0
     paper = tables.load_paper_values(args.paper_values)
     if args.what in figures.FIGURES:
@@ -44,6 +53,7 @@ def run_report(args: argparse.Namespace) -> int:
     else:
         table = tables.TABLES[args.what](args.metrics, paper=paper)
     log.info("%s -> %s", args.what, tables.write_table(table, args.out))
+    run.log_table(args.what, tables.table_frame(table))
     return 0
 
 
@@ -72,6 +82,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--paper-values", default=None, metavar="YAML",
                    help=f"the paper's numbers and row mapping (None = {tables.PAPER_VALUES})")
     p.add_argument("--out", required=True, metavar="PATH", help="X.csv (tables, + X.md) or X.pdf (figures, + X.png)")
+    tracking.add_arguments(p)
     p.set_defaults(func=run_report)
     return p
 

@@ -51,6 +51,7 @@ from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 import npm.checksums as checksums
+from npm import tracking
 from npm.fingerprint import file_fingerprint, model_fingerprint, tokenizer_fingerprint
 from npm.io import atomic_dir, folder_lock, remove_atomic_leftovers, write_json, write_summary
 from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 STATE_FILE = "training_state.pt"
 RUN_FILE = "run.json"
 # TrainConfig fields that change the trained weights (besides the encoder, tokenizer and data, fingerprinted); steps
-# and schedule_steps enter as the schedule horizon. checkpoint_every, keep_checkpoints, paths, resume and wandb don't.
+# and schedule_steps enter as the schedule horizon. checkpoint_every, keep_checkpoints, paths and resume don't.
 RESULT_FIELDS = ("model_type", "warmup_steps", "lr", "weight_decay", "betas", "eps", "grad_clip", "pool", "pad_to",
                  "mlm_ratio", "attention", "seed", "lines_per_rank", "accumulate")
 ATTENTION = ("sdpa", "eager")
@@ -100,7 +101,6 @@ class TrainConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     resume: bool = True
-    wandb_project: str | None = "npm-repro"
     extra: dict = field(default_factory=dict)
 
 
@@ -256,16 +256,6 @@ def compile_encoder(model: torch.nn.Module, enabled: bool) -> str:
     return "compiled"
 
 
-def _wandb(cfg: TrainConfig, rank: int):
-    if rank != 0 or not cfg.wandb_project or os.environ.get("WANDB_MODE") == "disabled":
-        return None
-    try:
-        import wandb
-    except ImportError:
-        return None
-    return wandb.init(project=cfg.wandb_project, mode=os.environ.get("WANDB_MODE", "offline"), config=asdict(cfg))
-
-
 def _encode_both(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Query (masked view) and target (unmasked view) vectors from ONE encoder call.
 
@@ -418,8 +408,10 @@ def accumulate_gradients(model, batches: list[dict], model_type: str, pool: str 
     return float(torch.stack(losses).mean()), merged
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run (or resume) pretraining; returns a summary. Writes the final model to ``cfg.out_dir``."""
+def train(cfg: TrainConfig, run: tracking.Run | None = None) -> dict:
+    """Run (or resume) pretraining; returns a summary. Writes the final model to ``cfg.out_dir``. ``run``
+    (``npm.tracking``, rank 0's; the caller finishes it) gets the run id, each step's row of ``train_log.csv`` (loss,
+    learning rate, throughput) and the step of each checkpoint."""
     if cfg.model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, not {cfg.model_type!r}")
     if cfg.attention not in ATTENTION:
@@ -428,10 +420,11 @@ def train(cfg: TrainConfig) -> dict:
     ckpt_root = Path(cfg.checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     with folder_lock(ckpt_root, "training") if rank == 0 else contextlib.nullcontext():
-        return _train(cfg, rank, world, device, ckpt_root)
+        return _train(cfg, rank, world, device, ckpt_root, run or tracking.Run())
 
 
-def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_root: Path) -> dict:
+def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_root: Path,
+           run: tracking.Run) -> dict:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.encoder)
@@ -484,7 +477,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     ddp = torch.nn.parallel.DistributedDataParallel(trainee) if world > 1 else trainee
     precision = record["settings"]["precision"]  # the precision the run id records (effective_precision)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
-    run = _wandb(cfg, rank)
+    run.update(run_id=record["run_id"], run_folder=str(run_dir), start_step=step, world_size=world,
+               precision=precision, **kernels)
     log_path = run_dir / "train_log.csv"
     writer = log_file = None
     if rank == 0:
@@ -547,11 +541,11 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
             log_file.flush()
             bar.update(1)
             bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}")
-            if run is not None:
-                run.log(row, step=step)
+            run.log(step, **{k: v for k, v in row.items() if k != "step"})
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 _save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, (epoch, cursor),
                                  cfg.keep_checkpoints)
+                run.log(step, checkpoint_step=step)
     bar.close()
     if log_file is not None:
         log_file.close()
@@ -567,8 +561,6 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
             shutil.copy(run_dir / RUN_FILE, tmp / RUN_FILE)
             checksums.write_folder_record(tmp, "pretrain", f"npm-repro train --out {out}")
         write_summary(out / "training_summary.json", summary, config=asdict(cfg))
-    if run is not None:
-        run.finish()
     if world > 1:
         dist.destroy_process_group()
     return summary

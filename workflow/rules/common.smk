@@ -1,4 +1,5 @@
 # Shared input functions, wildcard constraints and cross-key config checks.
+import hashlib
 import importlib.util
 import json
 import re
@@ -669,6 +670,17 @@ def report_targets():
 # Every download (rules download_source, download_task_file, download_checkpoint) goes through config `mirror` when set:
 # https://HOST/PATH from MIRROR/HOST/PATH, the hub from MIRROR/huggingface.co (npm.data.mirror).
 MIRROR_ARG = f"--mirror {config['mirror']!r}" if config.get("mirror") else ""
+
+# Experiment tracking (config `tracking`, npm.tracking): the wandb group of a job is the hash of this configuration, so
+# the jobs of one configuration form one group.
+CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def tracking_args(wildcards, output):
+    """`--tracking --tracking-group` of a training or evaluation job (params.tracking). It takes `output` so that
+    Snakemake's params trigger skips it (a derived param): tracking never changes a result, and another config hash
+    must not re-run finished jobs."""
+    return f"--tracking {config.get('tracking', 'none')} --tracking-group config-{CONFIG_HASH}"
 
 # Raw sources with a public URL are fetched by rule download_source (resumable, checksum-verified).
 DOWNLOADS = {src["path"]: src for src in config["sources"].values() if "url" in src and "path" in src}

@@ -66,6 +66,7 @@ rule densephrases_train_teacher:
     output:
         directory("results/densephrases/teacher"),
     params:
+        tracking=tracking_args,
         t=lambda wc: DP["teacher"],
         encoder=DP_TEACHER_ENCODER,
         lengths=DP_LENGTHS,
@@ -86,7 +87,7 @@ rule densephrases_train_teacher:
         "npm-repro densephrases train-teacher --encoder {params.encoder:q} --train {input.train} --out {output}"
         " --checkpoint-dir results/checkpoints/densephrases_teacher --epochs {params.t[epochs]}"
         " --batch-size {params.t[batch_size]} --lr {params.t[lr]} {params.lengths} --seed {params.seed}"
-        " {params.compute} > {log} 2>&1"
+        " {params.compute} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_filter:
@@ -125,6 +126,7 @@ rule densephrases_train:
     wildcard_constraints:
         negatives="none|in_batch|pre_batch",
     params:
+        tracking=tracking_args,
         t=lambda wc: DP["train"],
         encoder=DP_ENCODER,
         lengths=DP_LENGTHS,
@@ -148,7 +150,8 @@ rule densephrases_train:
         " --epochs {params.t[epochs]} --pre-batch-epochs {params.t[pre_batch_epochs]} --pre-batch {params.t[pre_batch]}"
         " --batch-size {params.t[batch_size]} --lr {params.t[lr]} --lambda-single {params.t[lambda_single]}"
         " --lambda-distill {params.t[lambda_distill]} --lambda-neg {params.t[lambda_neg]}"
-        " --lambda-filter {params.t[lambda_filter]} {params.lengths} --seed {params.seed} {params.compute} > {log} 2>&1"
+        " --lambda-filter {params.t[lambda_filter]} {params.lengths} --seed {params.seed} {params.compute}"
+        " {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_dump:
@@ -244,6 +247,7 @@ rule densephrases_query_ft:
     output:
         directory("results/densephrases/model_{negatives}_qft"),
     params:
+        tracking=tracking_args,
         q=lambda wc: DP["query_ft"],
         dump=lambda wc, input: Path(input.dump).parent,
         dev=lambda wc, input: f"--dev {input.dev}" if input.dev else "",
@@ -265,7 +269,7 @@ rule densephrases_query_ft:
         "npm-repro densephrases query-ft --model {input.model} --dump {params.dump} --index {input.index}"
         " --train {input.train} {params.dev} --out {output} --k {params.q[k]} --max-words {params.max_words}"
         " --epochs {params.q[epochs]} --batch-size {params.q[batch_size]} --lr {params.q[lr]}"
-        " --objective {params.q[objective]} --seed {params.seed} {params.compute} > {log} 2>&1"
+        " --objective {params.q[objective]} --seed {params.seed} {params.compute} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_evaluate_rc:
@@ -282,6 +286,7 @@ rule densephrases_evaluate_rc:
     wildcard_constraints:
         negatives="none|in_batch|pre_batch",
     params:
+        tracking=tracking_args,
         teacher=lambda wc, input: f"--teacher {input.teacher}" if wc.negatives == DP_NEGATIVES else "",
         pool=lambda wc, input: f"--d-small-pool {input.pool}" if input.pool else "",
         lengths=DP_LENGTHS,
@@ -299,7 +304,7 @@ rule densephrases_evaluate_rc:
         "../envs/eval.yaml"
     shell:
         "npm-repro densephrases evaluate --model {input.model} --rc {input.rc} {params.pool} {params.teacher}"
-        " {params.lengths} {params.compute} --out {output} > {log} 2>&1"
+        " {params.lengths} {params.compute} --out {output} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_evaluate:
@@ -312,6 +317,7 @@ rule densephrases_evaluate:
         variant="(none|in_batch|pre_batch)(_qft)?",
         index="|".join(DP_INDEXES) or "^$",
     params:
+        tracking=tracking_args,
         dump=lambda wc, input: Path(input.dump).parent,
         tasks=lambda wc: " ".join(DP["eval_tasks"]),
         lengths=DP_LENGTHS,
@@ -331,7 +337,7 @@ rule densephrases_evaluate:
     shell:
         "npm-repro densephrases evaluate --model {input.model} --dump {params.dump} --index {input.index}"
         " --task {params.tasks} --tasks-root data/tasks {params.search} {params.lengths} {params.compute}"
-        " --out {output} > {log} 2>&1"
+        " --out {output} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_report:
@@ -341,9 +347,11 @@ rule densephrases_report:
     output:
         csv=report("results/tables/densephrases.csv", category="Tables", caption="../report/densephrases.rst"),
         md="results/tables/densephrases.md",
+    params:
+        tracking=tracking_args,
     log:
         "logs/densephrases/report.log",
     conda:
         "../envs/report.yaml"
     shell:
-        "npm-repro report densephrases --metrics {input} --out {output.csv} > {log} 2>&1"
+        "npm-repro report densephrases --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"

@@ -20,7 +20,7 @@ rule convert_smollm2:
 EVALUATE_SHELL = (
     "npm-repro evaluate --task {params.tasks} --system {params.system} {params.args} {params.n}"
     " {params.settings} --tokenizer {params.tokenizer:q} --threads {threads}"
-    " --predictions {output.predictions} --metrics {output.metrics} > {log} 2>&1"
+    " --predictions {output.predictions} --metrics {output.metrics} {params.tracking} > {log} 2>&1"
 )
 
 # The evaluations that the tables and figures read run in groups: one job per system and set of artefacts answers
@@ -40,6 +40,7 @@ for _name, _pairs in evaluation_groups().items():
             predictions=[f"results/predictions/{t}/{r}.jsonl" for t, r in _pairs],
             metrics=[f"results/metrics/{t}/{r}.json" for t, r in _pairs],
         params:
+            tracking=tracking_args,
             tasks=" ".join(t for t, _ in _pairs),
             system=split_run(_first.run)[0],
             args=lambda wc, input, first=_first: evaluate_args(first, input),
@@ -71,6 +72,7 @@ rule evaluate:
     wildcard_constraints:
         run=rf"({'|'.join(SYSTEMS)})(@[A-Za-z0-9_]+)?",
     params:
+        tracking=tracking_args,
         tasks=lambda wc: wc.task,
         system=lambda wc: split_run(wc.run)[0],
         args=evaluate_args,  # input-dependent (not tracked by Snakemake's params trigger); config values below are
@@ -103,6 +105,7 @@ rule evaluate_negative_control:
     wildcard_constraints:
         run="npm|npm_single|npm_faiss",
     params:
+        tracking=tracking_args,
         tasks=lambda wc: wc.task,
         system=lambda wc: wc.run,
         args=lambda wc, input: evaluate_args(wc, input) + " --negative-control shuffled_vectors",

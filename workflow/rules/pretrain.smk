@@ -14,6 +14,7 @@ rule pretrain:
     output:
         directory("results/models/{model}"),
     params:
+        tracking=tracking_args,
         encoder=config["model"]["encoder"],
         tokenizer=TOKENIZER,
         t=config["training"],
@@ -43,4 +44,4 @@ rule pretrain:
         " --lines-per-rank {params.t[lines_per_rank]} --accumulate {params.t[accumulate]}"
         " --pad-to {params.pad_to} {params.compile}"
         " --checkpoint-every {params.t[checkpoint_every]} --seed {params.t[seed]}"
-        " --summary results/checkpoints/{wildcards.model}/summary.json > {log} 2>&1"
+        " --summary results/checkpoints/{wildcards.model}/summary.json {params.tracking} > {log} 2>&1"

@@ -67,6 +67,7 @@ rule replug_train_lsr:
     output:
         directory("results/models/replug_lsr"),
     params:
+        tracking=tracking_args,
         lsr=lambda wc: REPLUG["lsr"],
         r=REPLUG,
         lm=lambda wc: model_name("lm"),
@@ -92,7 +93,7 @@ rule replug_train_lsr:
         " --x-len {params.lsr[x_len]} --y-len {params.lsr[y_len]} --doc-len {params.lsr[doc_len]}"
         " --score {params.r[score]} --index {params.r[index]:q} --checkpoint-every {params.lsr[checkpoint_every]}"
         " --seed {params.seed}"
-        " --threads {threads} > {log} 2>&1"
+        " --threads {threads} {params.tracking} > {log} 2>&1"
 
 
 rule replug_eval_lm:
@@ -105,6 +106,7 @@ rule replug_eval_lm:
     output:
         "results/replug/lm_eval.json",
     params:
+        tracking=tracking_args,
         r=REPLUG,
         lm=lambda wc: model_name("lm"),
         encoder=REPLUG_ENCODER,
@@ -128,7 +130,7 @@ rule replug_eval_lm:
         " --index {params.r[index]:q}"
         " --lsr-encoder {input.lsr} --k {params.k} --context-len {params.r[context_len]} --pred-len {params.r[pred_len]}"
         " --doc-len {params.r[doc_len]} --weighting {params.r[weighting]} --temperature {params.r[temperature]}"
-        " {params.concat} --seed {params.seed} --threads {threads} --out {output} > {log} 2>&1"
+        " {params.concat} --seed {params.seed} --threads {threads} --out {output} {params.tracking} > {log} 2>&1"
 
 
 rule replug_report:

@@ -25,12 +25,14 @@ rule table1:
     output:
         csv=report("results/tables/table1.csv", category="Tables", caption="../report/table1.rst"),
         md="results/tables/table1.md",
+    params:
+        tracking=tracking_args,
     log:
         "logs/report/table1.log",
     conda:
         "../envs/report.yaml"
     shell:
-        "npm-repro report table1 --metrics {input} --out {output.csv} > {log} 2>&1"
+        "npm-repro report table1 --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"
 
 
 rule table2:
@@ -41,13 +43,14 @@ rule table2:
         csv=report("results/tables/table2.csv", category="Tables", caption="../report/table2.rst"),
         md="results/tables/table2.md",
     params:
+        tracking=tracking_args,
         outdated=lambda wc: outdated_corpus(TEMPLAMA_TASKS[0]) if TEMPLAMA_TASKS else "enwiki",
     log:
         "logs/report/table2.log",
     conda:
         "../envs/report.yaml"
     shell:
-        "npm-repro report table2 --metrics {input} --outdated-corpus {params.outdated} --out {output.csv} > {log} 2>&1"
+        "npm-repro report table2 --metrics {input} --outdated-corpus {params.outdated} --out {output.csv} {params.tracking} > {log} 2>&1"
 
 
 rule table3:
@@ -57,12 +60,14 @@ rule table3:
     output:
         csv=report("results/tables/table3.csv", category="Tables", caption="../report/table3.rst"),
         md="results/tables/table3.md",
+    params:
+        tracking=tracking_args,
     log:
         "logs/report/table3.log",
     conda:
         "../envs/report.yaml"
     shell:
-        "npm-repro report table3 --metrics {input} --out {output.csv} > {log} 2>&1"
+        "npm-repro report table3 --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"
 
 
 rule table4:
@@ -72,12 +77,14 @@ rule table4:
     output:
         csv=report("results/tables/table4.csv", category="Tables", caption="../report/table4.rst"),
         md="results/tables/table4.md",
+    params:
+        tracking=tracking_args,
     log:
         "logs/report/table4.log",
     conda:
         "../envs/report.yaml"
     shell:
-        "npm-repro report table4 --metrics {input} --out {output.csv} > {log} 2>&1"
+        "npm-repro report table4 --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"
 
 
 rule table8:
@@ -87,12 +94,14 @@ rule table8:
     output:
         csv=report("results/tables/table8.csv", category="Tables", caption="../report/table8.rst"),
         md="results/tables/table8.md",
+    params:
+        tracking=tracking_args,
     log:
         "logs/report/table8.log",
     conda:
         "../envs/report.yaml"
     shell:
-        "npm-repro report table8 --metrics {input} --out {output.csv} > {log} 2>&1"
+        "npm-repro report table8 --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"
 
 
 rule figure6:

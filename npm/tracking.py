@@ -1,0 +1,217 @@
+"""Experiment tracking with Weights & Biases: one wandb run per training or evaluation job (docs/paper-map.md §8.3).
+Not part of the paper: it records what a job did, and never changes what it computes (a training with tracking on or
+off writes bit-identical weights, tests/test_tracking.py).
+
+Config ``tracking``: ``wandb`` or ``none`` (the default of every entry point and of the Python API). The rules pass
+``--tracking`` and ``--tracking-group`` (common.smk ``TRACKING``: the hash of the workflow's config, so the jobs of
+one configuration form one wandb group); ``job_type`` is the job's kind (``pretrain``, ``densephrases_teacher``,
+``evaluate``, ...). Offline unless the user says otherwise: ``WANDB_MODE`` defaults to ``offline``, so nothing leaves
+the machine without ``WANDB_MODE=online`` and a key (``wandb login`` or ``WANDB_API_KEY``); ``WANDB_MODE=disabled``
+turns every run off as ``none`` does (the test suite's default, tests/conftest.py). Runs are written under
+``DIR/wandb/`` (``results/wandb/offline-run-<time>-<id>/`` relative to the working directory; ``WANDB_DIR`` moves
+them); upload them later with ``wandb sync results/wandb/offline-run-*``. wandb's console output is silenced to one
+log line per run.
+
+``read_run`` reads an offline run back from its transaction log (``run-<id>.wandb``: LevelDB-log records of wandb's
+``Record`` protocol buffers), wandb's own format, so that tests and users can check what was logged without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import zlib
+from pathlib import Path
+
+CHOICES = ("wandb", "none")
+PROJECT = "npm-repro"
+DIR = "results"  # runs go to DIR/wandb/ (wandb adds the `wandb` folder)
+
+log = logging.getLogger("npm-repro.tracking")
+
+
+class Run:
+    """A started wandb run, or a run that records nothing (tracking ``none``, ``WANDB_MODE=disabled``, ranks > 0).
+    A context manager: leaving it finishes the run, marked failed when an exception left it."""
+
+    def __init__(self, wandb_run=None):
+        self._run = wandb_run
+
+    @property
+    def on(self) -> bool:
+        return self._run is not None
+
+    @property
+    def folder(self) -> Path | None:
+        """The run's folder (``offline-run-<time>-<id>``), None for a run that records nothing."""
+        return Path(self._run.settings.sync_dir) if self._run is not None else None
+
+    def update(self, **config) -> None:
+        """Add ``config`` to the run's config (values known only once the job has started: the run id)."""
+        if self._run is not None:
+            self._run.config.update(config, allow_val_change=True)
+
+    def log(self, step: int | None = None, **metrics) -> None:
+        """One row of the run's history at ``step`` (None: the next row); rows logged at the same step merge."""
+        if self._run is not None:
+            self._run.log(metrics, step=step)
+
+    def log_table(self, name: str, rows) -> None:
+        """``rows`` (a pandas DataFrame or a list of dicts, the union of their keys as columns; a list or dict value
+        as JSON text) as wandb Table ``name``."""
+        if self._run is None:
+            return
+        import wandb
+
+        rows = rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        table = wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows],
+                            allow_mixed_types=True)
+        self._run.log({name: table})
+
+    def finish(self, failed: bool = False) -> None:
+        """Finish the run and stop wandb's service, which writes the run's files: they are complete on return."""
+        if self._run is not None:
+            import wandb
+
+            self._run.finish(exit_code=1 if failed else 0)
+            self._run = None
+            wandb.teardown()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.finish(failed=kind is not None)
+
+
+def _cell(value):
+    """A table cell: a list or dict as JSON text, anything else as it is."""
+    return json.dumps(value) if isinstance(value, (list, tuple, dict)) else value
+
+
+def numbers(record: dict, prefix: str = "") -> dict:
+    """The numeric leaves of a nested metrics record, keyed by their path (``open/nq/em``), for ``Run.log``."""
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out |= numbers(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def start(kind: str, name: str, config: dict, tracking: str = "none", group: str | None = None,
+          folder: str | Path = DIR) -> Run:
+    """A run of job ``kind`` (wandb's job_type) named ``name`` with ``config``, in wandb group ``group``; a run that
+    records nothing when ``tracking`` is ``none`` or ``WANDB_MODE`` is ``disabled``."""
+    if tracking not in CHOICES:
+        raise ValueError(f"tracking must be one of {list(CHOICES)}, not {tracking!r} (config `tracking`, --tracking)")
+    mode = os.environ.get("WANDB_MODE", "offline")
+    if tracking == "none" or mode == "disabled":
+        return Run()
+    import wandb
+
+    logging.getLogger("wandb").setLevel(logging.WARNING)  # its INFO lines would fill the job's log
+    root = Path(os.environ.get("WANDB_DIR") or folder).resolve()  # wandb's service may run in another directory
+    root.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), dir=str(root), mode=mode, group=group,
+                     job_type=kind, name=name, config=config, reinit="create_new",
+                     settings=wandb.Settings(silent=True, console="off", disable_git=True))
+    where = Path(run.settings.sync_dir)
+    if run.settings._offline:
+        log.info("wandb: offline run %s (%s, group %s) in %s; upload it with `wandb sync %s`", run.id, kind, group,
+                 where, where)
+    else:
+        log.info("wandb: run %s (%s, group %s) at %s", run.id, kind, group, run.url)
+    return Run(run)
+
+
+def add_arguments(parser) -> None:
+    """``--tracking`` and ``--tracking-group`` of an entry point that starts a run."""
+    parser.add_argument("--tracking", choices=CHOICES, default="none",
+                        help="wandb: log this job as a Weights & Biases run under results/wandb (offline unless "
+                             "WANDB_MODE=online); none: no run")
+    parser.add_argument("--tracking-group", metavar="GROUP",
+                        help="wandb group of the run (the workflow passes the hash of its config)")
+
+
+def from_args(args, kind: str, name: str, **config) -> Run:
+    """The run of a command's job: its options (with ``config``) as the run's config; rank 0 only under torchrun."""
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    options = json.loads(json.dumps(options | config, default=str))
+    tracking = args.tracking if os.environ.get("RANK", "0") == "0" else "none"
+    return start(kind, name, options, tracking=tracking, group=args.tracking_group)
+
+
+# ------------------------------------------------------------------------------------------ reading a run back
+
+_BLOCK, _HEADER = 32768, 7  # LevelDB log blocks; record header: crc32 (uint32), length (uint16), type (uint8)
+
+
+def _records(path: Path):
+    """The ``Record`` protocol buffers of a ``.wandb`` transaction log, in order (checksums verified)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    ident, magic, _ = struct.unpack("<4sHB", data[:_HEADER])
+    if ident != b":W&B" or magic != 0xBEE1:
+        raise ValueError(f"{path} is not a wandb transaction log (header {data[:_HEADER]!r})")
+    pos, pending = _HEADER, b""
+    while pos + _HEADER <= len(data):
+        if _BLOCK - pos % _BLOCK < _HEADER:  # a block's tail too short for a header is padding
+            pos += _BLOCK - pos % _BLOCK
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        chunk = data[pos + _HEADER:pos + _HEADER + length]
+        pos += _HEADER + length
+        if kind == 0 and length == 0:  # zero padding
+            continue
+        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            raise ValueError(f"{path}: a record at byte {pos - length - _HEADER} fails its checksum")
+        pending += chunk
+        if kind in (1, 4):  # FULL or LAST
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def _key(item) -> str:
+    return item.key or ".".join(item.nested_key)
+
+
+def read_run(folder: str | Path) -> dict:
+    """An offline run folder read back: ``id``, ``group``, ``job_type``, ``name``, ``config`` (dict), ``history``
+    (one dict per logged step, nested keys joined with dots), ``summary`` (dict) and ``tables`` (name -> the logged
+    Table's columns and data)."""
+    folder = Path(folder)
+    logs = sorted(folder.glob("run-*.wandb"))
+    if not logs:
+        raise FileNotFoundError(f"{folder} holds no run-*.wandb transaction log: not a wandb run folder")
+    out = {"config": {}, "history": [], "summary": {}, "tables": {}}
+    for record in _records(logs[0]):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            r = record.run
+            out.update(id=r.run_id, group=r.run_group, job_type=r.job_type, name=r.display_name)
+            out["config"].update({_key(i): json.loads(i.value_json) for i in r.config.update})
+        elif kind == "config":
+            out["config"].update({_key(i): json.loads(i.value_json) for i in record.config.update})
+        elif kind == "history":
+            out["history"].append({_key(i): json.loads(i.value_json) for i in record.history.item})
+        elif kind == "summary":
+            out["summary"].update({_key(i): json.loads(i.value_json) for i in record.summary.update})
+    out["config"].pop("_wandb", None)
+    for row in out["history"]:
+        for key, value in row.items():
+            if key.endswith("._type") and value == "table-file":
+                name = key[: -len("._type")]
+                table = json.loads((folder / "files" / row[f"{name}.path"]).read_text(encoding="utf-8"))
+                out["tables"][name] = {"columns": table["columns"], "data": table["data"]}
+    return out
+
+
+__all__ = ["CHOICES", "DIR", "PROJECT", "Run", "add_arguments", "from_args", "numbers", "read_run", "start"]

@@ -1,0 +1,319 @@
+"""The web page ``npm-repro serve`` (npm.serve) as a user meets it: the real command started in a workflow directory
+whose artefacts were built with the real entry points (tiny models: a random BERT for NPM, NPM-single and
+DensePhrases, a random Llama for REPLUG), driven in a real headless Chromium through Selenium. Every system's column
+answers with its evidence highlighted, a system whose artefacts are missing names its ``snakemake`` target, and bad
+input (empty, no mask, 10,000 characters, HTML and script) is a message in the page while the server keeps serving.
+
+Without Chromium and chromedriver (Debian: ``apt-get install chromium chromium-driver``) the browser tests are
+skipped; NPM_REQUIRE_BROWSER=1 turns that skip into a failure. ``NPM_SERVE_SCREENSHOT=PATH`` saves the browser
+test's screenshot there too (docs/serve.png was made so). The slow test serves the finished ``make demo`` of the
+repository (or of ``NPM_DEMO_ROOT``) and is skipped when its outputs are absent."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from npm.serve import COLUMNS, EXAMPLE, MAX_CHARS, load_columns, make_server
+from tests.conftest import WORDPIECE, lee_corpus_lines, require_jvm, save_tiny_bert
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS_LINES = ["Bratislava is the capital of Slovakia, a city on the Danube.",
+                "Vienna is the capital of Austria, upstream of Bratislava on the Danube."]
+EXTRACTIVE = [c for c in COLUMNS if c != "replug"]  # their answers are spans of the passages they show
+
+
+# ------------------------------------------------------------------------------------------------ the workflow dir
+
+def build_workdir(root: Path) -> None:
+    """Every artefact the page reads, at the workflow's paths under ``root`` (the current directory while building,
+    so that the recorded blocks paths are relative as the workflow's are), and config/config.yaml: the repository's
+    config with the tiny checkpoints and a one-shard corpus."""
+    from npm.data.blocks import build_blocks
+    from npm.datastore.bm25 import block_documents, build_bm25_index
+    from npm.datastore.embed import embed_corpus
+    from npm.datastore.faiss_index import build_faiss_index
+    from npm.datastore.store import load_datastore
+    from npm.densephrases.dump import build_index, dump_phrases
+    from npm.densephrases.model import DensePhrases
+    from npm.io import atomic_dir, write_jsonl
+    from tests.test_baselines import save_tiny_llama
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+    cfg["models"].update(npm=None, npm_single="released/npm-single")
+    cfg["baselines"]["lm"] = "released/lm"
+    cfg["sources"]["enwiki"]["shards"] = 1
+    cfg["inference"] = {"k": 64, "max_new_tokens": 8}
+    dp = cfg["densephrases"]
+    negatives, qft = dp["train"]["negatives"], "_qft" if dp.get("query_ft") else ""
+    (root / "config").mkdir()
+    (root / "config" / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+
+    blocks = "data/blocks/enwiki/shard0.npz"
+    os.makedirs("data/blocks/enwiki")
+    write_jsonl("data/documents/enwiki.jsonl", [{"id": f"doc{i}", "units": [line]} for i, line in
+                                                enumerate(CORPUS_LINES + lee_corpus_lines()[:10])])
+    build_blocks("data/documents/enwiki.jsonl", blocks, WORDPIECE, max_seq_length=64)
+    build_bm25_index(block_documents([blocks]), "data/bm25/enwiki")
+    for kind, checkpoint in (("npm", save_tiny_bert("results/models/npm", seed=0)),
+                             ("npm_single", save_tiny_bert("released/npm-single", seed=1))):
+        embed_corpus(checkpoint, [blocks], f"data/datastore/{kind}/enwiki", batch_blocks=8, progress=False)
+        os.makedirs(f"data/index/{kind}", exist_ok=True)
+        store = load_datastore(f"data/datastore/{kind}/enwiki")
+        build_faiss_index(store.vector_shards(), store.hidden_size, f"data/index/{kind}/enwiki.faiss",
+                          factory="Flat", datastore=store)
+    model = f"results/densephrases/model_{negatives}{qft}"
+    with atomic_dir(model) as tmp:
+        DensePhrases.from_encoder(save_tiny_bert("released/dp-encoder", seed=2)).save(tmp)
+    dump_phrases(model, [blocks], f"data/densephrases/dump/{negatives}/enwiki", progress=False)
+    os.makedirs(f"data/densephrases/index/{negatives}/enwiki")
+    build_index(f"data/densephrases/dump/{negatives}/enwiki", f"data/densephrases/index/{negatives}/enwiki/Flat.faiss")
+    save_tiny_llama(root / "released" / "lm")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    require_jvm()
+    root = tmp_path_factory.mktemp("served")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        build_workdir(root)
+    return root
+
+
+def start_server(root: Path, log: Path, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
+    """``npm-repro serve --port 0`` started in ``root`` as a user would; its URL once every system is loaded."""
+    err = log.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "npm.cli", "serve", "--port", "0", "--threads", "1"], cwd=root,
+                            stdout=subprocess.PIPE, stderr=err, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        url = next((w for line in lines for w in line.split() if w.startswith("http://")), None)
+        if url:
+            return proc, url
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"npm-repro serve did not start: {''.join(lines)}{log.read_text()}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def served(workdir, tmp_path_factory):
+    proc, url = start_server(workdir, tmp_path_factory.mktemp("log") / "serve.log")
+    yield url
+    stop(proc)
+
+
+def get(url: str, question: str | None = None) -> tuple[int, str]:
+    """Status and body of the page (asked ``question``)."""
+    if question is not None:
+        url += "?" + urllib.parse.urlencode({"q": question})
+    try:
+        with urllib.request.urlopen(url, timeout=120) as r:
+            return r.status, r.read().decode("utf-8")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8")
+
+
+def assert_still_serving(url: str) -> None:
+    status, body = get(url, EXAMPLE)
+    assert status == 200 and body.count("class='answer'") >= len(COLUMNS), body[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------ the browser
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Debian's headless Chromium driven by Selenium (skipped without them unless NPM_REQUIRE_BROWSER=1)."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+    except ImportError:
+        webdriver = None
+    if not (chromium and driver and webdriver):
+        reason = ("no headless browser: needs chromium and chromedriver (apt-get install chromium chromium-driver) "
+                  "and selenium (the dev extras)")
+        if os.environ.get("NPM_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"NPM_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1700,1100", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(flag)
+    chrome = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+    chrome.set_page_load_timeout(300)
+    yield chrome
+    chrome.quit()
+
+
+def ask_in_browser(chrome, url: str, question: str) -> None:
+    """Type ``question`` into the page's text box and press Ask; returns once the answer page has loaded."""
+    from selenium.webdriver.common.by import By
+
+    chrome.get(url)
+    box = chrome.find_element(By.ID, "q")
+    box.clear()
+    box.send_keys(question)
+    chrome.find_element(By.ID, "ask").click()
+    for _ in range(600):  # the form submits by GET: the answer page carries the question in its URL
+        if "q=" in chrome.current_url and chrome.execute_script("return document.readyState") == "complete":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no answer page after asking {question!r}")
+
+
+def columns_in_browser(chrome) -> dict:
+    """Per column: its answers, scores, evidence passages, highlighted spans and missing-artefact message."""
+    from selenium.webdriver.common.by import By
+
+    fields = {"answers": ".answer", "scores": ".score", "evidence": ".evidence", "marks": ".evidence mark",
+              "missing": ".missing", "time": ".time"}
+    out = {}
+    for name in COLUMNS:
+        col = chrome.find_element(By.ID, f"col-{name}")
+        out[name] = {k: [e.text for e in col.find_elements(By.CSS_SELECTOR, css)] for k, css in fields.items()}
+    return out
+
+
+def screenshot(chrome, tmp_path) -> None:
+    chrome.save_screenshot(str(tmp_path / "serve.png"))
+    if os.environ.get("NPM_SERVE_SCREENSHOT"):
+        chrome.save_screenshot(os.environ["NPM_SERVE_SCREENSHOT"])
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+def test_evidence_is_escaped_and_the_answer_marked_as_whole_words():
+    from npm.serve import highlight
+
+    passage = "Pakistani troops <b>left</b> Pakistan-based camps; pakistan said"
+    assert highlight(passage, "Pakistan") == ("Pakistani troops &lt;b&gt;left&lt;/b&gt; <mark>Pakistan</mark>-based "
+                                              "camps; pakistan said")
+    assert highlight(passage, "PAKISTAN") == ("Pakistani troops &lt;b&gt;left&lt;/b&gt; <mark>Pakistan</mark>-based "
+                                              "camps; <mark>pakistan</mark> said")
+    assert highlight("<script>x</script>", "<script>") == "<mark>&lt;script&gt;</mark>x&lt;/script&gt;"
+
+
+def test_serve_binds_loopback_by_default():
+    from npm.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert args.host == "127.0.0.1" and args.port == 8000 and args.config == "config/config.yaml"
+
+
+def test_every_system_answers_with_its_evidence_highlighted_in_the_browser(served, browser, tmp_path):
+    ask_in_browser(browser, served, EXAMPLE)
+    shown = columns_in_browser(browser)
+    screenshot(browser, tmp_path)
+    for name in COLUMNS:
+        col = shown[name]
+        assert not col["missing"], (name, col["missing"])
+        assert col["answers"] and all(a.strip() for a in col["answers"]), (name, col)
+        assert col["evidence"] and col["time"] and col["time"][0].endswith(" s"), (name, col)
+        assert all(s.split()[-1] != "n/a" for s in col["scores"][:1]) or name == "replug", (name, col)
+    for name in EXTRACTIVE:  # an extractive answer is a span of its evidence: highlighted there
+        col = shown[name]
+        assert col["marks"], (name, col)
+        assert {m.casefold() for m in col["marks"]} <= {a.casefold() for a in col["answers"]}, (name, col)
+    replug = shown["replug"]  # a (tiny, random) LM's answer is highlighted only where a passage holds it
+    assert len(replug["answers"]) == 1 and len(replug["evidence"]) >= 1
+    assert all(m.casefold() == replug["answers"][0].casefold() for m in replug["marks"])
+
+
+def test_html_and_script_in_the_question_are_shown_as_text_never_run(served, browser):
+    from selenium.webdriver.common.by import By
+
+    attack = ("<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\"> "
+              "Bratislava is the capital of <mask>.")
+    ask_in_browser(browser, served, attack)
+    assert browser.title == "npm-repro: ask the systems"
+    assert browser.find_elements(By.TAG_NAME, "script") == [] and browser.find_elements(By.TAG_NAME, "img") == []
+    assert browser.find_element(By.ID, "q").get_attribute("value") == attack  # the text box holds it as typed
+    assert columns_in_browser(browser)["npm"]["answers"]  # and it was answered as a question
+    assert_still_serving(served)
+
+
+def test_an_empty_question_is_a_message_and_the_server_keeps_serving(served):
+    for question in ("", "   "):
+        status, body = get(served, question)
+        assert status == 400 and "Type a question first" in body and "class='answer'" not in body
+    assert_still_serving(served)
+
+
+def test_a_question_without_a_mask_is_a_message_and_the_server_keeps_serving(served):
+    status, body = get(served, "What is the capital of Slovakia?")
+    assert status == 400 and "has no &lt;mask&gt;" in body and "write one &lt;mask&gt; where the answer goes" in body
+    status, body = get(served, "<mask> is the capital of <mask>.")
+    assert status == 400 and "has 2 &lt;mask&gt;" in body
+    assert_still_serving(served)
+
+
+def test_a_question_of_10000_characters_is_a_message_and_the_server_keeps_serving(served):
+    question = (EXAMPLE + " and more" * 2000)[:10_000]
+    status, body = get(served, question)
+    assert status == 400 and f"has 10,000 characters; the page takes at most {MAX_CHARS:,}" in body
+    assert_still_serving(served)
+
+
+def test_a_system_without_its_artefacts_names_the_snakemake_target_in_the_page(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    columns = load_columns("config/config.yaml", corpus="cc_news", progress=lambda line: None)  # nothing built
+    server = make_server(columns, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        for question in (None, EXAMPLE):  # the blank page and an answer page both say what to build
+            status, body = get(url, question)
+            assert status == 200 and body.count("class='missing'") == len(COLUMNS)
+            assert "build it with `snakemake data/datastore/npm/cc_news/meta.json`" in body
+            assert "build it with `snakemake data/datastore/npm_single/cc_news/meta.json`" in body
+            assert "build it with `snakemake data/densephrases/dump/pre_batch/cc_news/meta.json`" in body
+            assert "build it with `snakemake data/bm25/cc_news`" in body
+            assert "Traceback" not in body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_the_demo_answers_the_readme_question_in_the_browser(browser, tmp_path):
+    root = Path(os.environ.get("NPM_DEMO_ROOT", REPO))
+    needed = ["results/models/npm", "data/datastore/npm/enwiki/meta.json", "data/bm25/enwiki",
+              "results/models/smollm2"]
+    absent = [p for p in needed if not (root / p).exists()]
+    if absent:
+        pytest.skip(f"no finished `make demo` in {root} (missing {', '.join(absent)}); run `make demo` first or set "
+                    "NPM_DEMO_ROOT")
+    proc, url = start_server(root, tmp_path / "serve.log", timeout=900)
+    try:
+        ask_in_browser(browser, url, EXAMPLE)
+        shown = columns_in_browser(browser)
+        screenshot(browser, tmp_path)
+        for name in COLUMNS:
+            col = shown[name]
+            assert not col["missing"] and col["answers"] and col["evidence"] and col["marks"], (name, col)
+    finally:
+        stop(proc)
