@@ -32,6 +32,8 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check npm tests benchmarks
 	PATH=$(BIN):$$PATH $(BIN)/snakemake --lint
+	$(BIN)/snakefmt --check Snakefile workflow
+	$(BIN)/hadolint Dockerfile
 
 clean-demo:
 	rm -rf data results/masked .snakemake/log

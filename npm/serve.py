@@ -45,7 +45,7 @@ MAX_CHARS = 1000  # longest question the page takes (a cloze sentence, not a doc
 EXAMPLE = "Bratislava is the capital of <mask>."  # the README's question; also the start-up warm-up query
 COLUMNS = ("npm", "npm_faiss", "npm_single", "densephrases", "replug")  # systems of npm.evaluation.systems shown
 TASKS = {"question": "nq", "cloze": "lama_trex"}  # the registry task whose prompt and BM25 query REPLUG uses
-SCHEMA = Path(__file__).resolve().parents[1] / "config" / "schema.yaml"
+SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Every inference and evaluation switch, with its one default (paper 3.3, 4-6; docs/paper-map.md §3.7-§6, §R2.2).
 
 ``Settings`` is the single source of these defaults and of their allowed values: the config's ``inference:`` section
-(config/schema.yaml documents the keys, without defaults), the ``npm-repro evaluate`` options (generated from the
+(the config schema documents the keys, without defaults), the ``npm-repro evaluate`` options (generated from the
 fields below, so a flag, its default and its help cannot drift apart) and the Python API all read it. Where the
 paper and the original code differ, the default is the paper's and the help names the code's value.
 """
@@ -139,7 +139,7 @@ def arg_type(name: str):
 
 def bounded(kind: type, minimum=None, maximum=None, exclusive_minimum=None, exclusive_maximum=None):
     """An argparse ``type=`` that parses an ``int`` or a finite ``float`` and checks its range, named like the
-    keywords of config/schema.yaml (tests/test_faults_cli.py checks that every `npm-repro` option a config key feeds
+    keywords of the config schema (tests/test_faults_cli.py checks that every `npm-repro` option a config key feeds
     has the key's range). A bad value is argparse's usage error naming the option: exit status 2 before any work."""
     what = "an integer" if kind is int else "a finite number"
     limits = [f">= {minimum}" if minimum is not None else "", f"> {exclusive_minimum}"
@@ -169,7 +169,7 @@ positive_float = bounded(float, exclusive_minimum=0)
 nonneg_float = bounded(float, minimum=0)
 unit_interval = bounded(float, minimum=0, maximum=1)  # a probability or share, 0 and 1 included
 positive_share = bounded(float, exclusive_minimum=0, maximum=1)  # a share in (0, 1]
-SHA256 = re.compile(r"^[0-9a-f]{64}$")  # = config/schema.yaml sources.*.sha256
+SHA256 = re.compile(r"^[0-9a-f]{64}$")  # = workflow/schemas/config.schema.yaml sources.*.sha256
 
 
 def sha256_hex(text: str) -> str:

@@ -9,7 +9,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = str(ROOT / "config" / "schema.yaml")
+SCHEMA = str(ROOT / "workflow" / "schemas" / "config.schema.yaml")
 
 
 def load(name):

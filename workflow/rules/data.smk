@@ -11,18 +11,18 @@ rule download_source:
     """Fetch a raw source from its public URL (paper scale); resumes partial downloads, verifies sha256."""
     output:
         "{download}",
+    log:
+        "logs/download_source/{download}.log",
     wildcard_constraints:
         download=DOWNLOAD_PATTERN,
+    conda:
+        "../envs/data.yaml"
+    resources:
+        runtime=1440,
     params:
         url=lambda wc: DOWNLOADS[wc.download]["url"],
         sha256=lambda wc: DOWNLOADS[wc.download].get("sha256", ""),
         mirror=MIRROR_ARG,
-    resources:
-        runtime=1440,
-    log:
-        "logs/download_source/{download}.log",
-    conda:
-        "../envs/data.yaml"
     shell:
         "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} {params.mirror}"
         " > {log} 2>&1"
@@ -34,10 +34,10 @@ rule unpack_source:
         lambda wc: UNPACK[wc.unpacked],
     output:
         directory("{unpacked}"),
-    wildcard_constraints:
-        unpacked=UNPACK_PATTERN,
     log:
         "logs/unpack_source/{unpacked}.log",
+    wildcard_constraints:
+        unpacked=UNPACK_PATTERN,
     conda:
         "../envs/data.yaml"
     shell:
@@ -53,17 +53,17 @@ rule import_blocks:
     output:
         blocks="data/blocks/{corpus}/shard{shard}.npz",
         summary="data/blocks/{corpus}/shard{shard}.summary.json",
-    wildcard_constraints:
-        corpus=IMPORTED_PATTERN,
-    params:
-        stem=lambda wc: released_stem(wc.corpus, wc.shard),
-        tokenizer=TOKENIZER,
     log:
         "logs/import_blocks/{corpus}/shard{shard}.log",
     benchmark:
         "results/benchmarks/rules/import_blocks/{corpus}/shard{shard}.tsv"
+    wildcard_constraints:
+        corpus=IMPORTED_PATTERN,
     conda:
         "../envs/data.yaml"
+    params:
+        stem=lambda wc: released_stem(wc.corpus, wc.shard),
+        tokenizer=TOKENIZER,
     shell:
         "npm-repro import-corpus --folder {input.folder} --stem {params.stem:q} --tokenizer {params.tokenizer:q}"
         " --out {output.blocks} --summary {output.summary} > {log} 2>&1"
@@ -74,17 +74,17 @@ rule download_checkpoint:
     data/checkpoints/facebook/npm), every file checked against the sha256 the hub publishes for it."""
     output:
         directory("{checkpoint}"),
+    log:
+        "logs/download_checkpoint/{checkpoint}.log",
     wildcard_constraints:
         checkpoint=HUB_PATTERN,
+    conda:
+        "../envs/data.yaml"
+    resources:
+        runtime=240,
     params:
         repo=lambda wc: HUB_CHECKPOINTS[wc.checkpoint],
         mirror=MIRROR_ARG,
-    resources:
-        runtime=240,
-    log:
-        "logs/download_checkpoint/{checkpoint}.log",
-    conda:
-        "../envs/data.yaml"
     shell:
         "npm-repro download-checkpoint --repo {params.repo:q} --out {output} {params.mirror} > {log} 2>&1"
 
@@ -94,14 +94,14 @@ rule manual_source:
     `path`; this job only fails with that instruction, so that `snakemake -n` still plans the whole DAG."""
     output:
         "{manual}",
-    wildcard_constraints:
-        manual=MANUAL_PATTERN,
-    params:
-        name=lambda wc: MANUAL[wc.manual],
     log:
         "logs/manual_source/{manual}.log",
+    wildcard_constraints:
+        manual=MANUAL_PATTERN,
     conda:
         "../envs/data.yaml"
+    params:
+        name=lambda wc: MANUAL[wc.manual],
     shell:
         "echo 'source {params.name}: {output} does not exist and has no public download; place it there by hand"
         " (see config/paper.yaml and docs/paper-scale.md), then re-run.' | tee {log} >&2; exit 1"
@@ -112,13 +112,13 @@ rule prepare_embedded_wikipedia:
     output:
         dump="data/raw/embedded/wikipedia_{variant}.xml.bz2",
         topics="data/raw/embedded/wikipedia_{variant}.xml.bz2.topics.tsv",
-    params:
-        max_articles=config["embedded"]["max_articles"] or 0,
-    priority: DATA_PRIORITY
     log:
         "logs/prepare_embedded_wikipedia/{variant}.log",
+    priority: DATA_PRIORITY
     conda:
         "../envs/data.yaml"
+    params:
+        max_articles=config["embedded"]["max_articles"] or 0,
     shell:
         "npm-repro prepare-embedded wikipedia --variant {wildcards.variant}"
         " --max-articles {params.max_articles} --out {output.dump} > {log} 2>&1"
@@ -128,13 +128,13 @@ rule prepare_embedded_ccnews:
     """Real news articles (gensim's Lee corpus) written as CC-News (news-please) JSON records."""
     output:
         directory("data/raw/embedded/cc_news"),
-    params:
-        max_news=config["embedded"]["max_news"] or 0,
-    priority: DATA_PRIORITY
     log:
         "logs/prepare_embedded_ccnews.log",
+    priority: DATA_PRIORITY
     conda:
         "../envs/data.yaml"
+    params:
+        max_news=config["embedded"]["max_news"] or 0,
     shell:
         "npm-repro prepare-embedded ccnews --max-articles {params.max_news} --out {output} > {log} 2>&1"
 
@@ -145,13 +145,13 @@ rule prepare_embedded_reviews:
     output:
         kilt="data/raw/embedded/reviews.jsonl",
         source_md="data/raw/embedded/reviews.jsonl.SOURCE.md",
-    params:
-        max_reviews=config["embedded"].get("max_reviews") or 0,
-        seed=config["seed"],
     log:
         "logs/prepare_embedded_reviews.log",
     conda:
         "../envs/data.yaml"
+    params:
+        max_reviews=config["embedded"].get("max_reviews") or 0,
+        seed=config["seed"],
     shell:
         "npm-repro prepare-embedded reviews --max-articles {params.max_reviews} --seed {params.seed}"
         " --out {output.kilt} > {log} 2>&1"
@@ -163,13 +163,13 @@ rule prepare_embedded_tasks:
     are labelled in each task's SOURCE.md."""
     output:
         directory("data/tasks"),
-    params:
-        max_articles=config["embedded"]["max_articles"] or 0,
-        seed=config["seed"],
     log:
         "logs/prepare_embedded_tasks.log",
     conda:
         "../envs/data.yaml"
+    params:
+        max_articles=config["embedded"]["max_articles"] or 0,
+        seed=config["seed"],
     shell:
         "npm-repro prepare-embedded tasks --max-articles {params.max_articles} --seed {params.seed}"
         " --out {output} > {log} 2>&1"
@@ -197,17 +197,17 @@ rule extract_documents:
     output:
         docs="data/docs/{corpus}.jsonl.gz",
         summary="data/docs/{corpus}.summary.json",
-    params:
-        format=lambda wc: source(wc.corpus)["format"],
-        source=source_arg,
-        package=source_package,
-    priority: DATA_PRIORITY
     log:
         "logs/extract_documents/{corpus}.log",
     benchmark:
         "results/benchmarks/rules/extract_documents/{corpus}.tsv"
+    priority: DATA_PRIORITY
     conda:
         "../envs/data.yaml"
+    params:
+        format=lambda wc: source(wc.corpus)["format"],
+        source=source_arg,
+        package=source_package,
     shell:
         "npm-repro extract-documents --format {params.format} --source {params.source:q}"
         " --out {output.docs} --summary {output.summary} > {log} 2>&1"
@@ -219,16 +219,16 @@ rule shard_documents:
         "data/docs/{corpus}.jsonl.gz",
     output:
         shards=directory("data/docs/{corpus}.shards"),
+    log:
+        "logs/shard_documents/{corpus}.log",
+    priority: DATA_PRIORITY
+    conda:
+        "../envs/data.yaml"
     params:
         n=lambda wc: n_shards(wc.corpus),
         shuffle=lambda wc: "--shuffle" if source(wc.corpus).get("shuffle", True) else "--no-shuffle",
         seed=config["seed"],
         buffer=config["data"]["shuffle_buffer"],
-    priority: DATA_PRIORITY
-    log:
-        "logs/shard_documents/{corpus}.log",
-    conda:
-        "../envs/data.yaml"
     shell:
         "npm-repro shard-documents --docs {input} --out-dir {output.shards} --shards {params.n}"
         " {params.shuffle} --seed {params.seed} --buffer-size {params.buffer} > {log} 2>&1"
@@ -242,18 +242,18 @@ rule tokenize_blocks:
     output:
         blocks="data/blocks/{corpus}/shard{shard}.npz",
         summary="data/blocks/{corpus}/shard{shard}.summary.json",
-    wildcard_constraints:
-        corpus=TOKENIZED_PATTERN,
-    params:
-        tokenizer=TOKENIZER,
-        max_len=config["data"]["max_seq_length"],
-    priority: DATA_PRIORITY
     log:
         "logs/tokenize_blocks/{corpus}/shard{shard}.log",
     benchmark:
         "results/benchmarks/rules/tokenize_blocks/{corpus}/shard{shard}.tsv"
+    wildcard_constraints:
+        corpus=TOKENIZED_PATTERN,
+    priority: DATA_PRIORITY
     conda:
         "../envs/data.yaml"
+    params:
+        tokenizer=TOKENIZER,
+        max_len=config["data"]["max_seq_length"],
     shell:
         "npm-repro tokenize-blocks --docs {input.docs}/shard{wildcards.shard}.jsonl.gz --tokenizer {params.tokenizer:q}"
         " --max-seq-length {params.max_len} --out {output.blocks} --summary {output.summary} > {log} 2>&1"
@@ -266,15 +266,15 @@ rule subsample_corpus:
     output:
         blocks="data/blocks/{corpus}/shard0.npz",
         summary="data/blocks/{corpus}/shard0.summary.json",
+    log:
+        "logs/subsample_corpus/{corpus}.log",
     wildcard_constraints:
         corpus=r"[A-Za-z0-9_]+_p[0-9]+",
+    conda:
+        "../envs/data.yaml"
     params:
         percent=lambda wc: subsample_of(wc.corpus)[1],
         seed=config["ablation"]["seed"],
-    log:
-        "logs/subsample_corpus/{corpus}.log",
-    conda:
-        "../envs/data.yaml"
     shell:
         "npm-repro subsample-blocks --blocks {input} --percent {params.percent} --seed {params.seed}"
         " --out {output.blocks} --summary {output.summary} > {log} 2>&1"
@@ -287,14 +287,14 @@ rule batch_blocks:
     output:
         batches="data/batches/{corpus}/shard{shard}.npz",
         summary="data/batches/{corpus}/shard{shard}.summary.json",
+    log:
+        "logs/batch_blocks/{corpus}/shard{shard}.log",
+    priority: DATA_PRIORITY
+    conda:
+        "../envs/data.yaml"
     params:
         batch_size=config["data"]["batch_size"],
         batching=lambda wc: source(wc.corpus).get("batching", "rollover"),
-    priority: DATA_PRIORITY
-    log:
-        "logs/batch_blocks/{corpus}/shard{shard}.log",
-    conda:
-        "../envs/data.yaml"
     shell:
         "npm-repro batch-blocks --blocks {input} --batch-size {params.batch_size} --batching {params.batching}"
         " --out {output.batches} --summary {output.summary} > {log} 2>&1"
@@ -308,15 +308,15 @@ rule mask_batches:
     output:
         masked="data/masked/{corpus}/shard{shard}.{mode}.npz",
         summary="data/masked/{corpus}/shard{shard}.{mode}.summary.json",
-    params:
-        m=config["masking"],
-    priority: DATA_PRIORITY
     log:
         "logs/mask_batches/{corpus}/shard{shard}.{mode}.log",
     benchmark:
         "results/benchmarks/rules/mask_batches/{corpus}/shard{shard}.{mode}.tsv"
+    priority: DATA_PRIORITY
     conda:
         "../envs/data.yaml"
+    params:
+        m=config["masking"],
     shell:
         "npm-repro mask-batches --blocks {input.blocks} --batches {input.batches} --mode {wildcards.mode}"
         " --seed {params.m[seed]} --ratio {params.m[ratio]} --p {params.m[p]}"

@@ -14,13 +14,13 @@ use rule tokenize_blocks as densephrases_tokenize_blocks with:
     output:
         blocks="data/densephrases/blocks/{corpus}/shard{shard}.npz",
         summary="data/densephrases/blocks/{corpus}/shard{shard}.summary.json",
-    params:
-        tokenizer=DP_ENCODER,
-        max_len=config["data"]["max_seq_length"],
     log:
         "logs/densephrases/tokenize_blocks/{corpus}/shard{shard}.log",
     benchmark:
         "results/benchmarks/rules/densephrases_tokenize_blocks/{corpus}/shard{shard}.tsv"
+    params:
+        tokenizer=DP_ENCODER,
+        max_len=config["data"]["max_seq_length"],
 
 
 rule densephrases_manual_file:
@@ -28,10 +28,10 @@ rule densephrases_manual_file:
     JSONL questions); this job only fails with that instruction, so that `snakemake -n` still plans the whole DAG."""
     output:
         "{dp_manual}",
-    wildcard_constraints:
-        dp_manual=DP_MANUAL_PATTERN,
     log:
         "logs/densephrases/manual_file/{dp_manual}.log",
+    wildcard_constraints:
+        dp_manual=DP_MANUAL_PATTERN,
     conda:
         "../envs/data.yaml"
     shell:
@@ -47,13 +47,13 @@ rule densephrases_rc:
         **{split: f"data/densephrases/rc/{split}.json" for split in ("train", "dev", "test")},
         cloze_train="data/densephrases/rc/cloze_train.jsonl",
         cloze_dev="data/densephrases/rc/cloze_dev.jsonl",
-    params:
-        max_articles=config["embedded"]["max_articles"] or 0,
-        seed=config["seed"],
     log:
         "logs/densephrases/rc.log",
     conda:
         "../envs/data.yaml"
+    params:
+        max_articles=config["embedded"]["max_articles"] or 0,
+        seed=config["seed"],
     shell:
         "npm-repro densephrases rc --max-articles {params.max_articles} --seed {params.seed}"
         " --out-dir data/densephrases/rc > {log} 2>&1"
@@ -65,6 +65,17 @@ rule densephrases_train_teacher:
         train=lambda wc: dp_rc("train"),
     output:
         directory("results/densephrases/teacher"),
+    log:
+        "logs/densephrases/train_teacher.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_train_teacher.tsv"
+    conda:
+        "../envs/train.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=720,
     params:
         tracking=tracking_args,
         t=lambda wc: DP["teacher"],
@@ -72,17 +83,6 @@ rule densephrases_train_teacher:
         lengths=DP_LENGTHS,
         seed=config["seed"],
         compute=DP_COMPUTE,
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
-    log:
-        "logs/densephrases/train_teacher.log",
-    benchmark:
-        "results/benchmarks/rules/densephrases_train_teacher.tsv"
-    conda:
-        "../envs/train.yaml"
     shell:
         "npm-repro densephrases train-teacher --encoder {params.encoder:q} --train {input.train} --out {output}"
         " --checkpoint-dir results/checkpoints/densephrases_teacher --epochs {params.t[epochs]}"
@@ -98,18 +98,18 @@ rule densephrases_filter:
         teacher="results/densephrases/teacher",
     output:
         "data/densephrases/rc/train.filtered.json",
-    params:
-        lengths=DP_LENGTHS,
-        compute=DP_COMPUTE,
+    log:
+        "logs/densephrases/filter.log",
+    conda:
+        "../envs/train.yaml"
     threads: 1
     resources:
         gpu=1,
         mem_mb=32000,
         runtime=240,
-    log:
-        "logs/densephrases/filter.log",
-    conda:
-        "../envs/train.yaml"
+    params:
+        lengths=DP_LENGTHS,
+        compute=DP_COMPUTE,
     shell:
         "npm-repro densephrases filter --teacher {input.teacher} --train {input.train} --out {output}"
         " {params.lengths} {params.compute} > {log} 2>&1"
@@ -123,8 +123,19 @@ rule densephrases_train:
         teacher=lambda wc: ["results/densephrases/teacher"] if DP["train"]["lambda_distill"] else [],
     output:
         directory("results/densephrases/model_{negatives}"),
+    log:
+        "logs/densephrases/train_{negatives}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_train/{negatives}.tsv"
     wildcard_constraints:
         negatives="none|in_batch|pre_batch",
+    conda:
+        "../envs/train.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=1440,
     params:
         tracking=tracking_args,
         t=lambda wc: DP["train"],
@@ -133,17 +144,6 @@ rule densephrases_train:
         seed=config["seed"],
         compute=DP_COMPUTE,
         teacher=lambda wc, input: f"--teacher {input.teacher}" if input.teacher else "",
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=1440,
-    log:
-        "logs/densephrases/train_{negatives}.log",
-    benchmark:
-        "results/benchmarks/rules/densephrases_train/{negatives}.tsv"
-    conda:
-        "../envs/train.yaml"
     shell:
         "npm-repro densephrases train --encoder {params.encoder:q} --train {input.train} {params.teacher}"
         " --out {output} --checkpoint-dir results/checkpoints/densephrases --negatives {wildcards.negatives}"
@@ -162,23 +162,23 @@ rule densephrases_dump:
         blocks=lambda wc: dp_blocks(wc.corpus)[int(wc.shard)],
     output:
         "data/densephrases/dump/{negatives}/{corpus}/shard{shard}/meta.json",
+    log:
+        "logs/densephrases/dump/{negatives}/{corpus}/shard{shard}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_dump/{negatives}/{corpus}/shard{shard}.tsv"
     wildcard_constraints:
         negatives="none|in_batch|pre_batch",
-    params:
-        folder=lambda wc, output: Path(output[0]).parent.parent,
-        threshold=lambda wc: "" if DP["filter_threshold"] is None else f"--filter-threshold {DP['filter_threshold']}",
-        compute=DP_COMPUTE,
+    conda:
+        "../envs/eval.yaml"
     threads: 1
     resources:
         gpu=1,
         mem_mb=64000,
         runtime=720,
-    log:
-        "logs/densephrases/dump/{negatives}/{corpus}/shard{shard}.log",
-    benchmark:
-        "results/benchmarks/rules/densephrases_dump/{negatives}/{corpus}/shard{shard}.tsv"
-    conda:
-        "../envs/eval.yaml"
+    params:
+        folder=lambda wc, output: Path(output[0]).parent.parent,
+        threshold=lambda wc: "" if DP["filter_threshold"] is None else f"--filter-threshold {DP['filter_threshold']}",
+        compute=DP_COMPUTE,
     shell:
         "npm-repro densephrases dump --model {input.model} --blocks {input.blocks} --out {params.folder}"
         " --shard {wildcards.shard} {params.threshold} {params.compute} > {log} 2>&1"
@@ -191,15 +191,15 @@ rule densephrases_combine:
         lambda wc: [dp_dump_shard(wc.negatives, wc.corpus, k) for k in range(len(dp_blocks(wc.corpus)))],
     output:
         "data/densephrases/dump/{negatives}/{corpus}/meta.json",
+    log:
+        "logs/densephrases/combine/{negatives}/{corpus}.log",
     wildcard_constraints:
         negatives="none|in_batch|pre_batch",
+    conda:
+        "../envs/data.yaml"  # CPU job: reads the shards' meta.json files
     params:
         folder=lambda wc, output: Path(output[0]).parent,
         shards=lambda wc, input: len(input),
-    log:
-        "logs/densephrases/combine/{negatives}/{corpus}.log",
-    conda:
-        "../envs/data.yaml"  # CPU job: reads the shards' meta.json files
     shell:
         "npm-repro densephrases combine --dump {params.folder} --shards {params.shards} > {log} 2>&1"
 
@@ -213,23 +213,23 @@ rule densephrases_index:
     output:
         index="data/densephrases/index/{negatives}/{corpus}/{index}.faiss",
         sidecar="data/densephrases/index/{negatives}/{corpus}/{index}.faiss.json",
-    params:
-        factory=lambda wc: DP_INDEXES[wc.index],
-        folder=lambda wc, input: Path(input[0]).parent,
-        nprobe=lambda wc: DP["nprobe"],
-        train_sample=lambda wc: DP["index_train_sample"],
-        seed=config["seed"],
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
     log:
         "logs/densephrases/index/{negatives}/{corpus}/{index}.log",
     benchmark:
         "results/benchmarks/rules/densephrases_index/{negatives}/{corpus}/{index}.tsv"
     conda:
         "../envs/embed.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=64000,
+        runtime=720,
+    params:
+        factory=lambda wc: DP_INDEXES[wc.index],
+        folder=lambda wc, input: Path(input[0]).parent,
+        nprobe=lambda wc: DP["nprobe"],
+        train_sample=lambda wc: DP["index_train_sample"],
+        seed=config["seed"],
     shell:
         "npm-repro densephrases index --dump {params.folder} --out {output.index} --factory {params.factory:q}"
         " --nprobe {params.nprobe} --train-sample {params.train_sample} --seed {params.seed}"
@@ -246,6 +246,17 @@ rule densephrases_query_ft:
         dev=lambda wc: dp_qft("dev"),
     output:
         directory("results/densephrases/model_{negatives}_qft"),
+    log:
+        "logs/densephrases/query_ft_{negatives}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_query_ft/{negatives}.tsv"
+    conda:
+        "../envs/train.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=720,
     params:
         tracking=tracking_args,
         q=lambda wc: DP["query_ft"],
@@ -254,17 +265,6 @@ rule densephrases_query_ft:
         max_words=INFERENCE.phrase_max_words,
         seed=config["seed"],
         compute=DP_COMPUTE,
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
-    log:
-        "logs/densephrases/query_ft_{negatives}.log",
-    benchmark:
-        "results/benchmarks/rules/densephrases_query_ft/{negatives}.tsv"
-    conda:
-        "../envs/train.yaml"
     shell:
         "npm-repro densephrases query-ft --model {input.model} --dump {params.dump} --index {input.index}"
         " --train {input.train} {params.dev} --out {output} --k {params.q[k]} --max-words {params.max_words}"
@@ -283,25 +283,25 @@ rule densephrases_evaluate_rc:
         teacher="results/densephrases/teacher",
     output:
         "results/densephrases/eval/{negatives}/rc.json",
+    log:
+        "logs/densephrases/evaluate_rc/{negatives}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_evaluate_rc/{negatives}.tsv"
     wildcard_constraints:
         negatives="none|in_batch|pre_batch",
+    conda:
+        "../envs/eval.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=16000,
+        runtime=240,
     params:
         tracking=tracking_args,
         teacher=lambda wc, input: f"--teacher {input.teacher}" if wc.negatives == DP_NEGATIVES else "",
         pool=lambda wc, input: f"--d-small-pool {input.pool}" if input.pool else "",
         lengths=DP_LENGTHS,
         compute=DP_COMPUTE,
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=16000,
-        runtime=240,
-    log:
-        "logs/densephrases/evaluate_rc/{negatives}.log",
-    benchmark:
-        "results/benchmarks/rules/densephrases_evaluate_rc/{negatives}.tsv"
-    conda:
-        "../envs/eval.yaml"
     shell:
         "npm-repro densephrases evaluate --model {input.model} --rc {input.rc} {params.pool} {params.teacher}"
         " {params.lengths} {params.compute} --out {output} {params.tracking} > {log} 2>&1"
@@ -313,9 +313,20 @@ rule densephrases_evaluate:
         unpack(dp_evaluate_inputs),
     output:
         "results/densephrases/eval/{variant}/{index}.json",
+    log:
+        "logs/densephrases/evaluate/{variant}/{index}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_evaluate/{variant}/{index}.tsv"
     wildcard_constraints:
         variant="(none|in_batch|pre_batch)(_qft)?",
         index="|".join(DP_INDEXES) or "^$",
+    conda:
+        "../envs/eval.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=720,
     params:
         tracking=tracking_args,
         dump=lambda wc, input: Path(input.dump).parent,
@@ -323,17 +334,6 @@ rule densephrases_evaluate:
         lengths=DP_LENGTHS,
         search=lambda wc: dp_search_args(),
         compute=DP_COMPUTE,
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
-    log:
-        "logs/densephrases/evaluate/{variant}/{index}.log",
-    benchmark:
-        "results/benchmarks/rules/densephrases_evaluate/{variant}/{index}.tsv"
-    conda:
-        "../envs/eval.yaml"
     shell:
         "npm-repro densephrases evaluate --model {input.model} --dump {params.dump} --index {input.index}"
         " --task {params.tasks} --tasks-root data/tasks {params.search} {params.lengths} {params.compute}"
@@ -347,11 +347,11 @@ rule densephrases_report:
     output:
         csv=report("results/tables/densephrases.csv", category="Tables", caption="../report/densephrases.rst"),
         md="results/tables/densephrases.md",
-    params:
-        tracking=tracking_args,
     log:
         "logs/densephrases/report.log",
     conda:
         "../envs/report.yaml"
+    params:
+        tracking=tracking_args,
     shell:
         "npm-repro report densephrases --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"

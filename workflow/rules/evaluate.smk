@@ -34,11 +34,24 @@ for _name, _pairs in evaluation_groups().items():
         name:
             _name
         input:
-            unpack(lambda wc, first=_first, pairs=_pairs:
-                   evaluate_inputs(first) | {"tasks": task_inputs([t for t, _ in pairs], run_needs(first)[0])}),
+            unpack(
+                lambda wc, first=_first, pairs=_pairs: evaluate_inputs(first)
+                | {"tasks": task_inputs([t for t, _ in pairs], run_needs(first)[0])}
+            ),
         output:
             predictions=[f"results/predictions/{t}/{r}.jsonl" for t, r in _pairs],
             metrics=[f"results/metrics/{t}/{r}.json" for t, r in _pairs],
+        log:
+            f"logs/evaluate/{_name}.log",
+        benchmark:
+            f"results/benchmarks/rules/evaluate/{_name}.tsv"
+        conda:
+            "../envs/eval.yaml"
+        threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
+        resources:
+            gpu=1,
+            mem_mb=64000,
+            runtime=720,
         params:
             tracking=tracking_args,
             tasks=" ".join(t for t, _ in _pairs),
@@ -47,17 +60,6 @@ for _name, _pairs in evaluation_groups().items():
             n=n_samples_arg(),
             settings=to_args(config.get("inference")),
             tokenizer=TOKENIZER,
-        threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
-        resources:
-            gpu=1,
-            mem_mb=64000,
-            runtime=720,
-        log:
-            f"logs/evaluate/{_name}.log",
-        benchmark:
-            f"results/benchmarks/rules/evaluate/{_name}.tsv"
-        conda:
-            "../envs/eval.yaml"
         shell:
             EVALUATE_SHELL
 
@@ -69,8 +71,19 @@ rule evaluate:
     output:
         predictions="results/predictions/{task}/{run}.jsonl",
         metrics="results/metrics/{task}/{run}.json",
+    log:
+        "logs/evaluate/{task}/{run}.log",
+    benchmark:
+        "results/benchmarks/rules/evaluate/{task}/{run}.tsv"
     wildcard_constraints:
         run=rf"({'|'.join(SYSTEMS)})(@[A-Za-z0-9_]+)?",
+    conda:
+        "../envs/eval.yaml"
+    threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
+    resources:
+        gpu=1,
+        mem_mb=64000,
+        runtime=720,
     params:
         tracking=tracking_args,
         tasks=lambda wc: wc.task,
@@ -79,17 +92,6 @@ rule evaluate:
         n=n_samples_arg(),
         settings=to_args(config.get("inference")),
         tokenizer=TOKENIZER,
-    threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
-    resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
-    log:
-        "logs/evaluate/{task}/{run}.log",
-    benchmark:
-        "results/benchmarks/rules/evaluate/{task}/{run}.tsv"
-    conda:
-        "../envs/eval.yaml"
     shell:
         EVALUATE_SHELL
 
@@ -102,8 +104,17 @@ rule evaluate_negative_control:
     output:
         predictions="results/control/predictions/{task}/{run}.jsonl",
         metrics="results/control/metrics/{task}/{run}.json",
+    log:
+        "logs/evaluate_negative_control/{task}/{run}.log",
     wildcard_constraints:
         run="npm|npm_single|npm_faiss",
+    conda:
+        "../envs/eval.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=64000,
+        runtime=720,
     params:
         tracking=tracking_args,
         tasks=lambda wc: wc.task,
@@ -112,15 +123,6 @@ rule evaluate_negative_control:
         n=n_samples_arg(),
         settings=to_args(config.get("inference")),
         tokenizer=TOKENIZER,
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
-    log:
-        "logs/evaluate_negative_control/{task}/{run}.log",
-    conda:
-        "../envs/eval.yaml"
     shell:
         EVALUATE_SHELL
 
@@ -129,7 +131,8 @@ rule negative_control:
     """`snakemake negative_control`: NPM's cells on shuffled vectors, checked against the expected bands; fails unless
     the check FAILs some of them (a check that passes a broken NPM cannot tell right from wrong)."""
     input:
-        metrics(EVAL["closed_set_tasks"], ["npm"], control=True) + metrics(EVAL["open_set_tasks"], ["npm"], control=True),
+        metrics(EVAL["closed_set_tasks"], ["npm"], control=True)
+        + metrics(EVAL["open_set_tasks"], ["npm"], control=True),
     output:
         "results/control/check.txt",
     log:

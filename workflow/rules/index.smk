@@ -9,20 +9,20 @@ rule build_faiss_index:
     output:
         index="data/index/{model}/{corpus}.faiss",
         sidecar="data/index/{model}/{corpus}.faiss.json",
-    params:
-        datastore=datastore_dir,
-        d=config["datastore"],
-    resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=240,
-        cpus_per_task=8,
     log:
         "logs/build_faiss_index/{model}/{corpus}.log",
     benchmark:
         "results/benchmarks/rules/build_faiss_index/{model}/{corpus}.tsv"
     conda:
         "../envs/embed.yaml"
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=240,
+        cpus_per_task=8,
+    params:
+        datastore=datastore_dir,
+        d=config["datastore"],
     shell:
         "npm-repro build-faiss-index --datastore {params.datastore} --out {output.index} --factory {params.d[faiss_factory]:q}"
         " --train-sample {params.d[faiss_train_sample]} --nprobe {params.d[nprobe]} --ef-search {params.d[ef_search]}"
@@ -37,19 +37,19 @@ rule build_bm25_index:
         tokenizer=TOKENIZER_INPUT if config["datastore"]["bm25_markers"] else [],
     output:
         directory("data/bm25/{corpus}"),
-    params:
-        markers="--markers" if config["datastore"]["bm25_markers"] else "--no-markers",
-        tokenizer=TOKENIZER,
-    resources:
-        mem_mb=16000,
-        runtime=240,
-        cpus_per_task=1,
     log:
         "logs/build_bm25_index/{corpus}.log",
     benchmark:
         "results/benchmarks/rules/build_bm25_index/{corpus}.tsv"
     conda:
         "../envs/bm25.yaml"
+    resources:
+        mem_mb=16000,
+        runtime=240,
+        cpus_per_task=1,
+    params:
+        markers="--markers" if config["datastore"]["bm25_markers"] else "--no-markers",
+        tokenizer=TOKENIZER,
     shell:
         "npm-repro build-bm25-index --blocks {input.blocks} --out {output} {params.markers}"
         " --tokenizer {params.tokenizer:q} > {log} 2>&1"

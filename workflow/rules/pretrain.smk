@@ -13,6 +13,18 @@ rule pretrain:
         tokenizer=TOKENIZER_INPUT,
     output:
         directory("results/models/{model}"),
+    log:
+        "logs/pretrain/{model}.log",
+    benchmark:
+        "results/benchmarks/rules/pretrain/{model}.tsv"
+    priority: 10  # the head of the longest chain (pretrain -> embed -> evaluate): start it before the decoders
+    conda:
+        "../envs/train.yaml"
+    resources:
+        gpu=config["training"]["gpus_per_node"],
+        mem_mb=64000,
+        runtime=4320,
+        cpus_per_task=8,
     params:
         tracking=tracking_args,
         encoder=config["model"]["encoder"],
@@ -22,18 +34,6 @@ rule pretrain:
         pad_to=config["training"]["pad_to"] or 0,
         compile="--compile" if config["training"]["compile"] else "",
         launcher=torch_launcher,
-    resources:
-        gpu=config["training"]["gpus_per_node"],
-        mem_mb=64000,
-        runtime=4320,
-        cpus_per_task=8,
-    priority: 10  # the head of the longest chain (pretrain -> embed -> evaluate): start it before the decoders
-    log:
-        "logs/pretrain/{model}.log",
-    benchmark:
-        "results/benchmarks/rules/pretrain/{model}.tsv"
-    conda:
-        "../envs/train.yaml"
     shell:
         "{params.launcher} train --model-type {wildcards.model} --encoder {params.encoder:q}"
         " --tokenizer {params.tokenizer:q} --blocks {input.blocks} --masked {input.masked}"

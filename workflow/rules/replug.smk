@@ -8,13 +8,13 @@ use rule tokenize_blocks as replug_tokenize_blocks with:
     output:
         blocks="data/replug/blocks/{corpus}/shard{shard}.npz",
         summary="data/replug/blocks/{corpus}/shard{shard}.summary.json",
-    params:
-        tokenizer=REPLUG_ENCODER,
-        max_len=config["data"]["max_seq_length"],
     log:
         "logs/replug/tokenize_blocks/{corpus}/shard{shard}.log",
     benchmark:
         "results/benchmarks/rules/replug_tokenize_blocks/{corpus}/shard{shard}.tsv"
+    params:
+        tokenizer=REPLUG_ENCODER,
+        max_len=config["data"]["max_seq_length"],
 
 
 rule replug_texts:
@@ -24,13 +24,13 @@ rule replug_texts:
         corpus=lambda wc: f"data/docs/{REPLUG['corpus']}.jsonl.gz",
     output:
         "data/replug/texts.jsonl",
-    params:
-        r=REPLUG,
-        seed=config["seed"],
     log:
         "logs/replug/texts.log",
     conda:
         "../envs/data.yaml"
+    params:
+        r=REPLUG,
+        seed=config["seed"],
     shell:
         "npm-repro replug texts --articles {input.articles} --corpus {input.corpus} --n-texts {params.r[n_texts]}"
         " --max-chars {params.r[max_chars]} --seed {params.seed} --out {output} > {log} 2>&1"
@@ -44,13 +44,13 @@ rule replug_queries:
         exclude="data/replug/texts.jsonl",
     output:
         "data/replug/lsr_queries.jsonl",
-    params:
-        lsr=lambda wc: REPLUG["lsr"],
-        seed=config["seed"],
     log:
         "logs/replug/queries.log",
     conda:
         "../envs/data.yaml"
+    params:
+        lsr=lambda wc: REPLUG["lsr"],
+        seed=config["seed"],
     shell:
         "npm-repro replug queries --articles {input.articles} --corpus {input.corpus} --exclude {input.exclude}"
         " --n-queries {params.lsr[n_queries]} --chars {params.lsr[chars]} --seed {params.seed} --out {output}"
@@ -66,6 +66,17 @@ rule replug_train_lsr:
         lm=lambda wc: model_input("lm"),
     output:
         directory("results/models/replug_lsr"),
+    log:
+        "logs/replug/train_lsr.log",
+    benchmark:
+        "results/benchmarks/rules/replug_train_lsr.tsv"
+    conda:
+        "../envs/eval.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=1440,
     params:
         tracking=tracking_args,
         lsr=lambda wc: REPLUG["lsr"],
@@ -73,17 +84,6 @@ rule replug_train_lsr:
         lm=lambda wc: model_name("lm"),
         encoder=REPLUG_ENCODER,
         seed=config["seed"],
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=1440,
-    log:
-        "logs/replug/train_lsr.log",
-    benchmark:
-        "results/benchmarks/rules/replug_train_lsr.tsv"
-    conda:
-        "../envs/eval.yaml"
     shell:
         "npm-repro replug train-lsr --encoder {params.encoder:q} --lm {params.lm:q} --blocks {input.blocks}"
         " --queries {input.queries} --out {output} --checkpoint-dir results/checkpoints/replug_lsr"
@@ -105,6 +105,17 @@ rule replug_eval_lm:
         lsr="results/models/replug_lsr",
     output:
         "results/replug/lm_eval.json",
+    log:
+        "logs/replug/eval_lm.log",
+    benchmark:
+        "results/benchmarks/rules/replug_eval_lm.tsv"
+    conda:
+        "../envs/eval.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=720,
     params:
         tracking=tracking_args,
         r=REPLUG,
@@ -113,17 +124,6 @@ rule replug_eval_lm:
         k=lambda wc: " ".join(str(k) for k in REPLUG["k"]),
         concat=lambda wc: "--concat" if REPLUG.get("concat") else "",
         seed=config["seed"],
-    threads: 1
-    resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
-    log:
-        "logs/replug/eval_lm.log",
-    benchmark:
-        "results/benchmarks/rules/replug_eval_lm.tsv"
-    conda:
-        "../envs/eval.yaml"
     shell:
         "npm-repro replug eval-lm --lm {params.lm:q} --texts {input.texts} --blocks {input.blocks}"
         " --corpus {params.r[corpus]} --retriever dense --encoder {params.encoder:q} --score {params.r[score]}"

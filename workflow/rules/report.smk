@@ -25,12 +25,12 @@ rule table1:
     output:
         csv=report("results/tables/table1.csv", category="Tables", caption="../report/table1.rst"),
         md="results/tables/table1.md",
-    params:
-        tracking=tracking_args,
     log:
         "logs/report/table1.log",
     conda:
         "../envs/report.yaml"
+    params:
+        tracking=tracking_args,
     shell:
         "npm-repro report table1 --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"
 
@@ -42,13 +42,13 @@ rule table2:
     output:
         csv=report("results/tables/table2.csv", category="Tables", caption="../report/table2.rst"),
         md="results/tables/table2.md",
-    params:
-        tracking=tracking_args,
-        outdated=lambda wc: outdated_corpus(TEMPLAMA_TASKS[0]) if TEMPLAMA_TASKS else "enwiki",
     log:
         "logs/report/table2.log",
     conda:
         "../envs/report.yaml"
+    params:
+        tracking=tracking_args,
+        outdated=lambda wc: outdated_corpus(TEMPLAMA_TASKS[0]) if TEMPLAMA_TASKS else "enwiki",
     shell:
         "npm-repro report table2 --metrics {input} --outdated-corpus {params.outdated} --out {output.csv} {params.tracking} > {log} 2>&1"
 
@@ -60,12 +60,12 @@ rule table3:
     output:
         csv=report("results/tables/table3.csv", category="Tables", caption="../report/table3.rst"),
         md="results/tables/table3.md",
-    params:
-        tracking=tracking_args,
     log:
         "logs/report/table3.log",
     conda:
         "../envs/report.yaml"
+    params:
+        tracking=tracking_args,
     shell:
         "npm-repro report table3 --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"
 
@@ -77,12 +77,12 @@ rule table4:
     output:
         csv=report("results/tables/table4.csv", category="Tables", caption="../report/table4.rst"),
         md="results/tables/table4.md",
-    params:
-        tracking=tracking_args,
     log:
         "logs/report/table4.log",
     conda:
         "../envs/report.yaml"
+    params:
+        tracking=tracking_args,
     shell:
         "npm-repro report table4 --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"
 
@@ -94,12 +94,12 @@ rule table8:
     output:
         csv=report("results/tables/table8.csv", category="Tables", caption="../report/table8.rst"),
         md="results/tables/table8.md",
-    params:
-        tracking=tracking_args,
     log:
         "logs/report/table8.log",
     conda:
         "../envs/report.yaml"
+    params:
+        tracking=tracking_args,
     shell:
         "npm-repro report table8 --metrics {input} --out {output.csv} {params.tracking} > {log} 2>&1"
 
@@ -137,18 +137,20 @@ rule figure7:
 rule figure8:
     """Figure 8: exact match by the number of subword splits of the answer (knowledge tasks)."""
     input:
-        predictions=[p.replace("results/metrics", "results/predictions").replace(".json", ".jsonl")
-                     for p in metrics(TABLE8_TASKS, EVAL["open_set_systems"])],
+        predictions=[
+            p.replace("results/metrics", "results/predictions").replace(".json", ".jsonl")
+            for p in metrics(TABLE8_TASKS, EVAL["open_set_systems"])
+        ],
         tokenizer=TOKENIZER_INPUT,
     output:
         pdf=report("results/figures/figure8.pdf", category="Figures", caption="../report/figure8.rst"),
         png=report("results/figures/figure8.png", category="Figures", caption="../report/figure8.rst"),
-    params:
-        tokenizer=TOKENIZER,
     log:
         "logs/report/figure8.log",
     conda:
         "../envs/report.yaml"
+    params:
+        tokenizer=TOKENIZER,
     shell:
         "npm-repro report figure8 --predictions {input.predictions} --tokenizer {params.tokenizer:q} --out {output.pdf} > {log} 2>&1"
 
@@ -175,11 +177,11 @@ rule resolved_config:
     """The configuration this run used (config file + schema defaults), with the git commit, for the report."""
     output:
         report("results/config.yaml", category="Configuration", caption="../report/config.rst"),
-    params:
-        config=config,
     log:
         "logs/report/config.log",
     conda:
         "../envs/report.yaml"
+    params:
+        config=config,
     script:
         "../scripts/write_config.py"

@@ -21,16 +21,16 @@ rule download_task_file:
     config/tasks.yaml `checksums` knows it; a later download is checked against the task folder's SOURCE.json)."""
     output:
         "{task_download}",
+    log:
+        "logs/download_task_file/{task_download}.log",
     wildcard_constraints:
         task_download="|".join(re.escape(path) for path in TASK_DOWNLOADS) or "(?!)",
+    conda:
+        "../envs/data.yaml"
     params:
         url=lambda wc: TASK_DOWNLOADS[wc.task_download],
         sha256=lambda wc: TASK_CHECKSUMS.get(TASK_DOWNLOADS[wc.task_download], ""),
         mirror=MIRROR_ARG,
-    log:
-        "logs/download_task_file/{task_download}.log",
-    conda:
-        "../envs/data.yaml"
     shell:
         "npm-repro download --url {params.url:q} --sha256 '{params.sha256}' --out {output} {params.mirror}"
         " > {log} 2>&1"
@@ -43,14 +43,14 @@ rule download_task:
         lambda wc: [str(cache_path(url)) for url in TASK_REGISTRY[wc.task].urls],
     output:
         f"data/tasks/{{task}}/{TASK_COMPLETE}",
-    wildcard_constraints:
-        task="|".join(TASK_REGISTRY),
-    params:
-        registry=TASK_REGISTRY_FILE,
     log:
         "logs/download_task/{task}.log",
+    wildcard_constraints:
+        task="|".join(TASK_REGISTRY),
     conda:
         "../envs/data.yaml"
+    params:
+        registry=TASK_REGISTRY_FILE,
     shell:
         "npm-repro download-task --task {wildcards.task} --out data/tasks/{wildcards.task}"
         " --registry {params.registry:q} > {log} 2>&1"
@@ -64,13 +64,13 @@ rule download_fuzzy_verbalizers:
         [str(cache_path(FUZZY_URL))] if FUZZY_URL else [],
     output:
         FUZZY_VERBALIZERS,
-    params:
-        registry=TASK_REGISTRY_FILE,
-        out=Path(FUZZY_VERBALIZERS).parent,
     log:
         "logs/download_fuzzy_verbalizers.log",
     conda:
         "../envs/data.yaml"
+    params:
+        registry=TASK_REGISTRY_FILE,
+        out=Path(FUZZY_VERBALIZERS).parent,
     shell:
         "npm-repro download-task --task fuzzy_verbalizers --out {params.out:q} --registry {params.registry:q}"
         " > {log} 2>&1"
