@@ -18,7 +18,7 @@ from pathlib import Path
 from npm.data.batches import build_batches
 from npm.data.blocks import build_blocks
 from npm.data.documents import extract_documents
-from npm.data.embedded import prepare_embedded_wikipedia
+from npm.embedded.corpora import prepare_embedded_wikipedia
 from npm.io import write_summary
 from npm.masking import mask_shard
 

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from npm.data.blocks import tokenize_documents
-from npm.data.embedded import lead_paragraphs, load_leads
 from npm.datastore.embed import batch_inputs, embed_corpus, gather_tokens, plan_batches
 from npm.datastore.store import derive_stopword_ids, load_datastore
+from npm.embedded.corpora import lead_paragraphs, load_leads
 from npm.fingerprint import model_fingerprint
 from npm.io import save_npz, write_summary
 from npm.model import autocast, encode, load_encoder, load_tokenizer

@@ -54,6 +54,7 @@ from train_step import ROBERTA, build_mlm, synthetic_batch, time_steps
 from npm.datastore.faiss_index import build_faiss_index, load_faiss_index, search
 from npm.io import write_summary
 from npm.model import autocast, effective_precision, load_encoder, load_tokenizer, max_input_length
+from npm.settings import TrainingSettings
 from npm.training.collate import collate_phrase
 from npm.training.loop import TrainConfig, compile_encoder, make_optimizer, step_loss
 
@@ -119,8 +120,8 @@ def trainee(folder: str, variant: str, args, device: torch.device):
     model = load_encoder(folder).to(device).train()
     cfg = TrainConfig("npm", folder, [], "", "")
     if variant == "before":
-        return (model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                         weight_decay=cfg.weight_decay), "eager")
+        return (model, torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, betas=cfg.betas, eps=cfg.eps,
+                                         weight_decay=cfg.training.weight_decay), "eager")
     optimizer = make_optimizer(model.parameters(), cfg, device)
     return model, optimizer, compile_encoder(model, args.compile)
 
@@ -131,7 +132,7 @@ def training(folder: str, built, batch_size: int, variant: str, args, device: to
     encoder compiles again once for a new batch shape, then runs shape-generic code) is timed apart."""
     tokenizer = load_tokenizer(folder)
     model, optimizer, mode = built
-    grad_clip = TrainConfig.grad_clip
+    grad_clip = TrainingSettings.grad_clip
     sequences, spans = synthetic_batch(batch_size, args.length, model.config.vocab_size, tokenizer.mask_token_id)
     batch = collate_phrase(sequences, spans, tokenizer.mask_token_id)
     if batch["query_ids"].shape[1] > max_input_length(model, tokenizer):

@@ -30,8 +30,8 @@ import yaml
 from npm.boundaries import SPECIAL, valid_ends, valid_starts
 from npm.data.blocks import build_blocks, load_blocks
 from npm.data.documents import extract_documents
-from npm.data.embedded import prepare_embedded_wikipedia
 from npm.datastore.store import derive_stopword_ids, original_stopword_ids, stored_mask
+from npm.embedded.corpora import prepare_embedded_wikipedia
 from npm.io import resolve_package_path, write_summary
 
 ROOT = Path(__file__).resolve().parents[1]

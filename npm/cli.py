@@ -25,16 +25,17 @@ from npm.io import FolderBusy, resolve_package_path, write_summary
 from npm.settings import (
     FIELDS,
     Settings,
+    TrainingSettings,
     arg_type,
     bounded,
-    nonneg_float,
     nonneg_int,
-    positive_float,
     positive_int,
     positive_share,
     sha256_hex,
     unit_interval,
 )
+from npm.settings import add_arguments as add_settings_arguments
+from npm.settings import from_args as settings_from_args
 
 DEFAULTS = Settings()  # the inference defaults `predict` shares with `evaluate` and the config
 SPAN_SCORES = FIELDS["span_score"].metadata["choices"]
@@ -48,22 +49,30 @@ def _summary(args: argparse.Namespace, summary: dict) -> None:
 
 
 def cmd_prepare_embedded(args):
-    from npm.data import embedded
+    from npm.embedded import corpora
 
     limit = args.max_articles or None
     if args.what == "wikipedia":
-        summary = embedded.prepare_embedded_wikipedia(args.out, max_articles=limit, variant=args.variant)
+        summary = corpora.prepare_embedded_wikipedia(args.out, max_articles=limit, variant=args.variant)
     elif args.what == "ccnews":
-        summary = embedded.prepare_embedded_ccnews(args.out, max_articles=limit)
+        summary = corpora.prepare_embedded_ccnews(args.out, max_articles=limit)
     elif args.what == "reviews":
-        from npm.data.reviews import prepare_embedded_reviews
+        from npm.embedded.reviews import prepare_embedded_reviews
 
         summary = prepare_embedded_reviews(args.out, max_reviews=limit, seed=args.seed)
     else:
-        from npm.tasks.embedded import prepare_embedded_tasks
+        from npm.embedded.tasks import prepare_embedded_tasks
 
         summary = prepare_embedded_tasks(args.out, max_articles=limit, seed=args.seed)
     _summary(args, summary)
+
+
+def cmd_densephrases_rc(args) -> int:
+    """``npm-repro densephrases rc``: the embedded RC set, demo data (npm.embedded.rc), so its handler is here."""
+    from npm.embedded.rc import prepare_embedded_rc
+
+    prepare_embedded_rc(args.out_dir, args.max_articles or None, args.seed)
+    return 0
 
 
 def cmd_download(args):
@@ -164,12 +173,6 @@ def cmd_mask_batches(args):
     _summary(args, summary)
 
 
-def pool_arg(value: str):
-    """--pool of train: "all", "half" or a positive number of sequences (npm.training.gather.parse_pool's values;
-    parsed here without importing torch, which commands that only build the parser, such as report, do not have)."""
-    return value if value in ("all", "half") else positive_int(value)
-
-
 def cmd_train(args):
     from npm.training.loop import TrainConfig, train
 
@@ -182,21 +185,7 @@ def cmd_train(args):
         shards=[(str(b), str(m)) for b, m in zip(args.blocks, args.masked, strict=True)],
         out_dir=str(args.out),
         checkpoint_dir=str(args.checkpoint_dir),
-        steps=args.steps,
-        warmup_steps=args.warmup_steps,
-        schedule_steps=args.schedule_steps or None,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip,
-        precision=args.precision,
-        attention=args.attention,
-        compile=args.compile,
-        pool=args.pool,
-        lines_per_rank=args.lines_per_rank,
-        accumulate=args.accumulate,
-        pad_to=args.pad_to or None,
-        checkpoint_every=args.checkpoint_every,
-        seed=args.seed,
+        training=settings_from_args(args, TrainingSettings),
         resume=args.resume,
     )
     with tracking.from_args(args, "pretrain", args.model_type) as run:
@@ -503,36 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--masked", type=Path, nargs="+", required=True, help="masked batches .npz per shard, same order")
     p.add_argument("--out", type=Path, required=True, help="final save_pretrained folder")
     p.add_argument("--checkpoint-dir", type=Path, required=True, help="resumable checkpoints and the CSV log")
-    p.add_argument("--steps", type=positive_int, default=100_000, help="training steps (paper 4.1: 100,000)")
-    p.add_argument("--warmup-steps", type=nonneg_int, default=4_000, help="linear learning-rate warm-up steps")
-    p.add_argument("--schedule-steps", type=nonneg_int, default=0,
-                   help="the linear decay reaches 0 at this step (0 = --steps)")
-    p.add_argument("--lr", type=positive_float, default=3e-5, help="peak learning rate of AdamW")
-    p.add_argument("--weight-decay", type=nonneg_float, default=0.01, help="AdamW weight decay")
-    p.add_argument("--grad-clip", type=positive_float, default=2.0, help="gradient norm clipping threshold")
-    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16",
-                   help="mixed precision: fp16 | bf16 on GPU; on CPU bf16 where the CPU has it natively, else fp32")
-    p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
-                   help="attention kernels: sdpa (transformers' default; fastest on a GPU) or eager (the plain "
-                        "matrix products of the original code's era; its backward pass is faster on a CPU)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                   help="torch.compile the encoder (faster steps on a GPU after a minute of compiling; the same loss "
-                        "up to rounding; a graph that cannot compile runs eagerly)")
-    p.add_argument("--pool", type=pool_arg, default="half",
-                   help="in-batch candidate pool of the contrastive loss (paper 3.2): all = the targets of every "
-                        "GPU; half = those of this GPU's half of the world, as the original code; or a number of "
-                        "sequences, a group of consecutive GPUs (the paper's: 256 = 16 GPUs x 16)")
-    p.add_argument("--lines-per-rank", type=positive_int, default=1,
-                   help="batch lines each GPU encodes together per micro-step (the original: 1 line of 16 "
-                        "sequences); the GPU's loss is the mean of its lines' losses")
-    p.add_argument("--accumulate", type=positive_int, default=1,
-                   help="micro-steps per optimizer step, gradients accumulated (the paper's 512 sequences per step "
-                        "on fewer GPUs); a pool never spans two micro-steps")
-    p.add_argument("--pad-to", type=nonneg_int, default=0,
-                   help="fixed row length (0 = longest row of the batch; the original code pads to 320)")
-    p.add_argument("--checkpoint-every", type=positive_int, default=10_000, help="steps between resumable checkpoints")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the run (new weights, the mlm baseline's on-the-fly masking)")
+    add_settings_arguments(p, TrainingSettings)
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from the latest checkpoint in --checkpoint-dir if there is one")
     tracking.add_arguments(p)
@@ -658,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_evaluation_cli(sub)
     add_replug_cli(sub)
-    add_densephrases_cli(sub)
+    add_densephrases_cli(sub).choices["rc"].set_defaults(func=cmd_densephrases_rc)
     add_report_cli(sub)
     add_check_cli(sub)
     for command in sub.choices.values():  # a subcommand registered elsewhere with the plain formatter

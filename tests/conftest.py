@@ -72,6 +72,19 @@ def save_tiny_bert(path: str | Path, seed: int = 0) -> str:
     return str(path)
 
 
+def train_config(**kw):
+    """``npm.training.loop.TrainConfig`` of flat keywords: those that are config `training` keys go into its
+    ``TrainingSettings``, the rest (model type, paths, resume ...) are the run's own."""
+    from dataclasses import fields
+
+    from npm.settings import TrainingSettings
+    from npm.training.loop import TrainConfig
+
+    names = {f.name for f in fields(TrainingSettings)}
+    return TrainConfig(training=TrainingSettings(**{k: v for k, v in kw.items() if k in names}),
+                       **{k: v for k, v in kw.items() if k not in names})
+
+
 def build_tiny_corpus(folder: str | Path, model: str, lines: list[str]) -> dict[str, str]:
     """Blocks (<= 64 tokens), datastore, exact FAISS index and BM25 index of ``lines`` under ``folder``, built with the
     real entry points; returns the paths (``blocks``, ``ds``, ``faiss``, ``bm25``)."""

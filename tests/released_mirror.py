@@ -9,7 +9,7 @@ laid out as ``ROOT/HOST/PATH`` for ``npm-repro mirror`` / npm.data.mirror (docs/
   valid positions, its decoded-string rule) and, for Wikipedia, ``X.jsonl`` (decoded blocks with ``<s>``/``</s>``);
 * task sets: the public files each task of config/tasks.yaml downloads (csv, tsv, json, the LM-BFF tarball, LAMA's
   and OptiPrompt's archives, kamel.zip, the NPM task tarballs), made from the embedded default's real-format task
-  files (npm.tasks.embedded) so that their contents load; and the fuzzy verbalizers' zip with its own top folder.
+  files (npm.embedded.tasks) so that their contents load; and the fuzzy verbalizers' zip with its own top folder.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _uuid_records(path: Path, uuids: set[str]) -> bytes:
 
 def build_task_files(root: Path, tasks: Path) -> None:
     """The public downloads of config/tasks.yaml's URL tasks, made from the task files in ``tasks``
-    (npm.tasks.embedded's real formats), in the layouts the fetch recipes read."""
+    (npm.embedded.tasks's real formats), in the layouts the fetch recipes read."""
     reg = load_registry(ROOT / "config" / "tasks.yaml")
     url = {name: task.urls for name, task in reg.items()}
     read = lambda task, rel: (tasks / task / rel).read_bytes()  # noqa: E731

@@ -1,7 +1,7 @@
 """Batched inference answers exactly as one query at a time (paper-map §3.7, §4.1, §7.5): on every embedded open-set
 example (BM25-restricted and unrestricted FAISS modes) and every embedded closed-set example, for NPM and NPM-single
 and both span-score forms. The model is a small random BERT over real news text; the queries are the embedded
-tasks' own inputs (npm.tasks.embedded, the demo's data).
+tasks' own inputs (npm.embedded.tasks, the demo's data).
 
 A batch encodes its queries in length-sorted passes, so a query's vectors may differ from its vectors alone in the
 last bits (padding changes the order of float sums); the answers and their scores must not differ beyond that."""
@@ -9,9 +9,9 @@ last bits (padding changes the order of float sums); the answers and their score
 import numpy as np
 import pytest
 
+from npm.embedded.tasks import TASKS, prepare_embedded_tasks
 from npm.inference.predictor import Predictor
 from npm.inference.scoring import closed_set_scores
-from npm.tasks.embedded import TASKS, prepare_embedded_tasks
 from npm.tasks.registry import resolve_task, task_examples
 from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
 

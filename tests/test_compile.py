@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from npm.settings import TrainingSettings
 from npm.training.collate import collate_phrase
 from npm.training.loop import TrainConfig, compile_encoder, make_optimizer, step_loss
 from tests.test_distributed import tiny_bert, world_lines
@@ -65,6 +66,6 @@ def test_a_graph_that_cannot_compile_runs_eagerly(batch, monkeypatch, caplog):
 
 def test_eager_is_the_default_and_the_cpu_optimizer_is_not_fused():
     model = tiny_bert()
-    assert compile_encoder(model, TrainConfig.compile) == "eager"
+    assert compile_encoder(model, TrainingSettings.compile) == "eager"
     optimizer = make_optimizer(model.parameters(), TrainConfig("npm", "x", [], "o", "c"), CPU)
     assert not optimizer.defaults["fused"]

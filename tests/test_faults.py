@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from npm.training.loop import TrainConfig, train
-from tests.conftest import save_tiny_bert
+from npm.training.loop import train
+from tests.conftest import save_tiny_bert, train_config
 from tests.test_training import weights, write_shard
 
 BIN = Path(sys.executable).parent
@@ -32,7 +32,7 @@ def run_config(tmp_path, encoder, shards, out, ckpt="ckpt", **kw):
                 checkpoint_dir=str(tmp_path / ckpt), steps=8, warmup_steps=2, lr=1e-3, pool="all",
                 checkpoint_every=4, seed=0)
     base.update(kw)
-    return TrainConfig(**base)
+    return train_config(**base)
 
 
 def same_weights(a, b) -> bool:

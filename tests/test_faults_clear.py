@@ -187,6 +187,7 @@ SLOW_SAVE = textwrap.dedent("""
 
     import torch
 
+    from npm.settings import TrainingSettings
     from npm.training.loop import TrainConfig, train
 
     real_save = torch.save
@@ -199,7 +200,8 @@ SLOW_SAVE = textwrap.dedent("""
 
 
     torch.save = save_then_hang
-    train(TrainConfig(**json.loads(sys.argv[1])))
+    kw = json.loads(sys.argv[1])
+    train(TrainConfig(**{**kw, "training": TrainingSettings(**kw["training"])}))
 """)
 
 

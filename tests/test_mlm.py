@@ -25,8 +25,8 @@ from npm.io import read_jsonl, write_jsonl
 from npm.model import load_masked_lm, max_input_length
 from npm.tasks.registry import label_verbalizers
 from npm.training.collate import IGNORE_INDEX, collate_mlm
-from npm.training.loop import MaskedTokensMLM, TrainConfig, mlm_generator, mlm_step_loss, train
-from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
+from npm.training.loop import MaskedTokensMLM, mlm_generator, mlm_step_loss, train
+from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert, train_config
 from tests.test_distributed import run_ranks
 
 SST2_ROWS = ["__label__5\tThessaloniki is a great city", "__label__1\tthe plot is dull", "__label__4\ta fine film",
@@ -78,7 +78,7 @@ def config(tmp_path, encoder, shards, name, **kw):
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), steps=6, warmup_steps=2, lr=1e-3, pool="all",
                 checkpoint_every=3, seed=0)
     base.update(kw)
-    return TrainConfig(**base)
+    return train_config(**base)
 
 
 # ------------------------------------------------------------------------------------------------ masking
@@ -234,7 +234,7 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str, encoder: st
                Path(out_dir) / f"rank{rank}.pt")
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
     # train destroys the process group at the end
-    train(TrainConfig(model_type="mlm", encoder=encoder, shards=shards, out_dir=str(Path(out_dir) / "model"),
+    train(train_config(model_type="mlm", encoder=encoder, shards=shards, out_dir=str(Path(out_dir) / "model"),
                       checkpoint_dir=str(Path(out_dir) / "ckpt"), steps=2, warmup_steps=1, checkpoint_every=2))
 
 

@@ -22,8 +22,8 @@ from transformers import BertModel
 from npm.training.collate import collate_phrase, collate_single
 from npm.training.data import BatchLines
 from npm.training.gather import candidate_pool, parse_pool, pool_ranks, ranks_per_pool
-from npm.training.loop import TrainConfig, accumulate_gradients, collate_lines, train
-from tests.conftest import save_tiny_bert
+from npm.training.loop import accumulate_gradients, collate_lines, train
+from tests.conftest import save_tiny_bert, train_config
 from tests.test_distributed import CLS, MASK, _occurs, cooccurring, grow_row, run_ranks, tiny_bert
 from tests.test_training import write_shard
 
@@ -272,7 +272,7 @@ def _config(tmp_path, encoder, shards, name, **kw):
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), warmup_steps=1, lr=1e-3, pool=8, lines_per_rank=2,
                 accumulate=2, checkpoint_every=2, seed=0)
     base.update(kw)
-    return TrainConfig(**base)
+    return train_config(**base)
 
 
 def test_resume_with_lines_per_rank_and_accumulate_continues_bit_for_bit(tmp_path, tiny_encoder):

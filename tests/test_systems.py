@@ -215,6 +215,17 @@ def test_no_import_cycle_between_the_package_s_modules():
     assert not _cycles(graph), _cycles(graph)
 
 
+def test_only_the_cli_imports_the_demo_data_builders():
+    """The embedded default's demo-data builders (npm.embedded) serve the CLI and the workflow: no other module of npm
+    imports them, so no domain package depends on the demo's data (npm.densephrases gets the handler of its `rc`
+    step, which builds demo data, from npm.cli)."""
+    importers = sorted(_module(path) for path in ROOT.glob("npm/**/*.py")
+                       if _package(_module(path)) != "npm.embedded"
+                       and any(_package(m) == "npm.embedded" for m in _imports(path)))
+    assert importers == ["npm.cli"], (f"{importers} import npm.embedded; only npm.cli may: move what a domain module "
+                                      "needs out of npm.embedded, or pass it in from npm.cli")
+
+
 # ------------------------------------------------------------------------------------------------ the workflow
 
 def _dry_run(tmp_path, overlay: dict, *targets):

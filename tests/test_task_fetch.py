@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from npm.cli import main
-from npm.tasks.embedded import GOOGLE_RE_TEMPLATES
+from npm.embedded.tasks import GOOGLE_RE_TEMPLATES
 from npm.tasks.fetch import COMPLETE, SOURCE, UHN_TEMPLATE, cache_path, fetch_task
 from npm.tasks.registry import DEFAULT_REGISTRY, RegistryError, download_checksums, load_task_records, parse_task
 from tests.conftest import WORDPIECE

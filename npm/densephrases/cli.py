@@ -1,6 +1,8 @@
 """``npm-repro densephrases rc | train-teacher | filter | train | dump | combine | index | query-ft | evaluate |
 search``: DensePhrases (Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``);
-docs/paper-map.md §D. Register with ``add_cli(subparsers)``."""
+docs/paper-map.md §D. Register with ``add_cli(subparsers)``; step ``rc`` builds the embedded default's demo data
+(``npm.embedded.rc``), so its handler is the caller's (npm.cli): this package never imports the demo-data
+builders."""
 
 from __future__ import annotations
 
@@ -30,23 +32,6 @@ def _questions(path: Path) -> list[dict]:
             raise ValueError(f"{path}: record {n + 1} needs a non-empty 'question' and 'answers'")
         out.append({"id": str(r.get("id", n)), "question": r["question"], "answers": list(r["answers"])})
     return out
-
-
-def cmd_rc(args) -> int:
-    from npm.data.embedded import corpus_titles, load_leads
-    from npm.densephrases.rc import SPLITS, cloze_questions, embedded_rc, write_squad
-    from npm.io import write_jsonl
-
-    leads = load_leads()
-    splits = embedded_rc(leads, corpus_titles(leads, args.max_articles or None), args.seed)
-    for split in SPLITS:
-        n = write_squad(args.out_dir / f"{split}.json", splits[split], "npm-repro embedded RC (questions GENERATED)")
-        log.info("%s: %d examples -> %s", split, n, args.out_dir / f"{split}.json")
-    for split in ("train", "dev"):
-        path = args.out_dir / f"cloze_{split}.jsonl"
-        write_jsonl(path, cloze_questions(splits[split]))
-        log.info("%s: cloze questions for query-side fine-tuning -> %s", split, path)
-    return 0
 
 
 def cmd_train_teacher(args) -> int:
@@ -248,7 +233,9 @@ def _search_args(p, k: int | None = None) -> None:
                    help="longest phrase L in words (paper 20; code 10)")
 
 
-def add_cli(subparsers) -> argparse.ArgumentParser:
+def add_cli(subparsers) -> argparse._SubParsersAction:
+    """Add ``densephrases`` and its steps; returns the steps, whose ``rc`` needs its handler from the caller
+    (``.choices["rc"].set_defaults(func=...)``)."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
     p = subparsers.add_parser("densephrases", help="DensePhrases: phrase retrieval with start/end token vectors",
                               description="DensePhrases (Lee et al. 2021): train the phrase and question encoders on "
@@ -259,7 +246,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
 
     s = sub.add_parser("rc", help="the embedded RC set: SQuAD v1.1 files by distant supervision (train/dev/test)",
                        description="Real facts whose object occurs in the real lead of a subject outside the demo "
-                                   "corpus; GENERATED template questions; split by subject (npm.densephrases.rc). "
+                                   "corpus; GENERATED template questions; split by subject (npm.embedded.rc). "
                                    "Also cloze_train.jsonl / cloze_dev.jsonl: the same facts as LAMA-style cloze "
                                    "questions, for query-side fine-tuning.",
                        formatter_class=fmt)
@@ -267,7 +254,6 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                    help="leads in the demo corpus (embedded.max_articles; 0 = all): their subjects are never used")
     s.add_argument("--seed", type=int, default=0, help="seed of the subject split")
     s.add_argument("--out-dir", type=Path, required=True, help="folder for train.json, dev.json, test.json")
-    s.set_defaults(func=cmd_rc)
 
     s = sub.add_parser("train-teacher", help="the cross-attention reader (distillation target)",
                        description="Fine-tunes AutoModelForQuestionAnswering on [CLS] q [SEP] p [SEP] (resumable).",
@@ -418,4 +404,4 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--evidence", action=argparse.BooleanOptionalAction, default=True, help="print the passage")
     _compute_args(s)
     s.set_defaults(func=cmd_search)
-    return p
+    return sub

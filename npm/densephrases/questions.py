@@ -1,6 +1,6 @@
 """The question DensePhrases encodes for an NPM-style open-set input (Lee et al. 2021, section 7.2; docs/paper-map.md
 §D1.5), shared by the evaluation (``npm.densephrases.evaluate``) and the query-side fine-tuning data
-(``npm.densephrases.rc.cloze_questions``), which import it from here rather than from each other."""
+(``npm.embedded.rc.cloze_questions``), which import it from here rather than from each other."""
 
 from __future__ import annotations
 

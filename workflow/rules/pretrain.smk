@@ -21,7 +21,7 @@ rule pretrain:
     conda:
         "../envs/train.yaml"
     resources:
-        gpu=config["training"]["gpus_per_node"],
+        gpu=TRAINING.gpus_per_node,
         mem_mb=64000,
         runtime=4320,
         cpus_per_task=8,
@@ -29,19 +29,10 @@ rule pretrain:
         tracking=tracking_args,
         encoder=config["model"]["encoder"],
         tokenizer=TOKENIZER,
-        t=config["training"],
-        schedule_steps=config["training"]["schedule_steps"] or 0,
-        pad_to=config["training"]["pad_to"] or 0,
-        compile="--compile" if config["training"]["compile"] else "",
+        settings=to_args(config["training"], TrainingSettings),
         launcher=torch_launcher,
     shell:
         "{params.launcher} train --model-type {wildcards.model} --encoder {params.encoder:q}"
         " --tokenizer {params.tokenizer:q} --blocks {input.blocks} --masked {input.masked}"
-        " --out {output} --checkpoint-dir results/checkpoints/{wildcards.model}"
-        " --steps {params.t[steps]} --warmup-steps {params.t[warmup_steps]} --schedule-steps {params.schedule_steps}"
-        " --lr {params.t[lr]} --weight-decay {params.t[weight_decay]} --grad-clip {params.t[grad_clip]}"
-        " --precision {params.t[precision]} --attention {params.t[attention]} --pool {params.t[pool]}"
-        " --lines-per-rank {params.t[lines_per_rank]} --accumulate {params.t[accumulate]}"
-        " --pad-to {params.pad_to} {params.compile}"
-        " --checkpoint-every {params.t[checkpoint_every]} --seed {params.t[seed]}"
+        " --out {output} --checkpoint-dir results/checkpoints/{wildcards.model} {params.settings}"
         " --summary results/checkpoints/{wildcards.model}/summary.json {params.tracking} > {log} 2>&1"

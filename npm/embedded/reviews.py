@@ -42,7 +42,7 @@ import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from npm.data.embedded import load_pang_lee
+from npm.embedded.corpora import load_pang_lee
 from npm.io import atomic_path, resolve_package_path, write_jsonl
 
 IMDB_PATH = "pypi:gensim/test/test_data/alldata-id-10.txt"
@@ -148,7 +148,7 @@ def review_records(max_reviews: int | None = None, seed: int = 2022,
 
 def _source_md(counts: dict, max_reviews: int | None, seed: int) -> str:
     return (
-        "# reviews: embedded review corpus (npm/data/reviews.py)\n\n"
+        "# reviews: embedded review corpus (npm/embedded/reviews.py)\n\n"
         "KILT knowledge-source JSONL, one record per real review; the stand-in for the paper's IMDB + Amazon "
         "(sentiment) and Subj reference corpora.\n\n"
         f"* gensim {_version('gensim')}, gensim/test/test_data/alldata-id-10.txt: {counts['imdb']} IMDb movie "

