@@ -12,16 +12,16 @@
    empty each epoch).
 
 Adam (AdamW with weight decay 0), a linear decay, gradient norm clipped at 1 (appendix D). Shuffling is seeded per
-epoch. Both trainings are resumable per epoch: ``run-<id>/epoch-N/`` (the model and ``state.pt`` with optimiser,
-schedule and RNG) is written atomically, and the run id hashes the settings and the fingerprints of the encoder,
-the training file and the teacher, so a run resumes only its own epochs. ``train_log.csv`` has a row per step; the
+epoch. Both trainings are resumable per epoch (``npm.checkpoints``): ``run-<id>/epoch-N/`` (the model and ``state.pt``
+with optimiser, schedule and RNG) is written atomically, and the run id hashes the settings and the fingerprints of
+the encoder, the training file and the teacher, so a run resumes only its own epochs; an unreadable or changed epoch
+is set aside and the previous one resumed. ``train_log.csv`` has a row per step; the
 same rows (loss, learning rate, examples per second) and the epoch checkpoints go to the job's ``npm.tracking`` run.
 """
 
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import logging
 import random
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from npm import tracking
+from npm import checkpoints, tracking
 from npm.io import atomic_dir, folder_lock, write_json
 
 log = logging.getLogger("npm-repro.densephrases")
@@ -82,9 +82,15 @@ class TeacherConfig:
 
 # ------------------------------------------------------------------------------------------------ run folders
 
+def _layout(kind: str) -> checkpoints.Layout:
+    rule, command = {"teacher": ("densephrases_train_teacher", "npm-repro densephrases train-teacher"),
+                     "densephrases": ("densephrases_train", "npm-repro densephrases train")}[kind]
+    return checkpoints.Layout(prefix="epoch", state_file="state.pt", rule=rule, command=command)
+
+
 def _run_dir(cfg, kind: str) -> Path:
-    """The run folder of these settings: the id hashes them (the precision as this machine runs it, not the device
-    name) and the fingerprints of the encoder, the training file and the teacher."""
+    """The run folder of these settings (``npm.checkpoints.run_folder``): the id hashes them (the precision as this
+    machine runs it, not the device name) and the fingerprints of the encoder, the training file and the teacher."""
     from npm.fingerprint import file_fingerprint, model_fingerprint
     from npm.model import effective_precision, torch_device
 
@@ -93,33 +99,35 @@ def _run_dir(cfg, kind: str) -> Path:
     hashed.update(kind=kind, encoder=model_fingerprint(cfg.encoder), train=file_fingerprint(cfg.train),
                   teacher=model_fingerprint(cfg.teacher) if getattr(cfg, "teacher", None) else None,
                   precision=effective_precision(torch_device(cfg.device), cfg.precision))
-    run_id = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
-    run_dir = Path(cfg.checkpoint_dir) / f"run-{run_id[:16]}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "run.json", {"run_id": run_id, "kind": kind, "settings": asdict(cfg)})
-    return run_dir
+    record = {"run_id": checkpoints.run_id(hashed), "kind": kind, "settings": asdict(cfg)}
+    return checkpoints.run_folder(cfg.checkpoint_dir, record, _layout(kind))
 
 
 def _run_id(run_dir: Path) -> str:
     return json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["run_id"]
 
 
-def _last_epoch(run_dir: Path) -> int:
-    done = [int(p.name[6:]) for p in run_dir.glob("epoch-*") if p.name[6:].isdigit()]
-    return max(done, default=0)
+def _resume(run_dir: Path, kind: str, load_model):
+    """(epoch, model, state) of the newest readable epoch of ``run_dir`` (``npm.checkpoints.latest``), or (0, None,
+    None)."""
+    found = checkpoints.latest(run_dir, _layout(kind), load_model)
+    if found is None:
+        return 0, None, None
+    ckpt, state, model = found
+    log.info("resuming %s from %s", run_dir, ckpt.name)
+    return state["epoch"], model, state
 
 
-def _save_state(tmp: Path, epoch: int, optimizer, scheduler, rows: list[dict]) -> None:
-    torch.save({"epoch": epoch, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "rows": rows}, tmp / "state.pt")
+def _save(run_dir: Path, kind: str, epoch: int, write_model, optimizer, scheduler, rows: list[dict]) -> None:
+    state = {"epoch": epoch, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             **checkpoints.rng_state(), "rows": rows}
+    checkpoints.save(run_dir, epoch, state, _layout(kind), write_model)
 
 
-def _load_state(folder: Path, optimizer, scheduler) -> list[dict]:
-    state = torch.load(folder / "state.pt", weights_only=False, map_location="cpu")
+def _restore(state: dict, optimizer, scheduler) -> list[dict]:
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    random.setstate(state["python_rng"])
+    checkpoints.restore_rng(state)
     return state["rows"]
 
 
@@ -245,14 +253,18 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run |
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases teacher training"):
         run_dir, feats = _start(cfg, "teacher")
         n = len(feats["start"])
-        start_epoch, rows = _last_epoch(run_dir), []
+        start_epoch, teacher, state = _resume(run_dir, "teacher", lambda ckpt: load_teacher(str(ckpt)))
         run = run or tracking.Run()
         run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, examples=n)
-        teacher = load_teacher(str(run_dir / f"epoch-{start_epoch}") if start_epoch else cfg.encoder).to(device)
+        teacher = (load_teacher(cfg.encoder) if teacher is None else teacher).to(device)
         steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
         optimizer, scheduler = _optimizer(teacher.parameters(), cfg.lr, steps)
-        if start_epoch:
-            rows = _load_state(run_dir / f"epoch-{start_epoch}", optimizer, scheduler)
+        rows = [] if state is None else _restore(state, optimizer, scheduler)
+
+        def write_teacher(tmp: Path) -> None:
+            teacher.save_pretrained(tmp)
+            load_tokenizer(cfg.encoder).save_pretrained(tmp)
+
         teacher.train()
         bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases teacher", disable=not progress or None)
         for epoch in range(start_epoch, cfg.epochs):
@@ -272,10 +284,7 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run |
                              "seconds": round(time.perf_counter() - t0, 3)})
                 _track(run, rows[-1], scheduler, len(rows_b))
                 bar.update(1)
-            with atomic_dir(run_dir / f"epoch-{epoch + 1}") as tmp:
-                teacher.save_pretrained(tmp)
-                load_tokenizer(cfg.encoder).save_pretrained(tmp)
-                _save_state(tmp, epoch + 1, optimizer, scheduler, rows)
+            _save(run_dir, "teacher", epoch + 1, write_teacher, optimizer, scheduler, rows)
             run.log(len(rows), checkpoint_step=len(rows), checkpoint_epoch=epoch + 1)
         bar.close()
         with atomic_dir(cfg.out_dir) as tmp:
@@ -340,19 +349,18 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True, run: tracking.Ru
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases training"):
         run_dir, feats = _start(cfg, "densephrases")
         n = len(feats["start"])
-        run = run or tracking.Run()
-        run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=_last_epoch(run_dir), examples=n)
         teacher_s = teacher_e = None
         if cfg.teacher and cfg.lambda_distill:
             teacher_s, teacher_e = teacher_logits(load_teacher(cfg.teacher).to(device), feats,
                                                   precision=cfg.precision)
-        start_epoch = _last_epoch(run_dir)
-        model = DensePhrases.load(run_dir / f"epoch-{start_epoch}") if start_epoch else \
-            DensePhrases.from_encoder(cfg.encoder)
+        start_epoch, model, state = _resume(run_dir, "densephrases", DensePhrases.load)
+        run = run or tracking.Run()
+        run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, examples=n)
+        model = DensePhrases.from_encoder(cfg.encoder) if model is None else model
         model.to(device)
         steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
         optimizer, scheduler = _optimizer(model.parameters(), cfg.lr, steps)
-        rows = _load_state(run_dir / f"epoch-{start_epoch}", optimizer, scheduler) if start_epoch else []
+        rows = [] if state is None else _restore(state, optimizer, scheduler)
         model.train()
         bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases", disable=not progress or None)
         for epoch in range(start_epoch, cfg.epochs):
@@ -371,9 +379,7 @@ def train_densephrases(cfg: TrainConfig, progress: bool = True, run: tracking.Ru
                 _track(run, rows[-1], scheduler, len(batch))
                 bar.update(1)
                 bar.set_postfix(loss=f"{rows[-1]['loss']:.3f}")
-            with atomic_dir(run_dir / f"epoch-{epoch + 1}") as tmp:
-                model.save(tmp)
-                _save_state(tmp, epoch + 1, optimizer, scheduler, rows)
+            _save(run_dir, "densephrases", epoch + 1, model.save, optimizer, scheduler, rows)
             run.log(len(rows), checkpoint_step=len(rows), checkpoint_epoch=epoch + 1)
         bar.close()
         with atomic_dir(cfg.out_dir) as tmp:

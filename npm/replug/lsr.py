@@ -14,9 +14,10 @@ linear warm-up over ``warmup_ratio`` of the steps, then linear decay); the LM ru
 Every ``refresh_every`` steps the whole corpus is re-embedded and the index rebuilt (paper: every 3k of 25k steps).
 A query never retrieves a block of its own source document (``source_doc``, a corpus document id).
 
-Resumable: every ``checkpoint_every`` steps ``step-N/`` (the retriever in ``save_pretrained`` format, its tokenizer,
-``state.pt`` with optimiser, scheduler, RNG, data position and the LM-score cache) is written atomically inside
-``run-<id>``, whose id hashes the settings and the inputs' fingerprints: a run resumes only its own checkpoints.
+Resumable (``npm.checkpoints``): every ``checkpoint_every`` steps ``step-N/`` (the retriever in ``save_pretrained``
+format, its tokenizer, ``state.pt`` with optimiser, scheduler, RNG, data position and the LM-score cache) is written
+atomically inside ``run-<id>``, whose id hashes the settings and the inputs' fingerprints: a run resumes only its own
+checkpoints, and an unreadable or changed one is set aside and the previous one resumed.
 ``train_log.csv`` has one row per step; the same rows (with the learning rate and queries per second) and the
 checkpoint steps go to the job's ``npm.tracking`` run.
 """
@@ -24,8 +25,6 @@ checkpoint steps go to the job's ``npm.tracking`` run.
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 import logging
 import random
 import time
@@ -36,12 +35,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from npm import tracking
+from npm import checkpoints, tracking
 from npm.baselines.dense import DEFAULT_INDEX
 from npm.io import atomic_dir, folder_lock, read_jsonl, write_json
 
 log = logging.getLogger("npm-repro.replug.lsr")
 KL_DIRECTIONS = ("retriever_lm", "lm_retriever")
+CHECKPOINTS = checkpoints.Layout(prefix="step", state_file="state.pt", rule="replug_train_lsr",
+                                 command="npm-repro replug train-lsr")
 LOG_COLUMNS = ["step", "loss", "top1_share_retriever", "top1_share_lm", "lm_scores_computed", "refreshed", "seconds"]
 
 
@@ -228,7 +229,7 @@ def _run_id(cfg: LsrConfig) -> str:
                                                                  "encoder", "lm", "checkpoint_every", "extra")}
     hashed.update(encoder=model_fingerprint(cfg.encoder), lm=model_fingerprint(cfg.lm),
                   blocks=[file_fingerprint(b) for b in cfg.blocks], queries=file_fingerprint(cfg.queries))
-    return hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
+    return checkpoints.run_id(hashed)
 
 
 def load_queries(path: str, lm_tokenizer, x_len: int, y_len: int) -> list[dict]:
@@ -262,13 +263,12 @@ def _train(cfg: LsrConfig, root: Path, progress: bool, run: tracking.Run) -> dic
 
     from npm.baselines.decoder import BlockTexts
     from npm.baselines.lm import load_causal_lm
+    from npm.model import load_encoder
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     run_id = _run_id(cfg)
-    run_dir = root / f"run-{run_id[:16]}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "run.json", {"run_id": run_id, "settings": asdict(cfg)})
+    run_dir = checkpoints.run_folder(root, {"run_id": run_id, "settings": asdict(cfg)}, CHECKPOINTS)
     lm, lm_tok = load_causal_lm(cfg.lm)
     for p in lm.parameters():
         p.requires_grad_(False)
@@ -278,19 +278,20 @@ def _train(cfg: LsrConfig, root: Path, progress: bool, run: tracking.Run) -> dic
     optimizer = torch.optim.Adam(retriever.model.parameters(), lr=cfg.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * cfg.steps), cfg.steps)
     step, cache = 0, {}
-    done = sorted((int(p.name[5:]) for p in run_dir.glob("step-*") if p.name[5:].isdigit()), reverse=True)
-    if done:
-        ckpt = run_dir / f"step-{done[0]}"
-        from npm.model import load_encoder
-
-        retriever.model.load_state_dict(load_encoder(str(ckpt)).state_dict())
-        state = torch.load(ckpt / "state.pt", weights_only=False)
+    found = checkpoints.latest(run_dir, CHECKPOINTS, lambda ckpt: load_encoder(str(ckpt)).state_dict())
+    if found is not None:
+        _, state, weights = found
+        retriever.model.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
+        checkpoints.restore_rng(state)
         step, cache = state["step"], state["cache"]
         log.info("resuming %s from step %d", run_dir, step)
+
+    def write_retriever(tmp: Path) -> None:
+        retriever.model.save_pretrained(tmp)
+        retriever.tokenizer.save_pretrained(tmp)
+
     retriever.model.train()
     retriever.refresh()
     lm_scores = lm_scorer(lm, lm_tok, texts, cfg.doc_len, cfg.lm_score, cache)
@@ -323,12 +324,9 @@ def _train(cfg: LsrConfig, root: Path, progress: bool, run: tracking.Run) -> dic
         bar.update(1)
         bar.set_postfix(loss=f"{rows[-1]['loss']:.4f}")
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            with atomic_dir(run_dir / f"step-{step}") as tmp:
-                retriever.model.save_pretrained(tmp)
-                retriever.tokenizer.save_pretrained(tmp)
-                torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "cache": cache},
-                           tmp / "state.pt")
+            checkpoints.save(run_dir, step, {"step": step, "optimizer": optimizer.state_dict(),
+                                             "scheduler": scheduler.state_dict(), **checkpoints.rng_state(),
+                                             "cache": cache}, CHECKPOINTS, write_retriever)
             with open(run_dir / "train_log.csv", "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=LOG_COLUMNS)
                 writer.writeheader()

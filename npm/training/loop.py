@@ -12,7 +12,7 @@ one line each (docs/paper-scale.md, "The paper's pool on fewer GPUs"). AdamW (we
 warm-up then linear decay to zero (transformers' scheduler), gradient clipping, mixed precision
 (``npm.model.effective_precision``: on a GPU, and bf16 on a CPU that has it natively).
 
-Resumable: every ``checkpoint_every`` steps a checkpoint folder (``save_pretrained`` weights plus
+Resumable (``npm.checkpoints``): every ``checkpoint_every`` steps a checkpoint folder (``save_pretrained`` weights plus
 optimiser, scheduler, RNG and data-position state) is written under a temporary name and renamed, so a
 killed job leaves the previous checkpoint intact; ``resume`` continues bit-for-bit on CPU. Checkpoints live in a run
 folder ``<checkpoint_dir>/run-<id>`` whose ``run.json`` records what produces the result (the settings that change
@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
-import json
 import logging
 import os
 import random
@@ -51,9 +49,9 @@ from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 import npm.checksums as checksums
-from npm import tracking
+from npm import checkpoints, tracking
 from npm.fingerprint import file_fingerprint, model_fingerprint, tokenizer_fingerprint
-from npm.io import atomic_dir, folder_lock, remove_atomic_leftovers, write_json, write_summary
+from npm.io import atomic_dir, folder_lock, write_summary
 from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
 from npm.settings import TrainingSettings
 from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
@@ -62,8 +60,8 @@ from npm.training.gather import candidate_pool, parse_pool, ranks_per_pool
 from npm.training.loss import phrase_loss, phrase_positives, single_loss, single_positives
 
 log = logging.getLogger(__name__)
-STATE_FILE = "training_state.pt"
-RUN_FILE = "run.json"
+CHECKPOINTS = checkpoints.Layout(prefix="step", state_file="training_state.pt", rule="pretrain",
+                                 command="npm-repro train")
 # TrainConfig and TrainingSettings fields that change the trained weights (besides the encoder, tokenizer and data,
 # fingerprinted); steps and schedule_steps enter as the schedule horizon. checkpoint_every, compile,
 # keep_checkpoints, paths and resume don't.
@@ -124,31 +122,8 @@ def run_record(cfg: TrainConfig, world: int, device: torch.device) -> dict:
     hashed = {"settings": settings, "encoder_fingerprint": model_fingerprint(cfg.encoder),
               "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
               "data": [[file_fingerprint(b), file_fingerprint(m)] for b, m in cfg.shards]}
-    run_id = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
-    return {"run_id": run_id, **hashed, "encoder": cfg.encoder, "tokenizer": tokenizer,
+    return {"run_id": checkpoints.run_id(hashed), **hashed, "encoder": cfg.encoder, "tokenizer": tokenizer,
             "shards": [list(pair) for pair in cfg.shards]}
-
-
-def _run_folder(root: Path, record: dict, rank: int) -> Path:
-    """The run folder of ``record`` under ``root``, created with its run.json; logs the runs it does not resume and
-    removes (and logs) the half-written checkpoints of a killed earlier run (``npm.io.remove_atomic_leftovers``)."""
-    folder = root / f"run-{record['run_id'][:16]}"
-    if rank == 0:
-        others = sorted(p.name for p in root.glob("run-*") if p.is_dir() and p != folder)
-        legacy = _checkpoints(root)
-        if others:
-            log.info("checkpoint folder %s also holds runs %s made by other settings or data; they are kept but not "
-                     "resumed (see their %s)", root, others, RUN_FILE)
-        if legacy:
-            log.warning("%s holds checkpoints %s that do not record what produced them; they are not resumed",
-                        root, [p.name for p in legacy])
-        if not (folder / RUN_FILE).exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            write_json(folder / RUN_FILE, record)
-        for name, size in remove_atomic_leftovers(folder):  # safe: train() holds the folder lock
-            log.warning("removed %s (%.1f MB) from %s: a checkpoint write cut short when an earlier run was killed",
-                        name, size / 1e6, folder)
-    return folder
 
 
 def _check_lengths(cfg: TrainConfig, data: BatchLines, model, tokenizer) -> None:
@@ -167,65 +142,20 @@ def _check_lengths(cfg: TrainConfig, data: BatchLines, model, tokenizer) -> None
 
 
 def _resume_point(folder: Path, steps: int, load_model, rank: int):
-    """(checkpoint, state, weights) of the newest readable checkpoint at or before ``steps``, or None.
-
-    An unreadable checkpoint (truncated weights or state) is set aside as ``step-N.corrupt-<time>`` by rank 0 and
-    the previous one is tried, with a warning naming both."""
-    unreadable = []
-    for ckpt in reversed([c for c in _checkpoints(folder) if int(c.name[5:]) <= steps]):
-        try:
-            state = _load_state(ckpt)
-            weights = load_model(str(ckpt)).state_dict()
-            checksums.verify_folder(ckpt)  # bytes changed in a file that still loads
-        except Exception as e:  # noqa: BLE001 - any unreadable part makes the checkpoint unusable
-            aside = ckpt.with_name(f"{ckpt.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-            if rank == 0:
-                os.rename(ckpt, aside)
-            log.warning("checkpoint %s is unreadable (%s: %s); set aside as %s", ckpt, type(e).__name__,
-                        str(e).splitlines()[0] if str(e) else "", aside.name)
-            unreadable.append(ckpt.name)
-            continue
-        if unreadable:
-            log.warning("falling back to checkpoint %s (step %d) because %s could not be read", ckpt.name,
-                        state["step"], ", ".join(unreadable))
-        return ckpt, state, weights
-    if unreadable:
-        log.warning("no readable checkpoint left in %s (%s set aside): starting this run from step 0", folder,
-                    ", ".join(unreadable))
-    return None
-
-
-def _checkpoints(root: Path) -> list[Path]:
-    done = [p for p in root.glob("step-*") if (p / STATE_FILE).exists() and p.name[5:].isdigit()]
-    return sorted(done, key=lambda p: int(p.name[5:]))
+    """(checkpoint, state, weights) of the newest readable checkpoint at or before ``steps``, or None
+    (``npm.checkpoints.latest``; rank 0 sets the unreadable ones aside)."""
+    return checkpoints.latest(folder, CHECKPOINTS, lambda ckpt: load_model(str(ckpt)).state_dict(), at_most=steps,
+                              set_aside=rank == 0)
 
 
 def _save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, scheduler, position, keep: int) -> Path:
-    final = root / f"step-{step}"
-    with atomic_dir(final) as tmp:
+    def write_model(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        state = {
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "python_rng": random.getstate(),
-            "position": position,
-        }
-        torch.save(state, tmp / STATE_FILE)
-        checksums.write_folder_record(tmp, "pretrain", f"npm-repro train (checkpoint {final})")
-    for old in _checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
-
-def _load_state(path: Path) -> dict:
-    try:
-        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-    except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"corrupt checkpoint {path}: cannot read {STATE_FILE} ({e}); delete it to restart") from None
+    state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             **checkpoints.rng_state(), "position": position}
+    return checkpoints.save(root, step, state, CHECKPOINTS, write_model, keep)
 
 
 def make_optimizer(parameters, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -443,7 +373,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         shared = [record]
         dist.broadcast_object_list(shared, src=0)
         record = shared[0]
-    run_dir = _run_folder(ckpt_root, record, rank)
+    run_dir = checkpoints.run_folder(ckpt_root, record, CHECKPOINTS, create=rank == 0)
     step, epoch, cursor = 0, 0, 0
     found = _resume_point(run_dir, t.steps, load_model, rank) if cfg.resume else None
     if found is not None:
@@ -451,10 +381,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         model.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        random.setstate(state["python_rng"])
+        checkpoints.restore_rng(state)
         step, (epoch, cursor) = state["step"], state["position"]
         log.info("resuming from %s (step %d)", ckpt, step)
     else:
@@ -546,7 +473,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             shutil.copy(log_path, tmp / "train_log.csv")
-            shutil.copy(run_dir / RUN_FILE, tmp / RUN_FILE)
+            shutil.copy(run_dir / checkpoints.RUN_FILE, tmp / checkpoints.RUN_FILE)
             checksums.write_folder_record(tmp, "pretrain", f"npm-repro train --out {out}")
         write_summary(out / "training_summary.json", summary, config=asdict(cfg))
     if world > 1:
