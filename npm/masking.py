@@ -66,6 +66,7 @@ from tqdm import tqdm
 
 from npm.boundaries import PUNCT_TOKEN, SPECIAL, is_subword
 from npm.io import load_npz, save_npz
+from npm.settings import MaskingSettings
 
 MODES = ("span", "uniform")
 
@@ -305,16 +306,19 @@ def _load_inputs(blocks_path, batches_path):
 
 
 def mask_shard(blocks_path: str | Path, batches_path: str | Path, out_path: str | Path, mode: str = "span",
-               seed: int = 2022, ratio: float = 0.15, p: float = 0.5, max_span_length: int = 10,
-               max_spans_per_sequence: int = 128, max_ngram_repeats: int = 10, min_masked_ratio: float = 0.05,
-               punct_keep_prob: float = 0.1) -> dict:
+               masking: MaskingSettings | None = None) -> dict:
     """Mask every batch line of a shard and write the masked batches file atomically; returns a summary.
 
-    ``mode`` "span" (NPM, paper-map §2.2) or "uniform" (NPM-single, paper-map §2.3). Lines that are dropped
+    ``mode`` "span" (NPM, paper-map §2.2) or "uniform" (NPM-single, paper-map §2.3); ``masking`` the config's
+    ``masking:`` section (npm.settings.MaskingSettings; None = the paper's setting). Lines that are dropped
     (span: fewer than ``min_masked_ratio`` of the tokens masked; uniform: none masked) are left out of ``batches``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r} (masking {batches_path} into {out_path})")
+    masking = masking or MaskingSettings()
+    seed, ratio, p, max_span_length = masking.seed, masking.ratio, masking.p, masking.max_span_length
+    max_spans_per_sequence, max_ngram_repeats = masking.max_spans_per_sequence, masking.max_ngram_repeats
+    min_masked_ratio, punct_keep_prob = masking.min_masked_ratio, masking.punct_keep_prob
     ids, flags, offsets, lines = _load_inputs(blocks_path, batches_path)
     rng = np.random.default_rng(seed)
     kept, span_parts, n_spans = [], [], [0]

@@ -2,7 +2,8 @@
 §R2.2).
 
 A frozen dataclass per config section is the single source of its keys' defaults and allowed values: ``Settings``
-(the config's ``inference:`` section) and ``TrainingSettings`` (``training:``). The config schema documents the keys,
+(the config's ``inference:`` section), ``TrainingSettings`` (``training:``), ``DataSettings``, ``MaskingSettings`` and
+``DatastoreSettings`` (``data:``, ``masking:``, ``datastore:``). The config schema documents the keys,
 without defaults; the stage's options (``npm-repro evaluate``, ``npm-repro train``) are generated from the fields
 below (``add_arguments``), so a flag, its default and its help cannot drift apart; the workflow passes a section with
 ``to_args`` and the Python API reads the same classes. Where the paper and the original code differ, the default is
@@ -14,18 +15,21 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 
 def _setting(default, help: str, choices: tuple | None = None, minimum: float | None = None,
-             exclusive: bool = False, kinds: tuple | None = None, option: bool = True):
+             exclusive: bool = False, kinds: tuple | None = None, option: bool | tuple = True,
+             maximum: float | None = None):
     """A field: ``kinds`` the allowed types (default: the default's; None is allowed where the default is None),
-    ``choices`` the allowed strings, ``minimum`` (``exclusive``: strictly above) the lowest number; ``option`` False
-    for a key the workflow reads itself (no option of the stage)."""
+    ``choices`` the allowed values (strings, or numbers of a single-kind field), ``minimum`` (``exclusive``: strictly
+    above) and ``maximum`` the range of a number; ``option`` False for a key the workflow reads itself (no option of
+    the stage), or the names of the commands that take it where a section feeds several (``options(section, cmd)``)."""
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
                                             "exclusive": exclusive, "kinds": kinds or (type(default),),
-                                            "option": option})
+                                            "option": option, "maximum": maximum})
 
 
 class Section:
@@ -42,12 +46,17 @@ class Section:
 
     @classmethod
     def from_mapping(cls, values: Mapping | None, where: str | None = None):
-        """Settings from a config section: unknown keys are an error naming them; missing keys take the default."""
+        """Settings from a config section: unknown keys are an error naming them; missing keys take the default; a
+        subsection (a field whose kind is a Section, e.g. ``densephrases.train``) is read the same way."""
         values = dict(values or {})
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(values) - set(names))
         if unknown:
             raise ValueError(f"{where or cls.SECTION}: unknown key(s) {unknown}; allowed: {names}")
+        for f in fields(cls):
+            kind = f.metadata["kinds"][0]
+            if isinstance(values.get(f.name), Mapping) and isinstance(kind, type) and issubclass(kind, Section):
+                values[f.name] = kind.from_mapping(values[f.name], f"{where or cls.SECTION}.{f.name}")
         return cls(**values)
 
     def as_dict(self) -> dict:
@@ -152,6 +161,89 @@ class TrainingSettings(Section):
     seed: int = _setting(0, "seed of the run (new weights, the mlm baseline's on-the-fly masking)")
 
 
+@dataclass(frozen=True)
+class DataSettings(Section):
+    """Training data: documents -> shards -> blocks -> batch lines (paper 4.1; docs/paper-map.md §2.1). Each key is an
+    option of one command (``options(DataSettings, "tokenize-blocks")``, ...). Invalid values raise ValueError."""
+
+    SECTION = "data"
+    TITLE = "data settings"
+
+    max_seq_length: int = _setting(256, "tokens per block, special tokens included (the paper's 256-token blocks)",
+                                   minimum=8, maximum=4096, option=("tokenize-blocks",))
+    batch_size: int = _setting(16, "blocks per batch line (per GPU): the sequences whose spans are each other's "
+                                   "positives and negatives in the contrastive loss (paper 4.1: 16)",
+                               minimum=2, option=("batch-blocks",))
+    shuffle_buffer: int = _setting(1_000_000, "documents per shuffle buffer; each buffer is cut into the shards' "
+                                              "contiguous parts", minimum=1, option=("shard-documents",))
+
+
+@dataclass(frozen=True)
+class MaskingSettings(Section):
+    """Span masking of NPM and uniform masking of NPM-single (paper 3.2.1, A.2; docs/paper-map.md §2.2-§2.3); every
+    key is an option of ``npm-repro mask-batches``. Invalid values raise ValueError."""
+
+    SECTION = "masking"
+    TITLE = "masking settings"
+
+    ratio: float = _setting(0.15, "masking budget: share of a line's tokens to mask (paper 3.2.1: 15%)",
+                            minimum=0, exclusive=True, maximum=1)
+    p: float = _setting(0.5, "parameter of the geometric distribution the span lengths are drawn from (paper 3.2.1)",
+                        minimum=0, exclusive=True, maximum=1)
+    max_span_length: int = _setting(10, "longest masked span in tokens; longer draws are skipped (paper 3.2.1)",
+                                    minimum=1)
+    max_spans_per_sequence: int = _setting(128, "most masked spans per sequence (paper A.2: 128; the original code: "
+                                                "64)", choices=(64, 128))
+    max_ngram_repeats: int = _setting(10, "most times the same n-gram is masked within one line", minimum=1)
+    min_masked_ratio: float = _setting(0.05, "a line with a smaller share of its tokens masked is dropped (span mode)",
+                                       minimum=0, maximum=1)
+    punct_keep_prob: float = _setting(0.1, "probability that a punctuation token may be masked (as a span of length "
+                                           "1)", minimum=0, maximum=1)
+    seed: int = _setting(2022, "seed of the masking draws (one generator per file)")
+
+
+@dataclass(frozen=True)
+class DatastoreSettings(Section):
+    """Reference-corpus datastores and their indexes (paper 3.3, 5.3; docs/paper-map.md §3.1-§3.5, §3.8): keys of
+    ``npm-repro embed`` (the rule of each step passes the keys of ``embed --step plan`` / ``shard``) and ``npm-repro
+    build-faiss-index``. Invalid values raise ValueError."""
+
+    SECTION = "datastore"
+    TITLE = "datastore settings"
+
+    batch_blocks: int = _setting(64, "blocks per encoder forward pass (steps all, shard)", minimum=1,
+                                 option=("embed", "embed --step shard"))
+    shards: int = _setting(8, "embedding shards per datastore: contiguous block ranges of nearly equal size, each "
+                              "resumable on its own (a re-run keeps finished shards) and a job of its own in the "
+                              "workflow, so a failed job loses only its own shard (steps all, plan)", minimum=1,
+                           option=("embed", "embed --step plan"))
+    drop_stopwords: bool = _setting(False, "store no stop-word vectors (the original's open-set "
+                                           "embeddings_wo_stopwords; less disk, but the datastore then no longer "
+                                           "serves closed-set tasks) (steps all, plan)",
+                                    option=("embed", "embed --step plan"))
+    stopwords: str = _setting("derived", "the stop list (paper-map §3.4), dropped with drop_stopwords and always kept "
+                                         "out of open-set predicted spans: original = the original code's published "
+                                         "211 roberta-large token ids (npm/datastore/roberta_stopwords.txt; the "
+                                         "tokenizer must be roberta-large's vocabulary, else planning the datastore "
+                                         "fails); derived = English function words and punctuation encoded with the "
+                                         "model's tokenizer (any vocabulary). Part of the plan hash (steps all, plan)",
+                              choices=("original", "derived"), option=("embed", "embed --step plan"))
+    faiss_factory: str = _setting("HNSW32", "FAISS index_factory string, inner product (paper 5.3: HNSW; the original "
+                                            "code: IVF4096,PQ64 with nprobe 8; Flat = exact)",
+                                  option=("build-faiss-index",))
+    faiss_train_sample: int = _setting(1_000_000, "most vectors in the seeded sample that trains an IVF / PQ index",
+                                       minimum=1, option=("build-faiss-index",))
+    nprobe: int = _setting(8, "IVF lists probed per search (the original code: 8)", minimum=1,
+                           option=("build-faiss-index",))
+    ef_search: int = _setting(128, "HNSW efSearch (raised to k for a larger k)", minimum=1,
+                              option=("build-faiss-index",))
+    bm25_markers: bool = _setting(True, "BM25 index contents (paper-map §3.8): true = each text unit of a block as "
+                                        "\"<s>...</s>\", the original's X.jsonl (the paper is silent); false = the "
+                                        "surface text alone. Recorded in the index; changing it rebuilds it (read by "
+                                        "the workflow: rule build_bm25_index passes build-bm25-index "
+                                        "--markers/--no-markers)", option=False)
+
+
 NAMES = tuple(f.name for f in fields(Settings))
 FIELDS = {f.name: f for f in fields(Settings)}
 
@@ -186,13 +278,16 @@ def check(name: str, value, section: type[Section] = Settings) -> None:
     if not any(_is(kind, value) for kind in meta["kinds"]):
         kinds = " or ".join(_kind_name(kind, meta["choices"]) for kind in meta["kinds"])
         raise ValueError(f"setting {name} must be {kinds}{' or null' if f.default is None else ''}, got {value!r}")
+    choices = meta["choices"]
+    if choices and type(value) in {type(c) for c in choices} and value not in choices:
+        raise ValueError(f"setting {name} must be one of {list(choices)}, got {value!r}")
     if isinstance(value, str):
-        if meta["choices"] and value not in meta["choices"]:
-            raise ValueError(f"setting {name} must be one of {list(meta['choices'])}, got {value!r}")
         return
-    low = meta["minimum"]
+    low, high = meta["minimum"], meta["maximum"]
     if low is not None and (value <= low if meta["exclusive"] else value < low):
         raise ValueError(f"setting {name} must be {'>' if meta['exclusive'] else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"setting {name} must be <= {high}, got {value!r}")
 
 
 def _flag(name: str) -> str:
@@ -276,44 +371,243 @@ def sha256_hex(text: str) -> str:
     return text
 
 
-def options(section: type[Section] = Settings) -> list:
-    """The fields of ``section`` that are options of its stage (all but those the workflow reads itself)."""
-    return [f for f in fields(section) if f.metadata["option"]]
+def options(section: type[Section] = Settings, command: str | None = None) -> list:
+    """The fields of ``section`` that are options of its stage (all but those the workflow reads itself); with
+    ``command``, of that command (a field whose ``option`` names commands is an option of those only)."""
+    def takes(option) -> bool:
+        return option is True or (command is not None and bool(option) and command in option)
+
+    return [f for f in fields(section) if takes(f.metadata["option"])]
 
 
-def add_arguments(parser: argparse.ArgumentParser, section: type[Section] = Settings) -> None:
-    """One option per setting (``--open-set-tau``, ``--tau-twice/--no-tau-twice``, ...) with its default and help."""
+def add_arguments(parser: argparse.ArgumentParser, section: type[Section] = Settings,
+                  command: str | None = None) -> None:
+    """One option per setting (``--open-set-tau``, ``--tau-twice/--no-tau-twice``, ...) with its default and help;
+    with ``command``, only the settings that command takes (``options``)."""
     group = parser.add_argument_group(f"{section.TITLE} (config `{section.SECTION}:`)")
-    for f in options(section):
-        help_text = f.metadata["help"] + (" (0 = null)" if f.default is None else "")
+    for f in options(section, command):
+        help_text = f.metadata["help"].replace("%", "%%") + (" (0 = null)" if f.default is None else "")
         if type(f.default) is bool:
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=f.default,
                                help=help_text)
         else:
-            closed = f.metadata["kinds"] == (str,) and f.metadata["choices"]
+            closed = len(f.metadata["kinds"]) == 1 and f.metadata["choices"]
             group.add_argument(_flag(f.name), type=arg_type(f.name, section), default=f.default, help=help_text,
                                choices=closed or None, metavar=None if closed else f.name.upper())
 
 
-def from_args(args: argparse.Namespace, section: type[Section] = Settings) -> Section:
-    """The settings of parsed options (``add_arguments``); a key that is no option takes its default."""
-    return section(**{f.name: getattr(args, f.name) for f in options(section)})
+def from_args(args: argparse.Namespace, section: type[Section] = Settings, command: str | None = None) -> Section:
+    """The settings of parsed options (``add_arguments`` with the same ``command``); a key that is no option of it
+    takes its default."""
+    return section(**{f.name: getattr(args, f.name) for f in options(section, command)})
 
 
-def to_args(values: Mapping | None, section: type[Section] = Settings) -> str:
-    """The command-line options of a config section (every option, defaults filled in, null as 0): how the workflow
-    passes ``config["inference"]`` to ``npm-repro evaluate`` and ``config["training"]`` to ``npm-repro train``."""
+def to_args(values: Mapping | None, section: type[Section] = Settings, command: str | None = None) -> str:
+    """The command-line options of a config section (every option, defaults filled in, null as 0, strings
+    shell-quoted): how the workflow passes ``config["inference"]`` to ``npm-repro evaluate`` and ``config["training"]``
+    to ``npm-repro train``; with ``command``, the options of that command (``config["data"]`` to ``tokenize-blocks``,
+    ...)."""
     settings = section.from_mapping(values)
     out = []
-    for f in options(section):
+    for f in options(section, command):
         value = getattr(settings, f.name)
         if isinstance(value, bool):
             out.append(_flag(f.name) if value else "--no-" + _flag(f.name)[2:])
         else:
-            out.append(f"{_flag(f.name)} {0 if value is None else value}")
+            text = shlex.quote(value) if isinstance(value, str) else 0 if value is None else value
+            out.append(f"{_flag(f.name)} {text}")
     return " ".join(out)
 
 
-__all__ = ["NAMES", "Section", "Settings", "TrainingSettings", "add_arguments", "arg_type", "bounded", "check",
+__all__ = ["NAMES", "DataSettings", "DatastoreSettings", "MaskingSettings", "Section", "Settings", "TrainingSettings",
+           "add_arguments", "arg_type", "bounded", "check",
            "from_args", "nonneg_float", "nonneg_int", "options", "positive_float", "positive_int", "positive_share",
            "sha256_hex", "to_args", "unit_interval"]
+
+
+# ---- DensePhrases (config `densephrases:`; Lee et al. 2021, docs/paper-map.md §D) and REPLUG (`replug:`; Shi et al.
+# 2023, docs/paper-map.md §R3). A subsection (teacher, train, query_ft, lsr) is its own Section, the value of its
+# parent's field; a key that several steps read names them (``options(DensePhrasesSettings, "dump")``).
+
+_DP_LENGTH_STEPS = ("train-teacher", "filter", "train", "evaluate")
+_DP_ENCODER_STEPS = ("train-teacher", "filter", "train", "dump", "query-ft", "evaluate", "search")
+
+
+@dataclass(frozen=True)
+class DensePhrasesTeacher(Section):
+    """The cross-attention teacher (``npm-repro densephrases train-teacher``)."""
+
+    SECTION = "densephrases.teacher"
+    TITLE = "teacher settings"
+
+    epochs: int = _setting(2, "teacher epochs (the code: 2)", minimum=1)
+    batch_size: int = _setting(16, "teacher examples per step", minimum=1)
+    lr: float = _setting(3e-5, "teacher learning rate", minimum=0, exclusive=True)
+
+
+@dataclass(frozen=True)
+class DensePhrasesTrain(Section):
+    """The phrase and question encoders, eq. 9 (``npm-repro densephrases train``)."""
+
+    SECTION = "densephrases.train"
+    TITLE = "training settings"
+
+    negatives: str = _setting("pre_batch", "negatives: none, in-batch, or in-batch + pre-batch (paper); the model of "
+                                           "the knowledge-table row", choices=("none", "in_batch", "pre_batch"))
+    epochs: int = _setting(4, "epochs (paper: 4)", minimum=1)
+    pre_batch_epochs: int = _setting(2, "last epochs with pre-batch negatives (paper: 2)", minimum=0)
+    pre_batch: int = _setting(2, "C, batches queued (paper: 2)", minimum=0)
+    batch_size: int = _setting(84, "B (paper: 84; code: 48 / 24 per GPU)", minimum=1)
+    lr: float = _setting(3e-5, "learning rate (paper: 3e-5)", minimum=0, exclusive=True)
+    lambda_single: float = _setting(1.0, "lambda_1 (paper: 1)", minimum=0)
+    lambda_distill: float = _setting(2.0, "lambda_2 (paper: 2); 0 = no teacher (train waits on none)", minimum=0)
+    lambda_neg: float = _setting(4.0, "lambda_3 (paper: 4)", minimum=0)
+    lambda_filter: float = _setting(0.0, "filter BCE weight (paper: not in eq. 9; code: 1.0)", minimum=0)
+
+
+@dataclass(frozen=True)
+class DensePhrasesQueryFt(Section):
+    """Query-side fine-tuning against the frozen index (``npm-repro densephrases query-ft``)."""
+
+    SECTION = "densephrases.query_ft"
+    TITLE = "query-side fine-tuning settings"
+
+    train: str | None = _setting(None, "training questions: SQuAD .json or JSONL {question, answers}; null = the "
+                                       "embedded RC training facts as cloze questions", kinds=(str,), option=False)
+    dev: str | None = _setting(None, "dev questions (the best epoch by EM is kept); null = the embedded RC dev facts "
+                                     "as cloze questions, else none", kinds=(str,), option=False)
+    epochs: int = _setting(10, "epochs (paper: 10; code: 5)", minimum=1)
+    batch_size: int = _setting(12, "questions per step (paper: 12)", minimum=1)
+    lr: float = _setting(3e-5, "learning rate (paper: 3e-5)", minimum=0, exclusive=True)
+    k: int = _setting(100, "starts and ends retrieved per question (paper: 100)", minimum=1)
+    objective: str = _setting("paper", "paper: phrase MML; code: + start-only and end-only MML",
+                              choices=("paper", "code"))
+
+
+@dataclass(frozen=True)
+class DensePhrasesSettings(Section):
+    """DensePhrases as its own system (Lee et al. 2021; docs/paper-map.md §D): the keys the workflow reads and those
+    of its steps (``options(DensePhrasesSettings, step)``). Invalid values raise ValueError."""
+
+    SECTION = "densephrases"
+    TITLE = "DensePhrases settings"
+
+    corpus: str | None = _setting(None, "corpus of the phrase dump and the table's indexes (a source name; required)",
+                                  kinds=(str,), option=False)
+    encoder: str | None = _setting(None, "the three encoders' checkpoint (paper: SpanBERT-base-cased); null = "
+                                         "model.encoder", kinds=(str,), option=False)
+    teacher_encoder: str | None = _setting(None, "the cross-attention teacher's start (paper: SpanBERT-base QA); null "
+                                                 "= encoder", kinds=(str,), option=False)
+    rc: str | dict = _setting("embedded", "reading-comprehension data: `embedded` (distant supervision from the "
+                                          "embedded facts, rule densephrases_rc) or {train, dev, test} paths of SQuAD "
+                                          "v1.1 JSON files (SQuAD, NQ-RC)", choices=("embedded",), kinds=(str, dict),
+                              option=False)
+    qg_filter: bool = _setting(True, "question generation's filter (paper 4.1): train the student on the generated "
+                                     "questions that the cross-attention teacher answers exactly (rule "
+                                     "densephrases_filter); false = on every training question", option=False)
+    max_passage_tokens: int = _setting(384, "passage tokens (code: SQuAD 384)", minimum=1, option=_DP_LENGTH_STEPS)
+    max_question_tokens: int = _setting(64, "question tokens (code: 64)", minimum=1, option=_DP_LENGTH_STEPS)
+    teacher: DensePhrasesTeacher = _setting(DensePhrasesTeacher(), "the cross-attention teacher (rule "
+                                                                   "densephrases_train_teacher)", option=False)
+    train: DensePhrasesTrain = _setting(DensePhrasesTrain(), "the phrase and question encoders (rule "
+                                                             "densephrases_train)", option=False)
+    negatives_ablation: tuple = _setting((), "other `negatives` settings trained and evaluated for the table",
+                                         kinds=(list, tuple), option=False)
+    d_small_pool: tuple = _setting((), "RC splits whose passages join the test split's in D_small (Table 6's "
+                                       "semi-open setting; paper: the evaluated set's own passages only)",
+                                   kinds=(list, tuple), option=False)
+    filter_threshold: float | None = _setting(None, "dump filter: keep tokens whose start- or end-filter logit "
+                                                    "exceeds it (code: -2 dev, 1 Wikipedia); null = every token",
+                                              kinds=(float,), option=("dump",))
+    index: str = _setting("Flat", "FAISS factory string of the knowledge-table row's index", option=False)
+    compare_indexes: tuple = _setting((), "other factory strings evaluated in the table (size, build time, EM, "
+                                          "queries/s)", kinds=(list, tuple), option=False)
+    nprobe: int = _setting(256, "IVF lists probed (paper: 256)", minimum=1, option=("index",))
+    index_train_sample: int = _setting(1_000_000, "dump vectors an IVF / PQ / OPQ index trains on (a seeded sample)",
+                                       minimum=1, option=("index",))
+    refine_factor: int = _setting(1, "the table's open-domain evaluations take refine_factor x k starts and ends "
+                                     "from the index and keep the k with the highest exact inner product with the "
+                                     "fp16 dump (1 = the index's own ranking, the paper); above 1, the index-only EM "
+                                     "is recorded too", minimum=1, option=("evaluate",))
+    precision: str = _setting("bf16", "autocast of every DensePhrases step (on CPU bf16 where the CPU has it "
+                                      "natively, else fp32)", choices=("bf16", "fp32"), option=_DP_ENCODER_STEPS)
+    query_ft: DensePhrasesQueryFt | None = _setting(None, "query-side fine-tuning (rule densephrases_query_ft); the "
+                                                          "knowledge-table row then uses the fine-tuned model; null = "
+                                                          "none", kinds=(DensePhrasesQueryFt,), option=False)
+    eval_tasks: tuple = _setting(("nq", "triviaqa"), "open-set tasks asked as questions in the table's open-domain "
+                                                     "columns", kinds=(list, tuple), option=False)
+
+
+@dataclass(frozen=True)
+class LsrSettings(Section):
+    """REPLUG LSR (REPLUG 4): its training queries (``npm-repro replug queries``) and the retriever's training
+    (``replug train-lsr``); the defaults are the paper's."""
+
+    SECTION = "replug.lsr"
+    TITLE = "REPLUG LSR settings"
+
+    n_queries: int = _setting(64, "training query passages", minimum=1, option=("queries",))
+    chars: int = _setting(800, "characters per query passage (x then y)", minimum=50, option=("queries",))
+    steps: int = _setting(25_000, "optimiser steps (paper: 25k)", minimum=1, option=("train-lsr",))
+    batch_size: int = _setting(64, "queries per step (paper: 64)", minimum=1, option=("train-lsr",))
+    k: int = _setting(20, "retrieved blocks per query (paper: 20)", minimum=1, option=("train-lsr",))
+    gamma: float = _setting(0.1, "retrieval temperature (paper: 0.1)", minimum=0, exclusive=True,
+                            option=("train-lsr",))
+    beta: float = _setting(0.1, "LM-score temperature (paper: 0.1)", minimum=0, exclusive=True, option=("train-lsr",))
+    lm_score: str = _setting("sum", "log p(y | d o x) summed (paper, read as a log-probability) or averaged over y's "
+                                    "tokens", choices=("sum", "mean"), option=("train-lsr",))
+    kl: str = _setting("retriever_lm", "KL(P_R || Q) (paper) or KL(Q || P_R) (authors' code)",
+                       choices=("retriever_lm", "lm_retriever"), option=("train-lsr",))
+    lr: float = _setting(2e-5, "Adam learning rate (paper: 2e-5)", minimum=0, exclusive=True, option=("train-lsr",))
+    warmup_ratio: float = _setting(0.1, "share of the steps of linear warm-up", minimum=0, maximum=1,
+                                   option=("train-lsr",))
+    refresh_every: int = _setting(3_000, "re-embed the corpus every N steps (paper: 3k)", minimum=1,
+                                  option=("train-lsr",))
+    x_len: int = _setting(128, "LM tokens of the query x (paper: 128)", minimum=1, option=("train-lsr",))
+    y_len: int = _setting(128, "LM tokens of the continuation y (paper: 128)", minimum=1, option=("train-lsr",))
+    doc_len: int = _setting(128, "LM tokens kept of each document", minimum=1, option=("train-lsr",))
+    checkpoint_every: int = _setting(1_000, "checkpoint every N steps", minimum=1, option=("train-lsr",))
+
+
+@dataclass(frozen=True)
+class ReplugSettings(Section):
+    """REPLUG's language-modelling evaluation (Shi et al. 2023, 6.1; docs/paper-map.md §R3) and LSR training (``lsr``).
+    Invalid values raise ValueError."""
+
+    SECTION = "replug"
+    TITLE = "REPLUG settings"
+
+    corpus: str | None = _setting(None, "retrieval corpus (a source name; required): its blocks, mean-pooled by the "
+                                        "encoder", kinds=(str,), option=False)
+    texts_from: str | None = _setting(None, "source whose articles' body sections are the evaluation text (their "
+                                            "lead must be in `corpus`; required)", kinds=(str,), option=False)
+    encoder: str | None = _setting(None, "the dense retriever (REPLUG's, and LSR's start): a folder or hub id (paper: "
+                                         "facebook/contriever); null = model.encoder over the corpus's own blocks. "
+                                         "Another encoder reads the corpus tokenized with its own tokenizer (rule "
+                                         "replug_tokenize_blocks, data/replug/blocks/)", kinds=(str,), option=False)
+    n_texts: int = _setting(8, "evaluation texts to write", minimum=1, option=("texts",))
+    max_chars: int = _setting(2000, "characters per text (each section cut at a sentence end before this)",
+                              minimum=100, option=("texts",))
+    k: tuple = _setting((1, 2, 4, 8, 10), "documents ensembled per window (REPLUG: 10); the largest is retrieved, "
+                                          "smaller k reuse its top", kinds=(list, tuple), option=False)
+    context_len: int = _setting(128, "tokens of preceding context (the query)", minimum=1, option=("eval-lm",))
+    pred_len: int = _setting(128, "tokens predicted per window (retrieval stride)", minimum=1, option=("eval-lm",))
+    doc_len: int = _setting(128, "LM tokens kept of each prepended document", minimum=1, option=("eval-lm",))
+    score: str = _setting("cosine", "dense score: cosine (paper) or raw inner product (authors' code)",
+                          choices=("cosine", "ip"), option=("eval-lm", "train-lsr"))
+    index: str = _setting("Flat", "FAISS factory string of the dense retriever's index over the corpus blocks (LM "
+                                  "evaluation and LSR): Flat (exact, REPLUG), or for example IVF1024,Flat or HNSW32 "
+                                  "for a large corpus", option=("eval-lm", "train-lsr"))
+    weighting: str = _setting("softmax", "mixture weights: softmax of the retrieval scores (paper) or uniform (older "
+                                         "code)", choices=("softmax", "uniform"), option=("eval-lm",))
+    temperature: float = _setting(1.0, "softmax(score / temperature); paper: 1", minimum=0, exclusive=True,
+                                  option=("eval-lm",))
+    concat: bool = _setting(False, "also the authors' ensemble = 0 mode (NPM's baseline): the top k documents "
+                                   "concatenated, cut to doc_len tokens in all, in one pass (rows concat)",
+                            option=("eval-lm",))
+    lsr: LsrSettings = _setting(LsrSettings(), "REPLUG LSR (REPLUG 4), rules replug_queries and replug_train_lsr",
+                                option=False)
+
+
+__all__ += ["DensePhrasesQueryFt", "DensePhrasesSettings", "DensePhrasesTeacher", "DensePhrasesTrain", "LsrSettings",
+            "ReplugSettings"]

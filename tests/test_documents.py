@@ -72,16 +72,16 @@ def test_shards_are_deterministic_for_a_seed(tmp_path):
     a = [tmp_path / "a" / f"shard{i}.jsonl.gz" for i in range(3)]
     b = [tmp_path / "b" / f"shard{i}.jsonl.gz" for i in range(3)]
     c = [tmp_path / "c" / f"shard{i}.jsonl.gz" for i in range(3)]
-    shard_documents(src, a, seed=2022, buffer_size=20)
-    shard_documents(src, b, seed=2022, buffer_size=20)
-    shard_documents(src, c, seed=7, buffer_size=20)
+    shard_documents(src, a, seed=2022, shuffle_buffer=20)
+    shard_documents(src, b, seed=2022, shuffle_buffer=20)
+    shard_documents(src, c, seed=7, shuffle_buffer=20)
     assert read_ids(a) == read_ids(b) != read_ids(c)
 
 
 def test_shards_hold_every_document_once_in_contiguous_parts_per_buffer(tmp_path):
     src = docs_file(tmp_path / "docs.jsonl.gz", 23)
     outs = [tmp_path / f"shard{i}.jsonl.gz" for i in range(4)]
-    summary = shard_documents(src, outs, buffer_size=10)
+    summary = shard_documents(src, outs, shuffle_buffer=10)
     # buffers of 10, 10, 3 -> parts of ceil(10/4)=3: 3,3,3,1 | 3,3,3,1 | ceil(3/4)=1: 1,1,1,0 (original save_lines)
     assert summary["documents"] == 23 and summary["per_shard"] == [7, 7, 7, 2]
     ids = read_ids(outs)

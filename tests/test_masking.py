@@ -21,6 +21,7 @@ from npm.data.batches import make_batches
 from npm.data.blocks import tokenize_documents
 from npm.io import load_npz, save_npz
 from npm.masking import mask_line, mask_shard, sample_spans, span_candidates, take_spans, uniform_mask_line
+from npm.settings import MaskingSettings
 from tests.conftest import lee_corpus_lines
 
 S = SPECIAL | PUNCT_START | PUNCT_END  # flags of <s>, </s>, [CLS], [SEP]
@@ -546,9 +547,9 @@ def test_mask_shard_writes_the_contract_and_a_summary(shard, mode):
 def test_mask_shard_is_deterministic_under_the_seed(shard):
     tmp, _ = shard
     args = (tmp / "blocks.npz", tmp / "batches.npz")
-    mask_shard(*args, tmp / "a.npz", seed=7)
-    mask_shard(*args, tmp / "b.npz", seed=7)
-    mask_shard(*args, tmp / "c.npz", seed=8)
+    mask_shard(*args, tmp / "a.npz", masking=MaskingSettings(seed=7))
+    mask_shard(*args, tmp / "b.npz", masking=MaskingSettings(seed=7))
+    mask_shard(*args, tmp / "c.npz", masking=MaskingSettings(seed=8))
     a, b, c = load_npz(tmp / "a.npz"), load_npz(tmp / "b.npz"), load_npz(tmp / "c.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not np.array_equal(a["spans"], c["spans"])

@@ -23,6 +23,7 @@ from npm.evaluation.harness import evaluate
 from npm.evaluation.systems import Inputs
 from npm.io import read_jsonl, write_jsonl
 from npm.model import load_masked_lm, max_input_length
+from npm.settings import MaskingSettings
 from npm.tasks.registry import label_verbalizers
 from npm.training.collate import IGNORE_INDEX, collate_mlm
 from npm.training.loop import MaskedTokensMLM, mlm_generator, mlm_step_loss, train
@@ -69,7 +70,7 @@ def shards(tmp_path_factory):
     write_jsonl(d / "docs.jsonl", [{"id": str(i), "units": [line]} for i, line in enumerate(lee_corpus_lines()[:40])])
     build_blocks(d / "docs.jsonl", d / "blocks.npz", WORDPIECE, max_seq_length=64)
     build_batches(d / "blocks.npz", d / "batches.npz", batch_size=4)
-    mask_shard(d / "blocks.npz", d / "batches.npz", d / "masked.npz", mode="span", seed=0)
+    mask_shard(d / "blocks.npz", d / "batches.npz", d / "masked.npz", mode="span", masking=MaskingSettings(seed=0))
     return [(str(d / "blocks.npz"), str(d / "masked.npz"))]
 
 

@@ -124,7 +124,7 @@ def test_only_the_registry_names_the_systems():
     evaluation system of the registry. The web page (npm/serve.py) is exempt: its five columns are a fixed layout,
     each loaded through its own entry point (npm.Predictor, the DensePhrases searcher, the registry's REPLUG)."""
     pattern = re.compile(r"""["'](npm_faiss|lm_pmi|bm25_lm|replug|replug_lsr)["']""")  # npm, mlm: model names too
-    section = re.compile(r"""config(\.get\(|\[)["']replug["']""")
+    section = re.compile(r"""(config(\.get\(|\[)|SECTION = )["']replug["']""")  # the config section
     hits = []
     files = [*ROOT.glob("npm/**/*.py"), *ROOT.glob("workflow/rules/*.smk"), ROOT / "Snakefile"]
     for path in files:

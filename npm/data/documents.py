@@ -5,7 +5,7 @@
   (``npm.data.ccnews``: one document per date, units ``"{title}. {text}"``) and writes one document per line
   (docs/data-contracts.md): ``{"id", "title", "units", "date", "source"}``.
 * ``shard_documents(src, outs)`` is the original ``shard_wiki``/``save_lines``: documents are read in buffers
-  of ``buffer_size`` (1M), each buffer is shuffled with one seeded generator and cut into ``len(outs)``
+  of ``shuffle_buffer`` (1M), each buffer is shuffled with one seeded generator and cut into ``len(outs)``
   contiguous parts of ``ceil(len(buffer) / len(outs))`` documents appended to the shards.
   ``shuffle=False`` (CC-News) keeps the input (date) order.
 
@@ -75,11 +75,11 @@ def _text_lines(path: Path) -> Iterator[str]:
         yield line if line.endswith("\n") else line + "\n"
 
 
-def shard_documents(src: str | Path, outs: list[Path], seed: int = 2022, buffer_size: int = 1_000_000,
+def shard_documents(src: str | Path, outs: list[Path], seed: int = 2022, shuffle_buffer: int = 1_000_000,
                     shuffle: bool = True) -> dict:
     """Split the documents of ``src`` into the shard files ``outs`` (paper-map §2.1, original ``shard_wiki``).
 
-    Buffers of ``buffer_size`` documents are shuffled with ``np.random.default_rng(seed)`` (one generator for
+    Buffers of ``shuffle_buffer`` documents are shuffled with ``np.random.default_rng(seed)`` (one generator for
     the whole run, so the result depends only on ``seed``), and each buffer is cut into ``len(outs)``
     contiguous parts of ``ceil(len / len(outs))`` documents, part i appended to ``outs[i]``, as the original
     ``save_lines`` does. (The original shuffles with the legacy ``np.random.seed(2022)`` + ``np.random.shuffle``,
@@ -89,8 +89,8 @@ def shard_documents(src: str | Path, outs: list[Path], seed: int = 2022, buffer_
     src, outs = Path(src), [Path(o) for o in outs]
     if not outs:
         raise ValueError("shard_documents needs at least one output shard")
-    if buffer_size < 1:
-        raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
+    if shuffle_buffer < 1:
+        raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
     rng = np.random.default_rng(seed)
     per_shard = [0] * len(outs)
 
@@ -111,7 +111,7 @@ def shard_documents(src: str | Path, outs: list[Path], seed: int = 2022, buffer_
         buffer: list[str] = []
         for line in tqdm(_text_lines(src), desc=f"shard {src.name}", unit="doc", disable=None):
             buffer.append(line)
-            if len(buffer) == buffer_size:
+            if len(buffer) == shuffle_buffer:
                 flush(buffer)
                 buffer = []
         if buffer:

@@ -12,7 +12,17 @@ import logging
 from pathlib import Path
 
 from npm import tracking
-from npm.settings import bounded, positive_float, positive_int
+from npm.settings import (
+    DensePhrasesQueryFt,
+    DensePhrasesSettings,
+    DensePhrasesTeacher,
+    DensePhrasesTrain,
+    add_arguments,
+    bounded,
+    from_args,
+    options,
+    positive_int,
+)
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 log = logging.getLogger("npm-repro.densephrases")
@@ -38,10 +48,8 @@ def cmd_train_teacher(args) -> int:
     from npm.densephrases.train import TeacherConfig, train_teacher
 
     cfg = TeacherConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
-                        checkpoint_dir=str(args.checkpoint_dir), epochs=args.epochs, batch_size=args.batch_size,
-                        lr=args.lr, max_passage_tokens=args.max_passage_tokens,
-                        max_question_tokens=args.max_question_tokens, seed=args.seed, precision=args.precision,
-                        device=args.device)
+                        checkpoint_dir=str(args.checkpoint_dir), **from_args(args, DensePhrasesTeacher).as_dict(),
+                        **_step_settings(args, "train-teacher"), seed=args.seed, device=args.device)
     with tracking.from_args(args, "densephrases_teacher", "teacher") as run:
         log.info("teacher: %s", train_teacher(cfg, run=run))
     return 0
@@ -68,12 +76,8 @@ def cmd_train(args) -> int:
 
     cfg = TrainConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
                       checkpoint_dir=str(args.checkpoint_dir), teacher=str(args.teacher) if args.teacher else None,
-                      negatives=args.negatives, epochs=args.epochs, pre_batch_epochs=args.pre_batch_epochs,
-                      pre_batch=args.pre_batch, batch_size=args.batch_size, lr=args.lr,
-                      lambda_single=args.lambda_single, lambda_distill=args.lambda_distill,
-                      lambda_neg=args.lambda_neg, lambda_filter=args.lambda_filter,
-                      max_passage_tokens=args.max_passage_tokens, max_question_tokens=args.max_question_tokens,
-                      seed=args.seed, precision=args.precision, device=args.device)
+                      **from_args(args, DensePhrasesTrain).as_dict(), **_step_settings(args, "train"),
+                      seed=args.seed, device=args.device)
     with tracking.from_args(args, "densephrases_train", args.negatives) as run:
         log.info("DensePhrases: %s", train_densephrases(cfg, run=run))
     return 0
@@ -110,7 +114,7 @@ def cmd_combine(args) -> int:
 def cmd_index(args) -> int:
     from npm.densephrases.dump import build_index
 
-    record = build_index(args.dump, args.out, args.factory, args.nprobe, args.seed, args.train_sample,
+    record = build_index(args.dump, args.out, args.factory, args.nprobe, args.seed, args.index_train_sample,
                          mem_mb=args.mem_mb or None)
     log.info("%s over %d vectors: %.1f bytes per vector, %.1f s -> %s", record["factory_effective"], record["rows"],
              record["bytes_per_vector"], record["build_seconds"], args.out)
@@ -122,9 +126,9 @@ def cmd_query_ft(args) -> int:
 
     with tracking.from_args(args, "densephrases_query_ft", f"{Path(args.model).name}_qft") as run:
         summary = query_finetune(args.model, args.dump, args.index, _questions(args.train), args.out,
-                                 dev=_questions(args.dev) if args.dev else None, k=args.k, max_words=args.max_words,
-                                 epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, objective=args.objective,
-                                 seed=args.seed, precision=args.precision, device=args.device, run=run)
+                                 dev=_questions(args.dev) if args.dev else None, max_words=args.max_words,
+                                 **_step_settings(args, "query-ft", DensePhrasesQueryFt),
+                                 **_step_settings(args, "query-ft"), seed=args.seed, device=args.device, run=run)
     log.info("query-side fine-tuning: dev EM %s -> %s", summary["dev_em_before"], summary["dev_em_best"])
     return 0
 
@@ -207,28 +211,28 @@ def _model_args(p, index: bool = True) -> None:
         p.add_argument("--index", type=Path, required=True, help="FAISS index of the dump (index)")
 
 
-def _length_args(p) -> None:
-    p.add_argument("--max-passage-tokens", type=positive_int, default=384, help="passage tokens (code: SQuAD 384)")
-    p.add_argument("--max-question-tokens", type=positive_int, default=64, help="question tokens")
+def _settings(p, step: str) -> None:
+    """The options of config `densephrases` that ``step`` reads (``npm.settings.DensePhrasesSettings``), and
+    --device where the step runs an encoder."""
+    add_arguments(p, DensePhrasesSettings, step)
+    if any(f.name == "precision" for f in options(DensePhrasesSettings, step)):
+        p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
 
 
-def _compute_args(p, training: bool = False) -> None:
-    """--precision and --device of a step that runs an encoder (``npm.model.autocast``)."""
-    choices = ["bf16", "fp32"] if training else ["bf16", "fp16", "fp32"]
-    p.add_argument("--precision", choices=choices, default="bf16" if training else "fp16",
-                   help="autocast: " + "|".join(choices) + " on GPU; on CPU bf16 where the CPU has it natively, "
-                        "else fp32" + (" (no fp16: it would need loss scaling)" if training else ""))
-    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+def _step_settings(args, step: str, section=DensePhrasesSettings) -> dict:
+    """The parsed settings of ``section`` that ``step`` takes, as keywords (their names are the code's)."""
+    return {f.name: getattr(args, f.name) for f in options(section, step)}
 
 
-def _search_args(p, k: int | None = None) -> None:
-    """--k and --max-words, with the defaults of ``npm.settings.Settings`` (config inference.phrase_k and
-    .phrase_max_words) unless ``k`` is given."""
+def _search_args(p, k: bool = True) -> None:
+    """--k (unless ``k`` is False: query-ft's is config densephrases.query_ft.k) and --max-words, with the defaults
+    of ``npm.settings.Settings`` (config inference.phrase_k and .phrase_max_words)."""
     from npm.settings import Settings
 
     default = Settings()
-    p.add_argument("--k", type=positive_int, default=k or default.phrase_k,
-                   help="starts and ends retrieved per question")
+    if k:
+        p.add_argument("--k", type=positive_int, default=default.phrase_k,
+                       help="starts and ends retrieved per question")
     p.add_argument("--max-words", type=positive_int, default=default.phrase_max_words,
                    help="longest phrase L in words (paper 20; code 10)")
 
@@ -262,12 +266,9 @@ def add_cli(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON")
     s.add_argument("--out", type=Path, required=True, help="teacher folder (save_pretrained)")
     s.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with per-epoch checkpoints")
-    s.add_argument("--epochs", type=positive_int, default=2, help="epochs (code: 2)")
-    s.add_argument("--batch-size", type=positive_int, default=16, help="examples per step")
-    s.add_argument("--lr", type=positive_float, default=3e-5, help="learning rate")
-    _length_args(s)
+    add_arguments(s, DensePhrasesTeacher)
+    _settings(s, "train-teacher")
     s.add_argument("--seed", type=int, default=0, help="seed")
-    _compute_args(s, training=True)
     tracking.add_arguments(s)
     s.set_defaults(func=cmd_train_teacher)
 
@@ -279,8 +280,7 @@ def add_cli(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--teacher", type=Path, required=True, help="teacher folder (train-teacher)")
     s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON with generated questions")
     s.add_argument("--out", type=Path, required=True, help="filtered SQuAD v1.1 JSON")
-    _length_args(s)
-    _compute_args(s)
+    _settings(s, "filter")
     s.set_defaults(func=cmd_filter)
 
     s = sub.add_parser("train", help="the phrase and question encoders (eq. 9), resumable",
@@ -292,22 +292,9 @@ def add_cli(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--teacher", type=Path, default=None, help="teacher folder (train-teacher); none = no distillation")
     s.add_argument("--out", type=Path, required=True, help="model folder")
     s.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with per-epoch checkpoints")
-    s.add_argument("--negatives", choices=["none", "in_batch", "pre_batch"], default="pre_batch",
-                   help="none, in-batch, or in-batch + pre-batch (paper)")
-    s.add_argument("--epochs", type=positive_int, default=4, help="epochs (paper: 4)")
-    s.add_argument("--pre-batch-epochs", type=bounded(int, minimum=0), default=2,
-                   help="last epochs with pre-batch negatives (paper: 2)")
-    s.add_argument("--pre-batch", type=bounded(int, minimum=0), default=2, help="C, batches queued (paper: 2)")
-    s.add_argument("--batch-size", type=positive_int, default=84, help="B (paper: 84; code: 48 / 24 per GPU)")
-    s.add_argument("--lr", type=positive_float, default=3e-5, help="learning rate (paper: 3e-5)")
-    s.add_argument("--lambda-single", type=bounded(float, minimum=0), default=1.0, help="lambda_1 (paper: 1)")
-    s.add_argument("--lambda-distill", type=bounded(float, minimum=0), default=2.0, help="lambda_2 (paper: 2)")
-    s.add_argument("--lambda-neg", type=bounded(float, minimum=0), default=4.0, help="lambda_3 (paper: 4)")
-    s.add_argument("--lambda-filter", type=bounded(float, minimum=0), default=0.0,
-                   help="filter BCE weight (paper: not in eq. 9; code: 1.0)")
-    _length_args(s)
+    add_arguments(s, DensePhrasesTrain)
+    _settings(s, "train")
     s.add_argument("--seed", type=int, default=0, help="seed")
-    _compute_args(s, training=True)
     tracking.add_arguments(s)
     s.set_defaults(func=cmd_train)
 
@@ -320,11 +307,8 @@ def add_cli(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--shard", type=bounded(int, minimum=0), default=None,
                    help="write only the folder of this shard of the dump (shard{K}, from the one --blocks file); "
                         "`densephrases combine` then writes the dump's meta.json. Default: the whole dump")
-    s.add_argument("--filter-threshold", type=float, default=None,
-                   help="keep tokens whose start- or end-filter logit exceeds it (code: -2 dev, 1 Wikipedia); "
-                        "default: keep every token")
     s.add_argument("--batch-blocks", type=positive_int, default=32, help="blocks per forward pass")
-    _compute_args(s)
+    _settings(s, "dump")
     s.set_defaults(func=cmd_dump)
 
     s = sub.add_parser("combine", help="the dump's meta.json over its shards (after `dump --shard` of each)",
@@ -341,8 +325,7 @@ def add_cli(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--dump", type=Path, required=True, help="dump folder")
     s.add_argument("--out", type=Path, required=True, help="index file (sidecar <out>.json beside it)")
     s.add_argument("--factory", default="Flat", help="FAISS factory string")
-    s.add_argument("--nprobe", type=positive_int, default=256, help="IVF lists probed (paper: 256)")
-    s.add_argument("--train-sample", type=positive_int, default=1_000_000, help="vectors to train IVF/PQ on")
+    _settings(s, "index")
     s.add_argument("--seed", type=int, default=1, help="seed of the training sample")
     s.add_argument("--mem-mb", type=bounded(int, minimum=0), default=0,
                    help="the job's memory in MB: refuse, before training, an index that would not fit (0 = no check)")
@@ -356,14 +339,10 @@ def add_cli(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--train", type=Path, required=True, help="questions: SQuAD .json or JSONL {question, answers}")
     s.add_argument("--dev", type=Path, default=None, help="dev questions: the best epoch by EM is kept")
     s.add_argument("--out", type=Path, required=True, help="fine-tuned model folder")
-    _search_args(s, 100)
-    s.add_argument("--epochs", type=positive_int, default=10, help="epochs (paper: 10; code: 5)")
-    s.add_argument("--batch-size", type=positive_int, default=12, help="questions per step (paper: 12)")
-    s.add_argument("--lr", type=positive_float, default=3e-5, help="learning rate (paper: 3e-5)")
-    s.add_argument("--objective", choices=["paper", "code"], default="paper",
-                   help="paper: phrase MML; code: + start-only and end-only MML")
+    _search_args(s, k=False)
+    add_arguments(s, DensePhrasesQueryFt)
     s.add_argument("--seed", type=int, default=0, help="seed")
-    _compute_args(s, training=True)
+    _settings(s, "query-ft")
     tracking.add_arguments(s)
     s.set_defaults(func=cmd_query_ft)
 
@@ -384,13 +363,8 @@ def add_cli(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--dump", type=Path, default=None, help="dump folder (--questions, --task)")
     s.add_argument("--index", type=Path, default=None, help="index file (--questions, --task)")
     _search_args(s)
-    s.add_argument("--refine-factor", type=positive_int, default=1,
-                   help="take refine-factor x k starts and ends from the index, keep the k with the highest exact "
-                        "inner product with the dump (1: the index's ranking, the paper); above 1, the index-only "
-                        "EM is recorded too")
-    _length_args(s)
     s.add_argument("--out", type=Path, required=True, help="results JSON")
-    _compute_args(s)
+    _settings(s, "evaluate")
     tracking.add_arguments(s)
     s.set_defaults(func=cmd_evaluate)
 
@@ -402,6 +376,6 @@ def add_cli(subparsers) -> argparse._SubParsersAction:
     _search_args(s)
     s.add_argument("--top", type=positive_int, default=5, help="phrases printed per question")
     s.add_argument("--evidence", action=argparse.BooleanOptionalAction, default=True, help="print the passage")
-    _compute_args(s)
+    _settings(s, "search")
     s.set_defaults(func=cmd_search)
     return sub

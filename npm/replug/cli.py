@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from npm import tracking
-from npm.settings import bounded, positive_float, positive_int, unit_interval
+from npm.settings import LsrSettings, ReplugSettings, add_arguments, from_args, options, positive_int
 
 log = logging.getLogger("npm-repro.replug")
 
@@ -98,12 +98,11 @@ def cmd_train_lsr(args: argparse.Namespace) -> int:
     from npm.threads import set_threads
 
     set_threads(args.threads)
+    lsr, replug = from_args(args, LsrSettings, "train-lsr"), from_args(args, ReplugSettings, "train-lsr")
     cfg = LsrConfig(encoder=args.encoder, lm=args.lm, blocks=list(args.blocks), queries=str(args.queries),
-                    out_dir=str(args.out), checkpoint_dir=str(args.checkpoint_dir), steps=args.steps,
-                    batch_size=args.batch_size, k=args.k, gamma=args.gamma, beta=args.beta, lm_score=args.lm_score,
-                    kl=args.kl, lr=args.lr, warmup_ratio=args.warmup_ratio, refresh_every=args.refresh_every,
-                    x_len=args.x_len, y_len=args.y_len, doc_len=args.doc_len, score=args.score, index=args.index,
-                    checkpoint_every=args.checkpoint_every, seed=args.seed)
+                    out_dir=str(args.out), checkpoint_dir=str(args.checkpoint_dir),
+                    **{f.name: getattr(lsr, f.name) for f in options(LsrSettings, "train-lsr")},
+                    score=replug.score, index=replug.index, seed=args.seed)
     with tracking.from_args(args, "replug_lsr", "replug_lsr") as run:
         log.info("LSR: %s", train_lsr(cfg, run=run))
     return 0
@@ -122,14 +121,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _article_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--articles", type=Path, required=True, help="documents JSONL(.gz) with lead + body units")
     p.add_argument("--corpus", type=Path, required=True, help="documents JSONL(.gz) of the retrieval corpus")
-
-
-def _index_arg(p: argparse.ArgumentParser) -> None:
-    from npm.baselines.dense import DEFAULT_INDEX
-
-    p.add_argument("--index", default=DEFAULT_INDEX,
-                   help="FAISS factory string of the dense index over the blocks: Flat (exact, REPLUG) or e.g. "
-                        "IVF1024,Flat / HNSW32 for a large corpus")
 
 
 def _seed_out_args(p: argparse.ArgumentParser, out_help: str) -> None:
@@ -151,9 +142,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                                    "--articles whose title has a document in --corpus (npm.replug.texts).",
                        formatter_class=fmt)
     _article_args(t)
-    t.add_argument("--n-texts", type=positive_int, default=8, help="texts to write")
-    t.add_argument("--max-chars", type=bounded(int, minimum=100), default=2000,
-                   help="cut each section at a sentence end before this")
+    add_arguments(t, ReplugSettings, "texts")
     t.add_argument("--min-chars", type=positive_int, default=500, help="shortest body section that qualifies")
     _seed_out_args(t, "texts JSONL to write")
     t.set_defaults(func=cmd_texts)
@@ -169,23 +158,12 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--retriever", choices=["dense", "bm25"], default="dense",
                    help="dense: mean-pooled --encoder (REPLUG 3.1); bm25: the corpus's pyserini index")
     e.add_argument("--encoder", default=None, help="dense retriever's encoder (the tokenizer of the blocks)")
-    e.add_argument("--score", choices=["cosine", "ip"], default="cosine",
-                   help="dense score: cosine (paper) or raw inner product (authors' code)")
-    _index_arg(e)
     e.add_argument("--bm25", default=None, help="BM25 index folder (--retriever bm25)")
     e.add_argument("--lsr-encoder", default=None,
                    help="an LSR-trained retriever (train-lsr): adds the REPLUG LSR rows (dense, same --score)")
-    e.add_argument("--k", type=positive_int, nargs="+", default=[1, 2, 4, 8, 10],
-                   help="documents per window (REPLUG: 10); the largest is retrieved, smaller k reuse its top")
-    e.add_argument("--context-len", type=positive_int, default=128, help="tokens of preceding context (the query)")
-    e.add_argument("--pred-len", type=positive_int, default=128, help="tokens predicted per window (retrieval stride)")
-    e.add_argument("--doc-len", type=positive_int, default=128, help="LM tokens kept of each prepended document")
-    e.add_argument("--weighting", choices=["softmax", "uniform"], default="softmax",
-                   help="softmax of the retrieval scores (paper) or uniform (older code)")
-    e.add_argument("--temperature", type=positive_float, default=1.0, help="softmax(score / temperature); paper: 1")
-    e.add_argument("--concat", action="store_true",
-                   help="also the authors' ensemble = 0 mode (NPM's baseline): the top k documents concatenated, "
-                        "cut to --doc-len tokens in all, in one pass (rows concat)")
+    k = ReplugSettings.__dataclass_fields__["k"]  # a list: an option of eval-lm only, not generated
+    e.add_argument("--k", type=positive_int, nargs="+", default=list(k.default), help=k.metadata["help"])
+    add_arguments(e, ReplugSettings, "eval-lm")
     e.add_argument("--seed", type=int, default=0, help="seed of the random documents and the bootstrap")
     e.add_argument("--batch-size", type=positive_int, default=8, help="LM rows per forward pass")
     e.add_argument("--threads", type=positive_int, default=None,
@@ -201,9 +179,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
                                    "LSR never retrieves for it (npm.replug.texts).", formatter_class=fmt)
     _article_args(q)
     q.add_argument("--exclude", type=Path, required=True, help="evaluation texts JSONL (their articles are left out)")
-    q.add_argument("--n-queries", type=positive_int, default=64, help="queries to write")
-    q.add_argument("--chars", type=bounded(int, minimum=50), default=800,
-                   help="characters per query passage (x then y)")
+    add_arguments(q, LsrSettings, "queries")
     _seed_out_args(q, "queries JSONL to write")
     q.set_defaults(func=cmd_queries)
 
@@ -218,25 +194,8 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--queries", type=Path, required=True, help="queries JSONL (npm-repro replug queries)")
     t.add_argument("--out", type=Path, required=True, help="trained retriever folder (save_pretrained)")
     t.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with resumable checkpoints")
-    t.add_argument("--steps", type=positive_int, default=25_000, help="optimiser steps (paper: 25k)")
-    t.add_argument("--batch-size", type=positive_int, default=64, help="queries per step (paper: 64)")
-    t.add_argument("--k", type=positive_int, default=20, help="retrieved blocks per query (paper: 20)")
-    t.add_argument("--gamma", type=positive_float, default=0.1, help="retrieval temperature (paper: 0.1)")
-    t.add_argument("--beta", type=positive_float, default=0.1, help="LM-score temperature (paper: 0.1)")
-    t.add_argument("--lm-score", choices=["sum", "mean"], default="sum",
-                   help="log p(y | d o x) summed (paper, read as a log-probability) or averaged over y's tokens")
-    t.add_argument("--kl", choices=["retriever_lm", "lm_retriever"], default="retriever_lm",
-                   help="KL(P_R || Q) (paper) or KL(Q || P_R) (authors' code)")
-    t.add_argument("--lr", type=positive_float, default=2e-5, help="Adam learning rate (paper: 2e-5)")
-    t.add_argument("--warmup-ratio", type=unit_interval, default=0.1, help="share of the steps of linear warm-up")
-    t.add_argument("--refresh-every", type=positive_int, default=3_000,
-                   help="re-embed the corpus every N steps (paper: 3k)")
-    t.add_argument("--x-len", type=positive_int, default=128, help="LM tokens of the query x (paper: 128)")
-    t.add_argument("--y-len", type=positive_int, default=128, help="LM tokens of the continuation y (paper: 128)")
-    t.add_argument("--doc-len", type=positive_int, default=128, help="LM tokens kept of each document")
-    t.add_argument("--score", choices=["cosine", "ip"], default="cosine", help="retrieval score (paper: cosine)")
-    _index_arg(t)
-    t.add_argument("--checkpoint-every", type=positive_int, default=1_000, help="checkpoint every N steps")
+    add_arguments(t, LsrSettings, "train-lsr")
+    add_arguments(t, ReplugSettings, "train-lsr")
     t.add_argument("--seed", type=int, default=0, help="seed of torch and python")
     t.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")

@@ -9,7 +9,20 @@ from types import SimpleNamespace
 
 import yaml
 
-from npm.settings import Settings, TrainingSettings, to_args
+from npm.settings import (
+    DataSettings,
+    DatastoreSettings,
+    DensePhrasesQueryFt,
+    DensePhrasesSettings,
+    DensePhrasesTeacher,
+    DensePhrasesTrain,
+    LsrSettings,
+    MaskingSettings,
+    ReplugSettings,
+    Settings,
+    TrainingSettings,
+    to_args,
+)
 from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
 from npm.io import package_release, resolve_package_path
@@ -43,6 +56,13 @@ try:
 except ValueError as e:
     _config_error(str(e))
 config["training"] = TRAINING.as_dict()
+
+# Config `data`, `masking` and `datastore` the same way (npm.settings): the rules pass them with to_args.
+for _section in (DataSettings, MaskingSettings, DatastoreSettings):
+    try:
+        config[_section.SECTION] = _section.from_mapping(config.get(_section.SECTION)).as_dict()
+    except ValueError as e:
+        _config_error(str(e))
 
 
 for _name in (
@@ -424,6 +444,15 @@ def run_needs(wildcards):
     return system, system.needs(TASKS[wildcards.task]["family"] == "closed", INFERENCE.retriever)
 
 
+# Configs `densephrases` and `replug` with their defaults filled in from npm.settings.DensePhrasesSettings and
+# ReplugSettings (the schema states none); absent = none of their targets. Their rules pass them with to_args.
+for _settings in (DensePhrasesSettings, ReplugSettings):
+    if config.get(_settings.SECTION):
+        try:
+            config[_settings.SECTION] = _settings.from_mapping(config[_settings.SECTION]).as_dict()
+        except ValueError as e:
+            _config_error(str(e))
+
 # REPLUG's dense retriever (config replug.encoder; default model.encoder, which reads the corpus's own blocks).
 REPLUG_ENCODER = (config.get("replug") or {}).get("encoder") or config["model"]["encoder"]
 
@@ -442,7 +471,7 @@ def encoder_blocks(corpus, encoder, folder):
     return expand(f"{folder}/{{corpus}}/shard{{shard}}.npz", corpus=corpus, shard=shard_ids(corpus))
 
 
-# DensePhrases (config `densephrases`, its defaults filled in by the schema; rules in densephrases.smk; absent = none
+# DensePhrases (config `densephrases`, its defaults filled in above; rules in densephrases.smk; absent = none
 # of its targets, and the names below are empty).
 DP = config.get("densephrases") or {}
 
@@ -454,15 +483,13 @@ def _slug(factory):
 
 if "densephrases" in evaluated_systems() and not DP:
     _config_error("evaluation lists the system densephrases but config has no `densephrases` section")
-DP_ENCODER = DP_TEACHER_ENCODER = DP_CORPUS = DP_NEGATIVES = DP_LENGTHS = DP_INDEX = DP_COMPUTE = None
+DP_ENCODER = DP_TEACHER_ENCODER = DP_CORPUS = DP_NEGATIVES = DP_INDEX = None
 DP_INDEXES = {}  # file name -> factory string: config `index` first, then `compare_indexes`
 if DP:
     DP_ENCODER = DP["encoder"] or config["model"]["encoder"]
     DP_TEACHER_ENCODER = DP["teacher_encoder"] or DP_ENCODER
     DP_CORPUS = DP["corpus"]
     DP_NEGATIVES = DP["train"]["negatives"]
-    DP_LENGTHS = f"--max-passage-tokens {DP['max_passage_tokens']} --max-question-tokens {DP['max_question_tokens']}"
-    DP_COMPUTE = f"--precision {DP['precision']}"
     DP_INDEXES = {_slug(f): f for f in [DP["index"], *DP["compare_indexes"]]}
     DP_INDEX = _slug(DP["index"])
     if DP_CORPUS not in config["sources"]:
@@ -539,12 +566,14 @@ def dp_evaluate_inputs(wildcards):
     }
 
 
+def dp_args(step):
+    """The options of `npm-repro densephrases STEP` from config `densephrases` (npm.settings.DensePhrasesSettings)."""
+    return to_args(DP, DensePhrasesSettings, step)
+
+
 def dp_search_args():
-    """--k, --max-words (config inference) and --refine-factor (config densephrases.refine_factor) of the table's
-    open-domain evaluations."""
-    return (
-        f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}" f" --refine-factor {DP['refine_factor']}"
-    )
+    """--k and --max-words (config inference) of the table's open-domain evaluations."""
+    return f"--k {INFERENCE.phrase_k} --max-words {INFERENCE.phrase_max_words}"
 
 
 def dp_report_inputs():

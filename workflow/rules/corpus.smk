@@ -30,12 +30,10 @@ rule plan_datastore:
     params:
         model=lambda wc: model_name(wc.model),
         out=datastore_dir,
-        shards=config["datastore"]["shards"],
-        drop=lambda wc: "--drop-stopwords" if config["datastore"]["drop_stopwords"] else "",
-        stopwords=config["datastore"]["stopwords"],
+        settings=to_args(config["datastore"], DatastoreSettings, "embed --step plan"),
     shell:
         "npm-repro embed --step plan --model {params.model:q} --blocks {input.blocks} --out {params.out}"
-        " --shards {params.shards} --stopwords {params.stopwords} {params.drop} > {log} 2>&1"
+        " {params.settings} > {log} 2>&1"
 
 
 rule embed_shard:
@@ -61,10 +59,9 @@ rule embed_shard:
         cpus_per_task=8,
     params:
         out=datastore_dir,
-        d=config["datastore"],
+        settings=to_args(config["datastore"], DatastoreSettings, "embed --step shard"),
     shell:
-        "npm-repro embed --step shard --shard {wildcards.shard} --out {params.out}"
-        " --batch-blocks {params.d[batch_blocks]} > {log} 2>&1"
+        "npm-repro embed --step shard --shard {wildcards.shard} --out {params.out} {params.settings} > {log} 2>&1"
 
 
 rule slice_shard:

@@ -228,10 +228,10 @@ rule shard_documents:
         n=lambda wc: n_shards(wc.corpus),
         shuffle=lambda wc: "--shuffle" if source(wc.corpus).get("shuffle", True) else "--no-shuffle",
         seed=config["seed"],
-        buffer=config["data"]["shuffle_buffer"],
+        settings=to_args(config["data"], DataSettings, "shard-documents"),
     shell:
         "npm-repro shard-documents --docs {input} --out-dir {output.shards} --shards {params.n}"
-        " {params.shuffle} --seed {params.seed} --buffer-size {params.buffer} > {log} 2>&1"
+        " {params.shuffle} --seed {params.seed} {params.settings} > {log} 2>&1"
 
 
 rule tokenize_blocks:
@@ -253,10 +253,10 @@ rule tokenize_blocks:
         "../envs/data.yaml"
     params:
         tokenizer=TOKENIZER,
-        max_len=config["data"]["max_seq_length"],
+        settings=to_args(config["data"], DataSettings, "tokenize-blocks"),
     shell:
         "npm-repro tokenize-blocks --docs {input.docs}/shard{wildcards.shard}.jsonl.gz --tokenizer {params.tokenizer:q}"
-        " --max-seq-length {params.max_len} --out {output.blocks} --summary {output.summary} > {log} 2>&1"
+        " {params.settings} --out {output.blocks} --summary {output.summary} > {log} 2>&1"
 
 
 rule subsample_corpus:
@@ -293,10 +293,10 @@ rule batch_blocks:
     conda:
         "../envs/data.yaml"
     params:
-        batch_size=config["data"]["batch_size"],
+        settings=to_args(config["data"], DataSettings, "batch-blocks"),
         batching=lambda wc: source(wc.corpus).get("batching", "rollover"),
     shell:
-        "npm-repro batch-blocks --blocks {input} --batch-size {params.batch_size} --batching {params.batching}"
+        "npm-repro batch-blocks --blocks {input} {params.settings} --batching {params.batching}"
         " --out {output.batches} --summary {output.summary} > {log} 2>&1"
 
 
@@ -316,10 +316,7 @@ rule mask_batches:
     conda:
         "../envs/data.yaml"
     params:
-        m=config["masking"],
+        settings=to_args(config["masking"], MaskingSettings),
     shell:
         "npm-repro mask-batches --blocks {input.blocks} --batches {input.batches} --mode {wildcards.mode}"
-        " --seed {params.m[seed]} --ratio {params.m[ratio]} --p {params.m[p]}"
-        " --max-span-length {params.m[max_span_length]} --max-spans-per-sequence {params.m[max_spans_per_sequence]}"
-        " --max-ngram-repeats {params.m[max_ngram_repeats]} --min-masked-ratio {params.m[min_masked_ratio]}"
-        " --punct-keep-prob {params.m[punct_keep_prob]} --out {output.masked} --summary {output.summary} > {log} 2>&1"
+        " {params.settings} --out {output.masked} --summary {output.summary} > {log} 2>&1"

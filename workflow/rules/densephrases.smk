@@ -78,16 +78,14 @@ rule densephrases_train_teacher:
         runtime=720,
     params:
         tracking=tracking_args,
-        t=lambda wc: DP["teacher"],
+        teacher=lambda wc: to_args(DP["teacher"], DensePhrasesTeacher),
         encoder=DP_TEACHER_ENCODER,
-        lengths=DP_LENGTHS,
+        settings=lambda wc: dp_args("train-teacher"),
         seed=config["seed"],
-        compute=DP_COMPUTE,
     shell:
         "npm-repro densephrases train-teacher --encoder {params.encoder:q} --train {input.train} --out {output}"
-        " --checkpoint-dir results/checkpoints/densephrases_teacher --epochs {params.t[epochs]}"
-        " --batch-size {params.t[batch_size]} --lr {params.t[lr]} {params.lengths} --seed {params.seed}"
-        " {params.compute} {params.tracking} > {log} 2>&1"
+        " --checkpoint-dir results/checkpoints/densephrases_teacher {params.teacher} {params.settings}"
+        " --seed {params.seed} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_filter:
@@ -108,11 +106,10 @@ rule densephrases_filter:
         mem_mb=32000,
         runtime=240,
     params:
-        lengths=DP_LENGTHS,
-        compute=DP_COMPUTE,
+        settings=lambda wc: dp_args("filter"),
     shell:
         "npm-repro densephrases filter --teacher {input.teacher} --train {input.train} --out {output}"
-        " {params.lengths} {params.compute} > {log} 2>&1"
+        " {params.settings} > {log} 2>&1"
 
 
 rule densephrases_train:
@@ -138,20 +135,15 @@ rule densephrases_train:
         runtime=1440,
     params:
         tracking=tracking_args,
-        t=lambda wc: DP["train"],
+        train=lambda wc: to_args({**DP["train"], "negatives": wc.negatives}, DensePhrasesTrain),
         encoder=DP_ENCODER,
-        lengths=DP_LENGTHS,
+        settings=lambda wc: dp_args("train"),
         seed=config["seed"],
-        compute=DP_COMPUTE,
         teacher=lambda wc, input: f"--teacher {input.teacher}" if input.teacher else "",
     shell:
         "npm-repro densephrases train --encoder {params.encoder:q} --train {input.train} {params.teacher}"
-        " --out {output} --checkpoint-dir results/checkpoints/densephrases --negatives {wildcards.negatives}"
-        " --epochs {params.t[epochs]} --pre-batch-epochs {params.t[pre_batch_epochs]} --pre-batch {params.t[pre_batch]}"
-        " --batch-size {params.t[batch_size]} --lr {params.t[lr]} --lambda-single {params.t[lambda_single]}"
-        " --lambda-distill {params.t[lambda_distill]} --lambda-neg {params.t[lambda_neg]}"
-        " --lambda-filter {params.t[lambda_filter]} {params.lengths} --seed {params.seed} {params.compute}"
-        " {params.tracking} > {log} 2>&1"
+        " --out {output} --checkpoint-dir results/checkpoints/densephrases {params.train} {params.settings}"
+        " --seed {params.seed} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_dump:
@@ -177,11 +169,10 @@ rule densephrases_dump:
         runtime=720,
     params:
         folder=lambda wc, output: Path(output[0]).parent.parent,
-        threshold=lambda wc: "" if DP["filter_threshold"] is None else f"--filter-threshold {DP['filter_threshold']}",
-        compute=DP_COMPUTE,
+        settings=lambda wc: dp_args("dump"),
     shell:
         "npm-repro densephrases dump --model {input.model} --blocks {input.blocks} --out {params.folder}"
-        " --shard {wildcards.shard} {params.threshold} {params.compute} > {log} 2>&1"
+        " --shard {wildcards.shard} {params.settings} > {log} 2>&1"
 
 
 rule densephrases_combine:
@@ -227,13 +218,11 @@ rule densephrases_index:
     params:
         factory=lambda wc: DP_INDEXES[wc.index],
         folder=lambda wc, input: Path(input[0]).parent,
-        nprobe=lambda wc: DP["nprobe"],
-        train_sample=lambda wc: DP["index_train_sample"],
+        settings=lambda wc: dp_args("index"),
         seed=config["seed"],
     shell:
         "npm-repro densephrases index --dump {params.folder} --out {output.index} --factory {params.factory:q}"
-        " --nprobe {params.nprobe} --train-sample {params.train_sample} --seed {params.seed}"
-        " --mem-mb {resources.mem_mb} > {log} 2>&1"
+        " {params.settings} --seed {params.seed} --mem-mb {resources.mem_mb} > {log} 2>&1"
 
 
 rule densephrases_query_ft:
@@ -259,17 +248,16 @@ rule densephrases_query_ft:
         runtime=720,
     params:
         tracking=tracking_args,
-        q=lambda wc: DP["query_ft"],
+        query_ft=lambda wc: to_args(DP["query_ft"], DensePhrasesQueryFt),
         dump=lambda wc, input: Path(input.dump).parent,
         dev=lambda wc, input: f"--dev {input.dev}" if input.dev else "",
         max_words=INFERENCE.phrase_max_words,
+        settings=lambda wc: dp_args("query-ft"),
         seed=config["seed"],
-        compute=DP_COMPUTE,
     shell:
         "npm-repro densephrases query-ft --model {input.model} --dump {params.dump} --index {input.index}"
-        " --train {input.train} {params.dev} --out {output} --k {params.q[k]} --max-words {params.max_words}"
-        " --epochs {params.q[epochs]} --batch-size {params.q[batch_size]} --lr {params.q[lr]}"
-        " --objective {params.q[objective]} --seed {params.seed} {params.compute} {params.tracking} > {log} 2>&1"
+        " --train {input.train} {params.dev} --out {output} {params.query_ft} --max-words {params.max_words}"
+        " {params.settings} --seed {params.seed} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_evaluate_rc:
@@ -300,11 +288,10 @@ rule densephrases_evaluate_rc:
         tracking=tracking_args,
         teacher=lambda wc, input: f"--teacher {input.teacher}" if wc.negatives == DP_NEGATIVES else "",
         pool=lambda wc, input: f"--d-small-pool {input.pool}" if input.pool else "",
-        lengths=DP_LENGTHS,
-        compute=DP_COMPUTE,
+        settings=lambda wc: dp_args("evaluate"),
     shell:
         "npm-repro densephrases evaluate --model {input.model} --rc {input.rc} {params.pool} {params.teacher}"
-        " {params.lengths} {params.compute} --out {output} {params.tracking} > {log} 2>&1"
+        " {params.settings} --out {output} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_evaluate:
@@ -331,12 +318,11 @@ rule densephrases_evaluate:
         tracking=tracking_args,
         dump=lambda wc, input: Path(input.dump).parent,
         tasks=lambda wc: " ".join(DP["eval_tasks"]),
-        lengths=DP_LENGTHS,
         search=lambda wc: dp_search_args(),
-        compute=DP_COMPUTE,
+        settings=lambda wc: dp_args("evaluate"),
     shell:
         "npm-repro densephrases evaluate --model {input.model} --dump {params.dump} --index {input.index}"
-        " --task {params.tasks} --tasks-root data/tasks {params.search} {params.lengths} {params.compute}"
+        " --task {params.tasks} --tasks-root data/tasks {params.search} {params.settings}"
         " --out {output} {params.tracking} > {log} 2>&1"
 
 

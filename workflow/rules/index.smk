@@ -22,10 +22,9 @@ rule build_faiss_index:
         cpus_per_task=8,
     params:
         datastore=datastore_dir,
-        d=config["datastore"],
+        settings=to_args(config["datastore"], DatastoreSettings, "build-faiss-index"),
     shell:
-        "npm-repro build-faiss-index --datastore {params.datastore} --out {output.index} --factory {params.d[faiss_factory]:q}"
-        " --train-sample {params.d[faiss_train_sample]} --nprobe {params.d[nprobe]} --ef-search {params.d[ef_search]}"
+        "npm-repro build-faiss-index --datastore {params.datastore} --out {output.index} {params.settings}"
         " --mem-mb {resources.mem_mb} > {log} 2>&1"
 
 

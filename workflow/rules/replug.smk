@@ -29,11 +29,11 @@ rule replug_texts:
     conda:
         "../envs/data.yaml"
     params:
-        r=REPLUG,
+        settings=lambda wc: to_args(REPLUG, ReplugSettings, "texts"),
         seed=config["seed"],
     shell:
-        "npm-repro replug texts --articles {input.articles} --corpus {input.corpus} --n-texts {params.r[n_texts]}"
-        " --max-chars {params.r[max_chars]} --seed {params.seed} --out {output} > {log} 2>&1"
+        "npm-repro replug texts --articles {input.articles} --corpus {input.corpus} {params.settings}"
+        " --seed {params.seed} --out {output} > {log} 2>&1"
 
 
 rule replug_queries:
@@ -49,12 +49,11 @@ rule replug_queries:
     conda:
         "../envs/data.yaml"
     params:
-        lsr=lambda wc: REPLUG["lsr"],
+        lsr=lambda wc: to_args(REPLUG["lsr"], LsrSettings, "queries"),
         seed=config["seed"],
     shell:
         "npm-repro replug queries --articles {input.articles} --corpus {input.corpus} --exclude {input.exclude}"
-        " --n-queries {params.lsr[n_queries]} --chars {params.lsr[chars]} --seed {params.seed} --out {output}"
-        " > {log} 2>&1"
+        " {params.lsr} --seed {params.seed} --out {output} > {log} 2>&1"
 
 
 rule replug_train_lsr:
@@ -79,20 +78,15 @@ rule replug_train_lsr:
         runtime=1440,
     params:
         tracking=tracking_args,
-        lsr=lambda wc: REPLUG["lsr"],
-        r=REPLUG,
+        lsr=lambda wc: to_args(REPLUG["lsr"], LsrSettings, "train-lsr"),
+        settings=lambda wc: to_args(REPLUG, ReplugSettings, "train-lsr"),
         lm=lambda wc: model_name("lm"),
         encoder=REPLUG_ENCODER,
         seed=config["seed"],
     shell:
         "npm-repro replug train-lsr --encoder {params.encoder:q} --lm {params.lm:q} --blocks {input.blocks}"
         " --queries {input.queries} --out {output} --checkpoint-dir results/checkpoints/replug_lsr"
-        " --steps {params.lsr[steps]} --batch-size {params.lsr[batch_size]} --k {params.lsr[k]}"
-        " --gamma {params.lsr[gamma]} --beta {params.lsr[beta]} --lm-score {params.lsr[lm_score]} --kl {params.lsr[kl]}"
-        " --lr {params.lsr[lr]} --warmup-ratio {params.lsr[warmup_ratio]} --refresh-every {params.lsr[refresh_every]}"
-        " --x-len {params.lsr[x_len]} --y-len {params.lsr[y_len]} --doc-len {params.lsr[doc_len]}"
-        " --score {params.r[score]} --index {params.r[index]:q} --checkpoint-every {params.lsr[checkpoint_every]}"
-        " --seed {params.seed}"
+        " {params.lsr} {params.settings} --seed {params.seed}"
         " --threads {threads} {params.tracking} > {log} 2>&1"
 
 
@@ -118,19 +112,17 @@ rule replug_eval_lm:
         runtime=720,
     params:
         tracking=tracking_args,
-        r=REPLUG,
+        settings=lambda wc: to_args(REPLUG, ReplugSettings, "eval-lm"),
         lm=lambda wc: model_name("lm"),
         encoder=REPLUG_ENCODER,
+        corpus=lambda wc: REPLUG["corpus"],
         k=lambda wc: " ".join(str(k) for k in REPLUG["k"]),
-        concat=lambda wc: "--concat" if REPLUG.get("concat") else "",
         seed=config["seed"],
     shell:
         "npm-repro replug eval-lm --lm {params.lm:q} --texts {input.texts} --blocks {input.blocks}"
-        " --corpus {params.r[corpus]} --retriever dense --encoder {params.encoder:q} --score {params.r[score]}"
-        " --index {params.r[index]:q}"
-        " --lsr-encoder {input.lsr} --k {params.k} --context-len {params.r[context_len]} --pred-len {params.r[pred_len]}"
-        " --doc-len {params.r[doc_len]} --weighting {params.r[weighting]} --temperature {params.r[temperature]}"
-        " {params.concat} --seed {params.seed} --threads {threads} --out {output} {params.tracking} > {log} 2>&1"
+        " --corpus {params.corpus} --retriever dense --encoder {params.encoder:q} --lsr-encoder {input.lsr}"
+        " --k {params.k} {params.settings} --seed {params.seed} --threads {threads} --out {output}"
+        " {params.tracking} > {log} 2>&1"
 
 
 rule replug_report:

@@ -1,0 +1,150 @@
+"""The config's `densephrases` and `replug` sections in one place (npm.settings.DensePhrasesSettings, ReplugSettings and
+their subsections; docs/paper-map.md §D, §R3): the schema documents their keys without defaults, the steps of
+`npm-repro densephrases` / `npm-repro replug` take options generated from them, and the rules pass them with to_args."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from npm.cli import build_parser
+from npm.settings import (
+    DensePhrasesQueryFt,
+    DensePhrasesSettings,
+    DensePhrasesTeacher,
+    DensePhrasesTrain,
+    LsrSettings,
+    ReplugSettings,
+    Section,
+    from_args,
+    to_args,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
+TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+# Each step with its required arguments, and the sections (with the step's subset) the rule passes to it.
+DP_STEPS = {
+    "train-teacher": (["--encoder", "e", "--train", "t", "--out", "o", "--checkpoint-dir", "c"],
+                      [(DensePhrasesTeacher, "teacher", None)]),
+    "filter": (["--teacher", "t", "--train", "t", "--out", "o"], []),
+    "train": (["--encoder", "e", "--train", "t", "--out", "o", "--checkpoint-dir", "c"],
+              [(DensePhrasesTrain, "train", None)]),
+    "dump": (["--model", "m", "--blocks", "b", "--out", "o"], []),
+    "index": (["--dump", "d", "--out", "o"], []),
+    "query-ft": (["--model", "m", "--dump", "d", "--index", "i", "--train", "t", "--out", "o"],
+                 [(DensePhrasesQueryFt, "query_ft", None)]),
+    "evaluate": (["--model", "m", "--out", "o"], []),
+    "search": (["--model", "m", "--dump", "d", "--index", "i", "q"], []),
+}
+REPLUG_STEPS = {
+    "texts": ["--articles", "a", "--corpus", "c", "--out", "o"],
+    "queries": ["--articles", "a", "--corpus", "c", "--exclude", "e", "--out", "o"],
+    "train-lsr": ["--encoder", "e", "--lm", "l", "--blocks", "b", "--queries", "q", "--out", "o",
+                  "--checkpoint-dir", "c"],
+    "eval-lm": ["--lm", "l", "--texts", "t", "--blocks", "b", "--out", "o"],
+}
+
+
+def _section(config: str, name: str) -> dict:
+    return yaml.safe_load((ROOT / "config" / config).read_text())[name]
+
+
+def _check_schema(section: type[Section], node: dict) -> None:
+    """The schema names each key of ``section`` in order, with its help, its range and no default; a subsection
+    recursively."""
+    assert "default" not in node
+    assert list(node["properties"]) == [f.name for f in dataclasses.fields(section)], section.SECTION
+    for f in dataclasses.fields(section):
+        spec, meta, kind = node["properties"][f.name], f.metadata, f.metadata["kinds"][0]
+        where = f"{section.SECTION}.{f.name}"
+        assert "default" not in spec, where
+        assert " ".join(spec["description"].split()) == meta["help"], where
+        if isinstance(kind, type) and issubclass(kind, Section):
+            _check_schema(kind, spec)
+        elif kind is str and meta["choices"] and len(meta["kinds"]) == 1:
+            assert spec["enum"] == list(meta["choices"]), where
+        elif len(meta["kinds"]) == 1 and kind in TYPES:
+            assert spec["type"] == ([TYPES[kind], "null"] if f.default is None else TYPES[kind]), where
+            for key in ("minimum", "maximum"):
+                if meta.get(key) is not None:
+                    name = "exclusiveMinimum" if key == "minimum" and meta["exclusive"] else key
+                    assert spec[name] == meta[key], where
+
+
+def test_schema_documents_every_densephrases_and_replug_setting_with_its_range_and_no_default():
+    _check_schema(DensePhrasesSettings, SCHEMA["densephrases"])
+    _check_schema(ReplugSettings, SCHEMA["replug"])
+
+
+@pytest.mark.parametrize("config", ["config.yaml", "paper.yaml"])
+@pytest.mark.parametrize("step", list(DP_STEPS))
+def test_the_densephrases_rules_arguments_round_trip_through_each_step(config, step):
+    """What rule densephrases_* passes (to_args of the section and of the step's subsection) parses back into the
+    config's settings: each key the step takes reaches it with the config's value."""
+    values = DensePhrasesSettings.from_mapping(_section(config, "densephrases")).as_dict()
+    required, subsections = DP_STEPS[step]
+    line = to_args(values, DensePhrasesSettings, step)
+    for section, key, _ in subsections:
+        line += " " + to_args(values[key], section)
+    args = build_parser().parse_args(["densephrases", step, *required, *line.split()])
+    expected = DensePhrasesSettings.from_mapping(values)
+    got = from_args(args, DensePhrasesSettings, step)
+    for f in dataclasses.fields(DensePhrasesSettings):
+        if f.metadata["option"] is not False and step in f.metadata["option"]:
+            assert getattr(got, f.name) == getattr(expected, f.name), f.name
+    for section, key, _ in subsections:
+        assert from_args(args, section).as_dict() == {**section.from_mapping(values[key]).as_dict(),
+                                                      **{f.name: None for f in dataclasses.fields(section)
+                                                         if f.metadata["option"] is False}}
+
+
+@pytest.mark.parametrize("step", list(REPLUG_STEPS))
+def test_the_replug_rules_arguments_round_trip_through_each_step(step):
+    values = ReplugSettings.from_mapping(_section("config.yaml", "replug")).as_dict()
+    line = to_args(values, ReplugSettings, step) + " " + to_args(values["lsr"], LsrSettings, step)
+    args = build_parser().parse_args(["replug", step, *REPLUG_STEPS[step], *line.split()])
+    expected = ReplugSettings.from_mapping(values)
+    for section, settings in ((ReplugSettings, expected), (LsrSettings, expected.lsr)):
+        got = from_args(args, section, step)
+        for f in dataclasses.fields(section):
+            if f.metadata["option"] is not False and step in f.metadata["option"]:
+                assert getattr(got, f.name) == getattr(settings, f.name), (section.SECTION, f.name)
+
+
+def test_the_sections_fill_their_subsections_with_the_defaults():
+    dp = DensePhrasesSettings.from_mapping({"corpus": "enwiki", "train": {"epochs": 2}})
+    assert dp.train == DensePhrasesTrain(epochs=2) and dp.teacher == DensePhrasesTeacher() and dp.query_ft is None
+    assert DensePhrasesSettings.from_mapping({"query_ft": {}}).query_ft == DensePhrasesQueryFt()
+    assert ReplugSettings.from_mapping({"lsr": {"k": 4}}).as_dict()["lsr"] == {**LsrSettings().as_dict(), "k": 4}
+
+
+@pytest.mark.parametrize("section, values, message", [
+    (DensePhrasesSettings, {"train": {"epoch": 2}}, r"densephrases\.train: unknown key\(s\) \['epoch'\]"),
+    (DensePhrasesSettings, {"train": {"negatives": "hard"}}, "setting negatives must be one of"),
+    (DensePhrasesSettings, {"precision": "fp16"}, "setting precision must be one of"),
+    (DensePhrasesSettings, {"rc": "squad"}, "setting rc must be one of"),
+    (DensePhrasesSettings, {"query_ft": {"k": 0}}, "setting k must be >= 1"),
+    (ReplugSettings, {"lsr": {"warmup_ratio": 1.5}}, "setting warmup_ratio must be <= 1"),
+    (ReplugSettings, {"temperature": 0}, "setting temperature must be > 0"),
+])
+def test_bad_values_are_rejected_naming_the_setting(section, values, message):
+    with pytest.raises(ValueError, match=message):
+        section.from_mapping(values)
+
+
+@pytest.mark.parametrize("argv", [
+    ["densephrases", "index", "--dump", "d", "--out", "o", "--nprobe", "0"],
+    ["densephrases", "train", "--encoder", "e", "--train", "t", "--out", "o", "--checkpoint-dir", "c",
+     "--lambda-neg", "-1"],
+    ["replug", "train-lsr", "--encoder", "e", "--lm", "l", "--blocks", "b", "--queries", "q", "--out", "o",
+     "--checkpoint-dir", "c", "--warmup-ratio", "2"],
+])
+def test_a_bad_option_is_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2 and "must be" in capsys.readouterr().err
