@@ -314,6 +314,10 @@ def test_the_demo_answers_the_readme_question_in_the_browser(browser, tmp_path):
         screenshot(browser, tmp_path)
         for name in COLUMNS:
             col = shown[name]
-            assert not col["missing"] and col["answers"] and col["evidence"] and col["marks"], (name, col)
+            assert not col["missing"] and col["answers"] and col["evidence"], (name, col)
+            # REPLUG's answer is SmolLM2-135M's text, which need not occur in a passage (the demo's: "A: 1"): its
+            # evidence is highlighted where it does. Every other system answers with a span of its evidence.
+            occurs = any(col["answers"][0].lower() in passage.lower() for passage in col["evidence"])
+            assert col["marks"] or (name == "replug" and not occurs), (name, col)
     finally:
         stop(proc)
