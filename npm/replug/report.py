@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from npm.report.figures import _pyplot, save_figure
-from npm.report.frame import load_lm_eval
+from npm.report.frame import lm_eval_frame, load_lm_eval, plain
 from npm.report.tables import Table
 
 # Shi et al. 2023, Table 1, GPT-2 Small (117M): Pile bits per byte; REPLUG ensembles 10 documents.
@@ -22,22 +22,30 @@ NAMES = {"lm": "LM", "replug": "+ REPLUG", "replug_lsr": "+ REPLUG LSR", "random
 
 
 def lm_table(path: str | os.PathLike) -> Table:
+    """The table from the rows of ``npm.report.results`` (:func:`npm.report.frame.lm_eval_rows`), one row per system
+    and k in the file's order; the file gives the notes' setting (LM, retriever, corpus, texts)."""
     results = load_lm_eval(path)
-    top_k = {}
-    for r in results["rows"]:
-        top_k[r["system"]] = max(top_k.get(r["system"], 0), r["k"])
+    frame = lm_eval_frame(path, results)
+    wide = frame.pivot(index=["system", "k"], columns="metric", values=["value", "ci_low", "ci_high"])
+    top_k = frame.groupby("system")["k"].max()
     rows = []
-    for r in results["rows"]:
+    for system, k in frame[["system", "k"]].drop_duplicates().itertuples(index=False):
+        cell = wide.loc[(system, k)]
+
+        def get(field, metric, cell=cell):
+            return plain(cell.get((field, metric)))
+
+        k = plain(k)
         # the paper's REPLUG rows ensemble 10 documents: shown beside our largest k
-        paper_bpb, paper_gain = PAPER_GPT2_SMALL.get(r["system"], (None, None)) if r["k"] == top_k[r["system"]] \
-            else (None, None)
-        rows.append({"_system": f"{r['system']}@{r['k']}", "System": NAMES.get(r["system"], r["system"]),
-                     "k": str(r["k"]), "Bits/byte": r["bpb"],
-                     "95% interval": f"[{r['bpb_ci95'][0]:.3f}, {r['bpb_ci95'][1]:.3f}]",
-                     "Gain %": r["gain_pct"] if r["k"] else None,
-                     "Gain % interval": (f"[{r['gain_pct_ci95'][0]:.2f}, {r['gain_pct_ci95'][1]:.2f}]"
-                                         if r["k"] else None),
-                     "Perplexity": r.get("perplexity"), "Bits/byte (paper)": paper_bpb, "Gain % (paper)": paper_gain})
+        paper_bpb, paper_gain = PAPER_GPT2_SMALL.get(system, (None, None)) if k == top_k[system] else (None, None)
+        rows.append({"_system": f"{system}@{k}", "System": NAMES.get(system, system), "k": str(k),
+                     "Bits/byte": get("value", "bpb"),
+                     "95% interval": f"[{get('ci_low', 'bpb'):.3f}, {get('ci_high', 'bpb'):.3f}]",
+                     "Gain %": get("value", "gain_pct") if k else None,
+                     "Gain % interval": (f"[{get('ci_low', 'gain_pct'):.2f}, {get('ci_high', 'gain_pct'):.2f}]"
+                                         if k else None),
+                     "Perplexity": get("value", "perplexity"), "Bits/byte (paper)": paper_bpb,
+                     "Gain % (paper)": paper_gain})
     notes = [f"LM {results['lm']}; retriever {results['retriever']} over {results.get('corpus') or 'the corpus'} "
              f"({results['corpus_blocks']} blocks); {results['n_texts']} texts, {results['n_bytes']} bytes, "
              f"{results['n_windows']} windows.",

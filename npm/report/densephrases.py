@@ -26,7 +26,10 @@ import math
 import os
 from pathlib import Path
 
+import pandas as pd
+
 from npm.io import read_json
+from npm.report.frame import densephrases_frame, plain
 from npm.report.tables import Table
 
 NEGATIVES = {"none": "none", "in_batch": "in-batch", "pre_batch": "+ pre-batch"}
@@ -42,9 +45,9 @@ def _se(em: float, n: int) -> float:
     return round(100.0 * math.sqrt(max(p * (1 - p), 0.0) / max(n, 1)), 2)
 
 
-def load_evaluations(paths: list[str | os.PathLike]) -> dict[tuple[str, str], dict]:
-    """(variant, index file name or "rc") -> results, from paths results/densephrases/eval/{variant}/{index}.json
-    (open-domain) and results/densephrases/eval/{negatives}/rc.json (reading comprehension)."""
+def load_evaluations(paths: list[str | os.PathLike]) -> dict[Path, dict]:
+    """path -> results, from paths results/densephrases/eval/{variant}/{index}.json (open-domain) and
+    results/densephrases/eval/{negatives}/rc.json (reading comprehension)."""
     out = {}
     for path in map(Path, paths):
         if not path.is_file():
@@ -53,77 +56,105 @@ def load_evaluations(paths: list[str | os.PathLike]) -> dict[tuple[str, str], di
         results = read_json(path, "run `npm-repro densephrases evaluate` again")
         if not isinstance(results, dict) or "model" not in results:
             raise ValueError(f"{path}: not a `densephrases evaluate` results file")
-        out[(path.parent.name, path.stem)] = results
+        out[path] = results
     return out
 
 
-def _open_rows(part: str, row: str, results: dict, paper: dict | None = None, key: str = "open",
-               suffix: str = "") -> list[dict]:
-    """EM@1 per task of ``results[key]`` (``open``: as evaluated; ``open_index_only``: the index's own ranking, no
-    re-ranking by the dump)."""
-    rows = []
-    for task, r in results.get(key, {}).items():
-        refine = r.get("refine_factor", 1)
-        note = f"n = {r['n']}" + (f"; the index's top {refine} k re-ranked by the fp16 dump" if refine > 1 else "")
-        rows.append({"Part": part, "Row": row, "Column": f"EM@1 {task}{suffix}", "Ours": round(r["em"], 2),
-                     "±": _se(r["em"], r["n"]), "Paper": (paper or {}).get(task), "Note": note})
-    return rows
+def _pick(rows: pd.DataFrame, metric: str, subset: str | None = None, task: str | None = None) -> pd.DataFrame:
+    """The rows of one metric and subset (None: the plain setting), of one task when given."""
+    keep = (rows["metric"] == metric) & (rows["subset"].isna() if subset is None else rows["subset"] == subset)
+    return rows[keep & (rows["task"] == task)] if task else rows[keep]
+
+
+def _one(rows: pd.DataFrame) -> tuple[float | None, int | None]:
+    """(value, n) of the first row; (None, None) when there is none."""
+    return (plain(rows["value"].iloc[0]), plain(rows["n"].iloc[0])) if len(rows) else (None, None)
+
+
+def _open_rows(part: str, row: str, rows: pd.DataFrame, results: dict, paper: dict | None = None,
+               subset: str | None = None, suffix: str = "") -> list[dict]:
+    """EM@1 per task of one evaluation's open-domain rows (subset None: as evaluated; ``index_only``: the index's own
+    ranking, no re-ranking by the dump); ``results``: its file, for the re-ranking factor of the note."""
+    out = []
+    settings = results.get("open" if subset is None else f"open_{subset}") or {}
+    for task, em, n in _pick(rows[rows["task"] != "rc"], "em", subset)[["task", "value", "n"]].itertuples(index=False):
+        em, n = plain(em), plain(n)
+        refine = settings.get(task, {}).get("refine_factor", 1)
+        note = f"n = {n}" + (f"; the index's top {refine} k re-ranked by the fp16 dump" if refine > 1 else "")
+        out.append({"Part": part, "Row": row, "Column": f"EM@1 {task}{suffix}", "Ours": round(em, 2),
+                    "±": _se(em, n), "Paper": (paper or {}).get(task), "Note": note})
+    return out
 
 
 def densephrases_table(paths: list[str | os.PathLike]) -> Table:
-    evals = load_evaluations(paths)
+    """The table from the rows of ``npm.report.results`` (:func:`npm.report.frame.densephrases_rows`, one run
+    ``{variant}/{index}`` per file); the files give only what the notes say of the setting (re-ranking factor,
+    D_small's passages, the dump's width)."""
+    evaluations = load_evaluations(paths)
+    frame = densephrases_frame(evaluations)
+    files = {f"{p.parent.name}/{p.stem}": r for p, r in evaluations.items()}
+    runs = {run: frame[frame["run"] == run] for run in files}
     rows: list[dict] = []
-    rc = {v: r for (v, name), r in evals.items() if name == "rc"}
-    main_rc = next((r for r in rc.values() if "rc_teacher" in r), next(iter(rc.values()), None))
+    rc = {run.split("/")[0]: r for run, r in runs.items() if run.endswith("/rc")}
+    main_rc = next((v for v, r in rc.items() if (r["subset"] == "teacher").any()), next(iter(rc), None))
     if main_rc is not None:
-        n = main_rc["rc"]["n"]
-        for name, part in (("DensePhrases", main_rc["rc"]), ("teacher (cross-attention)", main_rc.get("rc_teacher")),
-                           ("random span", main_rc.get("rc_random_span"))):
-            if part is None:
+        n = _one(_pick(rc[main_rc], "em", task="rc"))[1]
+        for name, subset in (("DensePhrases", None), ("teacher (cross-attention)", "teacher"),
+                             ("random span", "random_span")):
+            em, f1 = (_one(_pick(rc[main_rc], m, subset, "rc"))[0] for m in ("em", "f1"))
+            if em is None:
                 continue
             paper = PAPER_RC.get(name, (None, None))
-            rows.append({"Part": "reading comprehension", "Row": name, "Column": "EM", "Ours": round(part["em"], 2),
-                         "±": _se(part["em"], n), "Paper": paper[0], "Note": f"RC test, n = {n}; paper: SQuAD dev"})
-            rows.append({"Part": "reading comprehension", "Row": name, "Column": "F1", "Ours": round(part["f1"], 2),
+            rows.append({"Part": "reading comprehension", "Row": name, "Column": "EM", "Ours": round(em, 2),
+                         "±": _se(em, n), "Paper": paper[0], "Note": f"RC test, n = {n}; paper: SQuAD dev"})
+            rows.append({"Part": "reading comprehension", "Row": name, "Column": "F1", "Ours": round(f1, 2),
                          "±": None, "Paper": paper[1], "Note": f"RC test, n = {n}"})
     for variant in [v for v in NEGATIVES if v in rc]:  # each trained variant: over its own passage and D_small
-        r, paper = rc[variant], PAPER_NEGATIVES[variant]
-        small = r.get("rc_d_small")  # absent when the evaluation had no --d-small-pool
-        rows.append({"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM {p}",
-                     "Ours": round(r["rc"]["em"], 2), "±": _se(r["rc"]["em"], r["rc"]["n"]), "Paper": paper[0],
-                     "Note": f"RC test, each question over its own passage, n = {r['rc']['n']}"})
-        if small:
+        paper = PAPER_NEGATIVES[variant]
+        (em, n), (small, n_small) = (_one(_pick(rc[variant], "em", s, "rc")) for s in (None, "d_small"))
+        rows.append({"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM {p}", "Ours": round(em, 2),
+                     "±": _se(em, n), "Paper": paper[0],
+                     "Note": f"RC test, each question over its own passage, n = {n}"})
+        if small is not None:  # absent when the evaluation had no --d-small-pool
+            passages = files[f"{variant}/rc"]["rc_d_small"]["passages"]
             rows.append({"Part": "negatives", "Row": NEGATIVES[variant], "Column": "EM D_small",
-                         "Ours": round(small["em"], 2), "±": _se(small["em"], small["n"]), "Paper": paper[1],
-                         "Note": f"RC test, every question over all {small['passages']} passages, n = {small['n']}"})
+                         "Ours": round(small, 2), "±": _se(small, n_small), "Paper": paper[1],
+                         "Note": f"RC test, every question over all {passages} passages, n = {n_small}"})
+    open_runs = [run.split("/") for run in runs if not run.endswith("/rc")]
     # config `index`: the index every variant is evaluated on
-    variants_per_index = {i: sum(1 for _, j in evals if j == i) for _, i in evals if i != "rc"}
+    variants_per_index = {i: sum(1 for _, j in open_runs if j == i) for _, i in open_runs}
     main_index = max(variants_per_index, key=variants_per_index.get, default=None)
-    for (variant, index), r in evals.items():
+    for variant, index in open_runs:
         if variant.endswith("_qft") and index == main_index:
-            before = evals.get((variant.removesuffix("_qft"), index))
-            if before:
-                rows += _open_rows("query-side fine-tuning", "before", before,
+            before = f"{variant.removesuffix('_qft')}/{index}"
+            if before in runs:
+                rows += _open_rows("query-side fine-tuning", "before", runs[before], files[before],
                                    {t: p[0] for t, p in PAPER_QFT.items()})
-            rows += _open_rows("query-side fine-tuning", "after", r, {t: p[1] for t, p in PAPER_QFT.items()})
-    indexes_per_variant = {v: sum(1 for w, i in evals if w == v and i != "rc") for v, _ in evals if v in NEGATIVES}
+            run = f"{variant}/{index}"
+            rows += _open_rows("query-side fine-tuning", "after", runs[run], files[run],
+                               {t: p[1] for t, p in PAPER_QFT.items()})
+    variants = dict.fromkeys(run.split("/")[0] for run in runs)
+    indexes_per_variant = {v: sum(1 for w, _ in open_runs if w == v) for v in variants if v in NEGATIVES}
     # the model of config train: evaluated over every index
     main = max(indexes_per_variant, key=indexes_per_variant.get, default=None)
-    for (variant, name), r in evals.items():
-        if variant != main or name == "rc" or "index" not in r:
+    for variant, index in open_runs:
+        run = f"{variant}/{index}"
+        size = _pick(runs[run], "bytes_per_vector")
+        if variant != main or size.empty:
             continue
-        idx, d = r["index"], r.get("dump", {}).get("hidden_size")
-        factory = idx.get("factory_effective") or idx.get("factory")
-        qps = [o["queries_per_s"] for o in r.get("open", {}).values()]
-        rows += [{"Part": "index", "Row": factory, "Column": "bytes per vector", "Ours": idx["bytes_per_vector"],
-                  "±": None, "Paper": None, "Note": f"{idx['rows']} vectors; fp16: {2 * d if d else '2 d'} bytes"},
-                 {"Part": "index", "Row": factory, "Column": "build seconds", "Ours": idx["build_seconds"], "±": None,
+        factory, (bytes_per_vector, vectors) = size["group"].iloc[0], _one(size)
+        d = files[run].get("dump", {}).get("hidden_size")
+        qps = [plain(q) for q in _pick(runs[run], "queries_per_s")["value"]]
+        rows += [{"Part": "index", "Row": factory, "Column": "bytes per vector", "Ours": bytes_per_vector,
+                  "±": None, "Paper": None, "Note": f"{vectors} vectors; fp16: {2 * d if d else '2 d'} bytes"},
+                 {"Part": "index", "Row": factory, "Column": "build seconds",
+                  "Ours": _one(_pick(runs[run], "build_seconds"))[0], "±": None,
                   "Paper": None, "Note": "paper: 20 h for Wikipedia on 4 GPUs (Table A.1)"},
                  {"Part": "index", "Row": factory, "Column": "queries/s (CPU)",
                   "Ours": round(sum(qps) / len(qps), 1) if qps else None, "±": None, "Paper": PAPER_CPU_QPS,
                   "Note": "mean over the tasks; paper: 1,000 NQ questions over all of Wikipedia"}]
-        rows += _open_rows("index", factory, r)
-        rows += _open_rows("index", factory, r, key="open_index_only", suffix=" (index only)")
+        rows += _open_rows("index", factory, runs[run], files[run])
+        rows += _open_rows("index", factory, runs[run], files[run], subset="index_only", suffix=" (index only)")
     notes = ["Ours: the embedded default unless the config says otherwise (see results/config.yaml); ± = binomial "
              "standard error of EM. Paper: Lee et al. 2021, Tables 1, 2, 6 and 7 (SQuAD / NQ over all of Wikipedia, "
              "so not the same data: compare the shapes, not the values)."]

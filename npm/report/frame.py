@@ -45,6 +45,14 @@ def _num(value) -> float | None:
     return value if ok else None
 
 
+def plain(value):
+    """A cell of the frame as a plain Python value (for the tables' writers): None when missing (None, NaN, pd.NA),
+    a numpy number as int / float, anything else as itself."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
 def _frame(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame = frame.astype({c: object for c in ("model", "corpus", "retrieval", "subset", "group", "commit", "device")})
@@ -108,6 +116,11 @@ def densephrases_rows(path: str | os.PathLike, results: dict) -> list[dict]:
     return rows
 
 
+def densephrases_frame(evaluations: dict[Path, dict]) -> pd.DataFrame:
+    """The rows of ``npm-repro densephrases evaluate`` results files (path -> results), in path order."""
+    return _frame([row for path, results in evaluations.items() for row in densephrases_rows(path, results)])
+
+
 def load_lm_eval(path: str | os.PathLike) -> dict:
     """The results JSON of ``npm-repro replug eval-lm``, checked for its rows."""
     path = Path(path)
@@ -134,3 +147,8 @@ def lm_eval_rows(path: str | os.PathLike, results: dict) -> list[dict]:
                 rows.append({**base, "system": r["system"], "k": r["k"], "metric": metric, "value": r[metric],
                              "ci_low": low, "ci_high": high})
     return rows
+
+
+def lm_eval_frame(path: str | os.PathLike, results: dict) -> pd.DataFrame:
+    """The rows of ``npm-repro replug eval-lm``'s results file (:func:`lm_eval_rows`), in file order."""
+    return _frame(lm_eval_rows(path, results))
