@@ -39,8 +39,9 @@ def run_lm_baseline(task, system, lm, *, tasks_root, bm25, blocks, corpus, devic
                     **settings):
     """One decoder system on one task through the evaluation harness."""
     retrieves = system in ("bm25_lm", "replug")
-    inputs = Inputs(model=str(lm), bm25=[str(bm25)] if retrieves else [], blocks=[str(b) for b in blocks] if retrieves
-                    else [], corpus=corpus, device=device, tasks_root=str(tasks_root))
+    inputs = Inputs(checkpoint=str(lm), bm25=[str(bm25)] if retrieves else [],
+                    blocks=[str(b) for b in blocks] if retrieves else [], corpus=corpus, device=device,
+                    tasks_root=str(tasks_root))
     return evaluate(task, system, inputs, Settings(**settings), n_samples=n_samples, predictions_path=predictions_path)
 
 

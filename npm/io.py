@@ -359,6 +359,21 @@ def folder_lock(folder: str | os.PathLike, what: str, name: str = ".lock", reent
         os.close(fd)  # releases the lock
 
 
+def remove_lock_leftovers(folder: str | os.PathLike) -> None:
+    """Remove ``folder`` when it holds nothing but lock files (``*.lock``, ``folder_lock``'s): what a step that
+    created the folder for its lock and then failed its checks leaves behind. Anything else in it keeps it, and so
+    does an error (a file appearing meanwhile)."""
+    folder = Path(folder)
+    try:
+        inside = list(folder.iterdir())
+        if all(p.is_file() and p.name.endswith(".lock") for p in inside):
+            for p in inside:
+                p.unlink()
+            folder.rmdir()
+    except OSError:
+        pass
+
+
 def _fd_name(fd: int) -> str:
     try:
         return os.readlink(f"/proc/self/fd/{fd}")

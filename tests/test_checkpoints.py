@@ -121,14 +121,14 @@ def test_local_checkpoint_replaces_pretraining_of_its_model(tmp_path, checkpoint
     assert trained == {"npm_single"}
     embed = {wc["model"]: block for rule, wc, block in jobs if rule == "plan_datastore"}
     assert set(embed) == {"npm", "npm_single"}
-    # The local folder is an input of the job (Snakemake tracks it) and what --model names.
-    assert f"input: {checkpoint}," in embed["npm"] and f"--model {checkpoint} " in embed["npm"]
-    assert "--model results/models/npm_single " in embed["npm_single"]
+    # The local folder is an input of the job (Snakemake tracks it) and what --checkpoint names.
+    assert f"input: {checkpoint}," in embed["npm"] and f"--checkpoint {checkpoint} " in embed["npm"]
+    assert "--checkpoint results/models/npm_single " in embed["npm_single"]
 
 
 def test_default_target_trains_no_model_that_has_a_checkpoint(tmp_path, checkpoint):
     """A hub id is fetched by rule download_checkpoint into data/checkpoints/{hub id}: that folder is the job's input
-    and what --model names, so a missing network fails one download job before any GPU job."""
+    and what --checkpoint names, so a missing network fails one download job before any GPU job."""
     overlay = write_overlay(tmp_path / "overlay.yaml", {"npm": str(checkpoint), "npm_single": "facebook/npm-single"})
     out, jobs = dry_run(tmp_path / "work", overlay)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -136,7 +136,8 @@ def test_default_target_trains_no_model_that_has_a_checkpoint(tmp_path, checkpoi
     assert [wc for rule, wc, _ in jobs if rule == "pretrain"] == [{"model": "mlm"}]
     embed = {(wc["model"], wc["corpus"]): block for rule, wc, block in jobs if rule == "plan_datastore"}
     assert {(m, c) for m in ("npm", "npm_single") for c in ("enwiki", "cc_news")} <= set(embed)
-    assert all("--model data/checkpoints/facebook/npm-single " in b for (m, _), b in embed.items() if m == "npm_single")
+    assert all("--checkpoint data/checkpoints/facebook/npm-single " in b
+               for (m, _), b in embed.items() if m == "npm_single")
     single = embed["npm_single", "enwiki"]
     assert "input: data/checkpoints/facebook/npm-single, " in single
     assert [wc for rule, wc, _ in jobs if rule == "download_checkpoint"] == [
@@ -158,13 +159,13 @@ def test_missing_checkpoint_folder_is_a_config_error(tmp_path):
 
 
 def test_datastore_from_a_checkpoint_records_it(tmp_path, checkpoint):
-    """`npm-repro embed --model CHECKPOINT` (the datastore rules) on blocks made with its tokenizer: the datastore
+    """`npm-repro embed --checkpoint CHECKPOINT` (the datastore rules) on blocks made with its tokenizer: the datastore
     loads with expected_model=CHECKPOINT, its vectors are the masked LM's last hidden states, and another
     checkpoint is refused."""
     docs = [{"id": f"lee-{i}", "units": [line[:300]]} for i, line in enumerate(lee_corpus_lines()[:12])]
     write_jsonl(tmp_path / "docs.jsonl", docs)
     build_blocks(tmp_path / "docs.jsonl", tmp_path / "blocks.npz", str(checkpoint), max_seq_length=64)
-    out = subprocess.run([str(BIN / "npm-repro"), "embed", "--model", str(checkpoint), "--blocks",
+    out = subprocess.run([str(BIN / "npm-repro"), "embed", "--checkpoint", str(checkpoint), "--blocks",
                           str(tmp_path / "blocks.npz"), "--out", str(tmp_path / "ds"), "--batch-blocks", "4",
                           "--shards", "2"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

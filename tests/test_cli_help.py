@@ -67,3 +67,24 @@ def test_help_runs(capsys):
         build_parser().parse_args(["train", "--help"])
     assert e.value.code == 0
     assert "--checkpoint-every" in capsys.readouterr().out
+
+
+def test_options_are_declared_as_data_and_handed_to_argparse_in_one_place():
+    """Every command is an npm.options.Command whose options are data (a config section's come from its settings
+    dataclass): only npm.options and npm.settings call argparse's add_argument, so a shared option (--summary, --out,
+    --seed, ...) is written once and a setting's flag, default and help cannot drift apart."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "npm"
+    callers = sorted(str(path.relative_to(root.parent)) for path in root.rglob("*.py")
+                     if any(isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+                            for node in ast.walk(ast.parse(path.read_text()))))
+    assert callers == ["npm/options.py", "npm/settings.py"]
+
+
+def test_adapting_a_shared_option_leaves_it_unchanged():
+    from npm.options import OUT, SEED
+
+    assert OUT(help="blocks .npz").spec["help"] == "blocks .npz" and OUT.spec["help"] == "the output"
+    assert SEED(default=1).spec == {**SEED.spec, "default": 1} and SEED.spec["default"] == 0

@@ -1,7 +1,8 @@
 """The config's `data`, `masking` and `datastore` sections in one place (npm.settings.DataSettings, MaskingSettings,
 DatastoreSettings; paper 3.2.1, 4.1, 5.3, A.2; docs/paper-map.md §2.1-§2.3, §3.1-§3.5): the schema documents their
-keys without defaults, the options of `shard-documents`, `tokenize-blocks`, `batch-blocks`, `mask-batches`, `embed`
-and `build-faiss-index` are generated from them, and the rules pass each section with to_args."""
+keys without defaults (tests/test_settings_schema.py), the options of `shard-documents`, `tokenize-blocks`,
+`batch-blocks`, `mask-batches`, `embed` and `build-faiss-index` are generated from them, and the rules pass each
+section with to_args."""
 
 from __future__ import annotations
 
@@ -40,31 +41,6 @@ COMMANDS = {
 
 def _config(name: str) -> dict:
     return yaml.safe_load((ROOT / "config" / name).read_text())
-
-
-def _schema_of(f: dataclasses.Field) -> dict:
-    """The schema node a setting implies: its type or enum and its range (no default, no description)."""
-    meta, (kind,) = f.metadata, f.metadata["kinds"]
-    if meta["choices"]:
-        return {"enum": list(meta["choices"])}
-    node = {"type": {bool: "boolean", int: "integer", float: "number", str: "string"}[kind]}
-    if meta["minimum"] is not None:
-        node["exclusiveMinimum" if meta["exclusive"] else "minimum"] = meta["minimum"]
-    if meta["maximum"] is not None:
-        node["maximum"] = meta["maximum"]
-    return node
-
-
-@pytest.mark.parametrize("section", SECTIONS, ids=lambda s: s.SECTION)
-def test_schema_documents_every_setting_with_its_range_and_no_default(section):
-    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
-    node = schema["properties"][section.SECTION]
-    assert list(node["properties"]) == [f.name for f in dataclasses.fields(section)]
-    assert node["additionalProperties"] is False
-    for f in dataclasses.fields(section):
-        spec = dict(node["properties"][f.name])
-        assert " ".join(spec.pop("description").split()) == f.metadata["help"], f.name
-        assert spec == _schema_of(f), f.name
 
 
 @pytest.mark.parametrize("config", ["config.yaml", "paper.yaml", "released.yaml"])

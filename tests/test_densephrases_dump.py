@@ -137,7 +137,7 @@ def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_quest
     system = get("densephrases")
     assert system.needs(closed=False) == ("phrase_dump", "phrase_index") and not system.applies(True, "agn")
     settings = Settings(phrase_k=8, phrase_max_words=3)
-    scorer = system.load(system, Inputs(model=str(root / "model"), phrase_dump=[str(root / "dump")],
+    scorer = system.load(system, Inputs(checkpoint=str(root / "model"), phrase_dump=[str(root / "dump")],
                                         phrase_index=[str(root / "flat.faiss")], corpus="toy"), settings)
     examples = [{"id": "a", "input": "What is the capital of Greece? The answer is: <mask>.", "answers": ["Athens"]},
                 {"id": "b", "input": "The Parthenon stands in <mask> .", "answers": ["Athens"]}]
@@ -150,7 +150,7 @@ def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_quest
                                                                           "The Parthenon stands in"]
     assert scorer.info["corpus_tokens"] == world["meta"]["tokens"] and scorer.info["phrase_k"] == 8
     with pytest.raises(ValueError, match="one --phrase-dump and one --phrase-index"):
-        system.load(system, Inputs(model=str(root / "model"), phrase_dump=[str(root / "dump")] * 2,
+        system.load(system, Inputs(checkpoint=str(root / "model"), phrase_dump=[str(root / "dump")] * 2,
                                    phrase_index=[str(root / "flat.faiss")] * 2), settings)
 
 
@@ -178,12 +178,12 @@ def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
     paths = []
     for (variant, name), index in runs.items():
         paths.append(tmp_path / "eval" / variant / f"{name}.json")
-        assert main(["densephrases", "evaluate", "--model", str(root / "model"), "--dump", str(root / "dump"),
+        assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--dump", str(root / "dump"),
                      "--index", str(index), "--questions", str(tmp_path / "nq.jsonl"), "--k", "8", "--max-words",
                      "3", "--refine-factor", "2" if name == "IVF2_Flat" else "1", "--out", str(paths[-1])]) == 0
     for variant in ("pre_batch", "in_batch"):
         paths.append(tmp_path / "eval" / variant / "rc.json")
-        assert main(["densephrases", "evaluate", "--model", str(root / "model"), "--rc", str(tmp_path / "rc.json"),
+        assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--rc", str(tmp_path / "rc.json"),
                      "--d-small-pool", str(tmp_path / "pool.json"), "--max-passage-tokens", "32",
                      "--out", str(paths[-1])]) == 0
     small = json.loads(paths[-1].read_text())["rc_d_small"]
@@ -207,6 +207,54 @@ def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
         densephrases_table([tmp_path / "eval" / "none" / "Flat.json"])
 
 
+@pytest.fixture(scope="module")
+def evaluations(world, tmp_path_factory):
+    """Real `densephrases evaluate` results: open-domain over the Flat index and reading comprehension."""
+    from npm.cli import main
+    from npm.densephrases.rc import write_squad
+
+    root, out = world["root"], tmp_path_factory.mktemp("evaluations")
+    write_jsonl(out / "nq.jsonl", [{"question": "What is the capital of Greece?", "answers": ["Athens"]}])
+    rc = [{"id": f"r{n}", "title": f"t{n}", "context": text, "question": f"Which city is named in {n}?",
+           "answers": ["Athens"], "answer_start": [text.index("Athens")]} for n, text in enumerate(DOCS[:2])]
+    write_squad(out / "rc.json", rc, "test")
+    assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--dump", str(root / "dump"),
+                 "--index", str(root / "flat.faiss"), "--questions", str(out / "nq.jsonl"), "--k", "8",
+                 "--max-words", "3", "--out", str(out / "Flat.json")]) == 0
+    assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--rc", str(out / "rc.json"),
+                 "--max-passage-tokens", "32", "--out", str(out / "rc.json")]) == 0
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in ("Flat", "rc")}
+
+
+@pytest.mark.parametrize("name, part, metric, step", [
+    ("Flat", "open.nq", "queries_per_s", "rule densephrases_evaluate"),
+    ("Flat", "open.nq", "em", "rule densephrases_evaluate"),
+    ("Flat", "index", "build_seconds", "rule densephrases_index"),
+    ("rc", "rc", "f1", "rule densephrases_evaluate_rc"),
+    ("rc", "rc_d_small", "passages", "rule densephrases_evaluate_rc"),
+])
+def test_the_table_refuses_a_results_file_without_a_metric_it_shows(evaluations, tmp_path, capsys, name, part, metric,
+                                                                    step):
+    """A metric the table shows that is missing from a results file (one written by an older version, or edited) is
+    one error naming the file, the metric and the step that writes it, not an empty cell."""
+    from npm.cli import main
+    from npm.report.densephrases import densephrases_table
+
+    results = json.loads(json.dumps(evaluations[name]))
+    node = results
+    for key in part.split("."):
+        node = node[key]
+    del node[metric]
+    path = tmp_path / "eval" / "pre_batch" / f"{name}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(results))
+    with pytest.raises(ValueError) as error:
+        densephrases_table([path])
+    assert str(path) in str(error.value) and f"{part}.{metric}" in str(error.value) and step in str(error.value)
+    assert main(["report", "densephrases", "--metrics", str(path), "--out", str(tmp_path / "t.csv")]) == 1
+    assert f"{part}.{metric}" in capsys.readouterr().err and not (tmp_path / "t.csv").exists()
+
+
 def test_a_dump_made_shard_by_shard_equals_the_one_shard_dump_of_the_same_blocks(world):
     """A corpus in two blocks files, dumped one job per shard (`dump --shard`, then `combine`), reads back as the
     dump of the same blocks in one file: the same vectors, the same phrase table (global token, passage and segment
@@ -221,8 +269,9 @@ def test_a_dump_made_shard_by_shard_equals_the_one_shard_dump_of_the_same_blocks
     whole = load_blocks(world["blocks"][0])
     assert np.concatenate([h["input_ids"] for h in halves]).tolist() == whole["input_ids"].tolist()  # same blocks
     for k in (0, 1):
-        assert main(["densephrases", "dump", "--model", str(root / "model"), "--blocks", str(root / f"half{k}.npz"),
-                     "--out", str(root / "sharded"), "--shard", str(k), "--precision", "fp32"]) == 0
+        assert main(["densephrases", "dump", "--checkpoint", str(root / "model"), "--blocks",
+                     str(root / f"half{k}.npz"), "--out", str(root / "sharded"), "--shard", str(k),
+                     "--precision", "fp32"]) == 0
     assert not (root / "sharded" / "meta.json").exists()  # readers wait for the combine step
     assert main(["densephrases", "combine", "--dump", str(root / "sharded"), "--shards", "2"]) == 0
     one, two = PhraseDump(root / "dump"), PhraseDump(root / "sharded")

@@ -1,6 +1,7 @@
 """The config's `densephrases` and `replug` sections in one place (npm.settings.DensePhrasesSettings, ReplugSettings and
-their subsections; docs/paper-map.md §D, §R3): the schema documents their keys without defaults, the steps of
-`npm-repro densephrases` / `npm-repro replug` take options generated from them, and the rules pass them with to_args."""
+their subsections; docs/paper-map.md §D, §R3): the schema documents their keys without defaults
+(tests/test_settings_schema.py), the steps of `npm-repro densephrases` / `npm-repro replug` take options generated from
+them, and the rules pass them with to_args."""
 
 from __future__ import annotations
 
@@ -18,14 +19,11 @@ from npm.settings import (
     DensePhrasesTrain,
     LsrSettings,
     ReplugSettings,
-    Section,
     from_args,
     to_args,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
-TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 # Each step with its required arguments, and the sections (with the step's subset) the rule passes to it.
 DP_STEPS = {
@@ -34,12 +32,12 @@ DP_STEPS = {
     "filter": (["--teacher", "t", "--train", "t", "--out", "o"], []),
     "train": (["--encoder", "e", "--train", "t", "--out", "o", "--checkpoint-dir", "c"],
               [(DensePhrasesTrain, "train", None)]),
-    "dump": (["--model", "m", "--blocks", "b", "--out", "o"], []),
+    "dump": (["--checkpoint", "m", "--blocks", "b", "--out", "o"], []),
     "index": (["--dump", "d", "--out", "o"], []),
-    "query-ft": (["--model", "m", "--dump", "d", "--index", "i", "--train", "t", "--out", "o"],
+    "query-ft": (["--checkpoint", "m", "--dump", "d", "--index", "i", "--train", "t", "--out", "o"],
                  [(DensePhrasesQueryFt, "query_ft", None)]),
-    "evaluate": (["--model", "m", "--out", "o"], []),
-    "search": (["--model", "m", "--dump", "d", "--index", "i", "q"], []),
+    "evaluate": (["--checkpoint", "m", "--out", "o"], []),
+    "search": (["--checkpoint", "m", "--dump", "d", "--index", "i", "q"], []),
 }
 REPLUG_STEPS = {
     "texts": ["--articles", "a", "--corpus", "c", "--out", "o"],
@@ -52,33 +50,6 @@ REPLUG_STEPS = {
 
 def _section(config: str, name: str) -> dict:
     return yaml.safe_load((ROOT / "config" / config).read_text())[name]
-
-
-def _check_schema(section: type[Section], node: dict) -> None:
-    """The schema names each key of ``section`` in order, with its help, its range and no default; a subsection
-    recursively."""
-    assert "default" not in node
-    assert list(node["properties"]) == [f.name for f in dataclasses.fields(section)], section.SECTION
-    for f in dataclasses.fields(section):
-        spec, meta, kind = node["properties"][f.name], f.metadata, f.metadata["kinds"][0]
-        where = f"{section.SECTION}.{f.name}"
-        assert "default" not in spec, where
-        assert " ".join(spec["description"].split()) == meta["help"], where
-        if isinstance(kind, type) and issubclass(kind, Section):
-            _check_schema(kind, spec)
-        elif kind is str and meta["choices"] and len(meta["kinds"]) == 1:
-            assert spec["enum"] == list(meta["choices"]), where
-        elif len(meta["kinds"]) == 1 and kind in TYPES:
-            assert spec["type"] == ([TYPES[kind], "null"] if f.default is None else TYPES[kind]), where
-            for key in ("minimum", "maximum"):
-                if meta.get(key) is not None:
-                    name = "exclusiveMinimum" if key == "minimum" and meta["exclusive"] else key
-                    assert spec[name] == meta[key], where
-
-
-def test_schema_documents_every_densephrases_and_replug_setting_with_its_range_and_no_default():
-    _check_schema(DensePhrasesSettings, SCHEMA["densephrases"])
-    _check_schema(ReplugSettings, SCHEMA["replug"])
 
 
 @pytest.mark.parametrize("config", ["config.yaml", "paper.yaml"])

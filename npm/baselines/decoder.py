@@ -95,7 +95,7 @@ class DecoderScorer:
     def __init__(self, system, inputs, settings):
         self.settings, self.options = settings, dict(system.options)
         self.device = torch_device(inputs.device)
-        self.model, self.tokenizer = load_causal_lm(inputs.model)
+        self.model, self.tokenizer = load_causal_lm(inputs.checkpoint)
         self.model.to(self.device)
         self.texts = self.searcher = None
         retrieves = bool(self.options.get("retrieval"))
@@ -114,7 +114,7 @@ class DecoderScorer:
                 self.searcher = DenseBlockSearcher(inputs.encoder, inputs.blocks, device=self.device)
         corpus = inputs.corpus or (Path(inputs.bm25[0]).name if retrieves and inputs.bm25 else None)
         self.info = {
-            "model": str(inputs.model), "corpus": corpus if retrieves else None,
+            "model": str(inputs.checkpoint), "corpus": corpus if retrieves else None,
             "corpus_tokens": self.texts.tokens if retrieves else None,
             "retrieval": retriever if retrieves else None,
             "parameters": int(sum(p.numel() for p in self.model.parameters())), "device": str(self.device),

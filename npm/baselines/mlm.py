@@ -6,7 +6,7 @@ label's single token (leading space; never the fuzzy verbalizer), prediction = a
 
 * ``mlm_label_scores``: the label probabilities [n, n_labels] of a batch of texts.
 * ``MlmScorer``: system ``mlm`` of ``npm.evaluation.systems`` (the model comes from ``npm.model.load_masked_lm``;
-  ``npm.training.loop`` trains it with ``model_type="mlm"`` on NPM's batch lines, steps and optimiser).
+  ``npm.training.loop`` trains it with ``model="mlm"`` on NPM's batch lines, steps and optimiser).
 
 Inputs longer than the model's limit keep their **last** tokens (``npm.inference.query.query_ids``, as for NPM), so
 the mask survives; a text with no mask or with two masks is an error naming the example.
@@ -117,9 +117,9 @@ class MlmScorer:
 
     def __init__(self, system, inputs, settings):
         self.device = torch_device(inputs.device)
-        self.tokenizer = load_tokenizer(inputs.model)
-        self.model = load_masked_lm(inputs.model).to(self.device)
-        self.info = {"model": str(inputs.model), "corpus": None, "corpus_tokens": None, "retrieval": None,
+        self.tokenizer = load_tokenizer(inputs.checkpoint)
+        self.model = load_masked_lm(inputs.checkpoint).to(self.device)
+        self.info = {"model": str(inputs.checkpoint), "corpus": None, "corpus_tokens": None, "retrieval": None,
                      "parameters": int(sum(p.numel() for p in self.model.parameters())), "device": str(self.device),
                      "max_length": max_input_length(self.model, self.tokenizer)}
 

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from npm.boundaries import SPECIAL, encode_units_with_offsets, utf8_offsets
 from npm.checksums import verify_sidecar, write_sidecar
 from npm.io import load_npz, read_jsonl, save_npz
+from npm.model import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -222,8 +223,6 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
 def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: str,
                  max_seq_length: int = MAX_SEQ_LENGTH) -> dict:
     """Stream a documents file (``.jsonl[.gz]``) into a blocks ``.npz`` (written atomically); returns counts."""
-    from npm.model import load_tokenizer
-
     tokenizer = load_tokenizer(tokenizer_name)
     stats = Counter(documents_empty=0)
     lines = array("q")  # the line of each document, for warnings

@@ -45,8 +45,10 @@ from npm.boundaries import (
     valid_ends,
     valid_starts,
 )
+from npm.checksums import write_sidecar
 from npm.data.blocks import block_texts
 from npm.io import save_npz
+from npm.model import load_tokenizer
 
 SPACE = 0x20
 
@@ -277,14 +279,10 @@ def released_blocks(ids: np.ndarray, block_offsets: np.ndarray, valid: Sequence 
 
 def import_shard(folder: str | Path, stem: str, tokenizer_name: str, out: str | Path) -> dict:
     """Released shard ``stem`` of ``folder`` -> the blocks file ``out`` (written atomically); returns its summary."""
-    from npm.model import load_tokenizer
-
     shard = read_shard(folder, stem)
     tokenizer = load_tokenizer(tokenizer_name)
     arrays, summary = released_blocks(shard["ids"], shard["block_offsets"], shard["valid"], tokenizer, stem)
     save_npz(out, **arrays)
-    from npm.checksums import write_sidecar
-
     write_sidecar(out, "import_blocks", f"npm-repro import-corpus --folder {folder} --stem {stem} --tokenizer "
                   f"{tokenizer_name} --out {out}")
     return {"source": str(Path(folder) / stem), **summary}

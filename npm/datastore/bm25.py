@@ -53,6 +53,7 @@ import numpy as np
 
 import npm.checksums as checksums
 from npm.boundaries import SPECIAL
+from npm.data.blocks import block_text, load_blocks
 from npm.datastore.java import ensure_jvm
 from npm.edge_errors import java_gist
 from npm.fingerprint import CorpusHasher
@@ -157,8 +158,6 @@ class BlockDocuments(Iterator):
         return next(self._docs)
 
     def _generate(self) -> Iterator[tuple[int, str]]:
-        from npm.data.blocks import block_text, load_blocks
-
         hasher, first = CorpusHasher(), 0
         for path in self.sources:
             blocks = load_blocks(path, text=True)

@@ -61,7 +61,16 @@ from npm.datastore.store import (
     stored_mask,
 )
 from npm.fingerprint import CorpusHasher, model_fingerprint, model_folder
-from npm.io import atomic_path, folder_lock, load_npz, preallocate, provenance, save_npz, write_json
+from npm.io import (
+    atomic_path,
+    folder_lock,
+    load_npz,
+    preallocate,
+    provenance,
+    remove_lock_leftovers,
+    save_npz,
+    write_json,
+)
 from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
 
 PIPELINE_BATCHES = 4  # batches prepared ahead, and batches on their way to the shard file (``_embed_rows``)
@@ -228,22 +237,10 @@ def _locked(folder: str, shard: str | None = None):
                     return step(*args, **kwargs)
             except BaseException:
                 if not existed:  # a step that failed its checks leaves no folder behind, not even its lock file
-                    _remove_if_only_locks(root)
+                    remove_lock_leftovers(root)
                 raise
         return locked
     return wrap
-
-
-def _remove_if_only_locks(root: Path) -> None:
-    """Remove ``root`` when it holds nothing but lock files (``*.lock``)."""
-    try:
-        inside = list(root.iterdir())
-        if all(p.is_file() and p.name.endswith(".lock") for p in inside):
-            for p in inside:
-                p.unlink()
-            root.rmdir()
-    except OSError:
-        pass
 
 
 @_locked("out_dir")
@@ -322,7 +319,7 @@ def _plan(model_name, blocks_paths, out_dir, drop_stopwords, shards, max_length,
         with open(tmp, "wb") as f:
             np.save(f, stopword_ids)
     _remove_stale(root, shards)
-    command = (f"npm-repro embed --step plan --model {model_name} --blocks {' '.join(map(str, blocks_paths))} "
+    command = (f"npm-repro embed --step plan --checkpoint {model_name} --blocks {' '.join(map(str, blocks_paths))} "
                f"--out {root}")
     record["checksums"] = {name: checksums.entry(root / name, "plan_datastore", command)
                            for name in (TOKENS, STOPWORDS)}

@@ -64,7 +64,10 @@ from npm.boundaries import (
     valid_ends,
     valid_starts,
 )
-from npm.fingerprint import model_fingerprint  # noqa: F401 - the datastore's model identity
+from npm.fingerprint import (
+    corpus_fingerprint,
+    model_fingerprint,  # noqa: F401 - the datastore's model identity
+)
 from npm.io import load_npz, read_json
 
 FORMAT_VERSION = 1
@@ -288,8 +291,6 @@ class Datastore:
         recorded = self.meta.get("corpus_fingerprint")
         if recorded:
             return str(recorded)
-        from npm.fingerprint import corpus_fingerprint
-
         return corpus_fingerprint(self.sources)  # the token spans are only in the blocks files
 
     # -- sizes

@@ -1,6 +1,6 @@
 """``npm-repro densephrases rc | train-teacher | filter | train | dump | combine | index | query-ft | evaluate |
 search``: DensePhrases (Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``);
-docs/paper-map.md §D. Register with ``add_cli(subparsers)``; step ``rc`` builds the embedded default's demo data
+docs/paper-map.md §D. Its command is ``commands(rc)`` (npm.options); step ``rc`` builds the embedded default's demo data
 (``npm.embedded.rc``), so its handler is the caller's (npm.cli): this package never imports the demo-data
 builders."""
 
@@ -9,17 +9,31 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from npm import tracking
+from npm.densephrases.evaluate import (
+    d_small_evaluate,
+    open_domain,
+    random_span_baseline,
+    rc_evaluate,
+    task_questions,
+    teacher_filter,
+)
+from npm.densephrases.rc import read_squad, write_squad
+from npm.io import provenance, read_json, read_jsonl, write_json
+from npm.model import load_tokenizer, torch_device
+from npm.options import DEVICE, MEM_MB, OUT, SEED, Command, option, section
 from npm.settings import (
     DensePhrasesQueryFt,
     DensePhrasesSettings,
     DensePhrasesTeacher,
     DensePhrasesTrain,
-    add_arguments,
-    bounded,
+    Settings,
     from_args,
+    nonneg_int,
     options,
     positive_int,
 )
@@ -30,11 +44,7 @@ log = logging.getLogger("npm-repro.densephrases")
 
 def _questions(path: Path) -> list[dict]:
     """{question, answers} records of a SQuAD JSON file or a JSONL file of {question, answers}."""
-    from npm.io import read_jsonl
-
     if path.suffix == ".json":
-        from npm.densephrases.rc import read_squad
-
         return [{"id": e["id"], "question": e["question"], "answers": e["answers"]} for e in read_squad(path)]
     out = []
     for n, r in enumerate(read_jsonl(path)):
@@ -45,7 +55,7 @@ def _questions(path: Path) -> list[dict]:
 
 
 def cmd_train_teacher(args) -> int:
-    from npm.densephrases.train import TeacherConfig, train_teacher
+    from npm.densephrases.train import TeacherConfig, train_teacher  # deferred: loads torch
 
     cfg = TeacherConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
                         checkpoint_dir=str(args.checkpoint_dir), **from_args(args, DensePhrasesTeacher).as_dict(),
@@ -56,10 +66,7 @@ def cmd_train_teacher(args) -> int:
 
 
 def cmd_filter(args) -> int:
-    from npm.densephrases.evaluate import teacher_filter
-    from npm.densephrases.rc import read_squad, write_squad
-    from npm.densephrases.train import load_teacher
-    from npm.model import load_tokenizer, torch_device
+    from npm.densephrases.train import load_teacher  # deferred: loads torch
 
     examples = read_squad(args.train)
     kept, counts = teacher_filter(examples, load_teacher(str(args.teacher)).to(torch_device(args.device)),
@@ -72,22 +79,23 @@ def cmd_filter(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from npm.densephrases.train import TrainConfig, train_densephrases
+    from npm.densephrases.train import PhraseTrainConfig, train_densephrases  # deferred: loads torch
 
-    cfg = TrainConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
-                      checkpoint_dir=str(args.checkpoint_dir), teacher=str(args.teacher) if args.teacher else None,
-                      **from_args(args, DensePhrasesTrain).as_dict(), **_step_settings(args, "train"),
-                      seed=args.seed, device=args.device)
+    cfg = PhraseTrainConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
+                            checkpoint_dir=str(args.checkpoint_dir),
+                            teacher=str(args.teacher) if args.teacher else None,
+                            **from_args(args, DensePhrasesTrain).as_dict(), **_step_settings(args, "train"),
+                            seed=args.seed, device=args.device)
     with tracking.from_args(args, "densephrases_train", args.negatives) as run:
         log.info("DensePhrases: %s", train_densephrases(cfg, run=run))
     return 0
 
 
 def cmd_dump(args) -> int:
-    from npm.densephrases.dump import dump_phrases, dump_shard, shard_dir
+    from npm.densephrases.dump import dump_phrases, dump_shard, shard_dir  # deferred: loads torch
 
     if args.shard is None:
-        meta = dump_phrases(args.model, [str(b) for b in args.blocks], args.out, args.filter_threshold,
+        meta = dump_phrases(args.checkpoint, [str(b) for b in args.blocks], args.out, args.filter_threshold,
                             args.batch_blocks, precision=args.precision, device=args.device)
         out = args.out
     else:
@@ -95,7 +103,7 @@ def cmd_dump(args) -> int:
             raise ValueError(f"--shard {args.shard} dumps one blocks file (the corpus's shard {args.shard}); got "
                              f"{len(args.blocks)}")
         out = shard_dir(args.out, args.shard)
-        meta = dump_shard(args.model, args.blocks[0], out, args.filter_threshold, args.batch_blocks,
+        meta = dump_shard(args.checkpoint, args.blocks[0], out, args.filter_threshold, args.batch_blocks,
                           precision=args.precision, device=args.device)
     log.info("%d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"],
              100 * meta["rows"] / max(1, meta["tokens"]), out)
@@ -103,7 +111,7 @@ def cmd_dump(args) -> int:
 
 
 def cmd_combine(args) -> int:
-    from npm.densephrases.dump import combine_shards
+    from npm.densephrases.dump import combine_shards  # deferred: loads torch
 
     meta = combine_shards(args.dump, args.shards)
     log.info("phrase dump of %d shards: %d vectors (%.1f GB) -> %s", args.shards, meta["rows"], meta["bytes"] / 1e9,
@@ -112,7 +120,7 @@ def cmd_combine(args) -> int:
 
 
 def cmd_index(args) -> int:
-    from npm.densephrases.dump import build_index
+    from npm.densephrases.dump import build_index  # deferred: loads torch
 
     record = build_index(args.dump, args.out, args.factory, args.nprobe, args.seed, args.index_train_sample,
                          mem_mb=args.mem_mb or None)
@@ -122,10 +130,10 @@ def cmd_index(args) -> int:
 
 
 def cmd_query_ft(args) -> int:
-    from npm.densephrases.query_ft import query_finetune
+    from npm.densephrases.query_ft import query_finetune  # deferred: loads torch
 
-    with tracking.from_args(args, "densephrases_query_ft", f"{Path(args.model).name}_qft") as run:
-        summary = query_finetune(args.model, args.dump, args.index, _questions(args.train), args.out,
+    with tracking.from_args(args, "densephrases_query_ft", f"{Path(args.checkpoint).name}_qft") as run:
+        summary = query_finetune(args.checkpoint, args.dump, args.index, _questions(args.train), args.out,
                                  dev=_questions(args.dev) if args.dev else None, max_words=args.max_words,
                                  **_step_settings(args, "query-ft", DensePhrasesQueryFt),
                                  **_step_settings(args, "query-ft"), seed=args.seed, device=args.device, run=run)
@@ -135,18 +143,13 @@ def cmd_query_ft(args) -> int:
 
 def cmd_evaluate(args) -> int:
     """RC EM/F1 on SQuAD examples (--rc), open-domain EM@1 and queries/s over the index (--questions)."""
-    from npm.densephrases.model import DensePhrases
-    from npm.io import provenance, read_json, write_json
-    from npm.model import torch_device
+    from npm.densephrases.model import DensePhrases  # deferred: loads torch
 
-    out: dict = {"model": str(args.model)}
+    out: dict = {"model": str(args.checkpoint)}
     device = torch_device(args.device)
     if args.rc:
-        from npm.densephrases.evaluate import d_small_evaluate, random_span_baseline, rc_evaluate
-        from npm.densephrases.rc import read_squad
-
         examples = read_squad(args.rc)
-        model = DensePhrases.load(args.model).to(device)
+        model = DensePhrases.load(args.checkpoint).to(device)
         lengths = (args.max_passage_tokens, args.max_question_tokens)
         out["rc"] = {"data": str(args.rc), **rc_evaluate(model, examples, *lengths, precision=args.precision)}
         pool = [ex for path in args.d_small_pool for ex in read_squad(path)]
@@ -154,7 +157,7 @@ def cmd_evaluate(args) -> int:
                              **d_small_evaluate(model, examples, *lengths, precision=args.precision, pool=pool)}
         out["rc_random_span"] = random_span_baseline(examples, model.tokenizer, args.max_passage_tokens)
         if args.teacher:
-            from npm.densephrases.train import load_teacher
+            from npm.densephrases.train import load_teacher  # deferred: loads torch
 
             teacher = load_teacher(str(args.teacher)).to(device)
             out["rc_teacher"] = rc_evaluate(model, examples, *lengths, teacher=teacher, precision=args.precision)
@@ -163,12 +166,11 @@ def cmd_evaluate(args) -> int:
                  out["rc_random_span"]["em"], f"{out['rc_teacher']['em']:.1f}" if args.teacher else "-")
     sets = {Path(q).stem: ("file", q) for q in args.questions} | {t: ("task", t) for t in args.task}
     if sets:
-        from npm.densephrases.evaluate import open_domain, task_questions
-        from npm.densephrases.searcher import PhraseSearcher
+        from npm.densephrases.searcher import PhraseSearcher  # deferred: loads torch
 
         if not (args.dump and args.index):
             raise ValueError("--questions / --task need --dump and --index (open-domain search)")
-        searcher = PhraseSearcher(args.model, args.dump, args.index, device=args.device, precision=args.precision)
+        searcher = PhraseSearcher(args.checkpoint, args.dump, args.index, device=args.device, precision=args.precision)
         out["index"] = read_json(Path(str(args.index) + ".json"), "rebuild the index")
         out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes")}
         out["open"] = {}
@@ -185,15 +187,15 @@ def cmd_evaluate(args) -> int:
         raise ValueError("nothing to evaluate: give --rc, --questions and/or --task")
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     write_json(args.out, {**out, "provenance": provenance(settings)}, default=str)  # paths as strings
-    with tracking.from_args(args, "densephrases_evaluate", Path(args.model).name) as run:  # every number of --out
+    with tracking.from_args(args, "densephrases_evaluate", Path(args.checkpoint).name) as run:  # every number of --out
         run.log(0, **tracking.numbers(out))
     return 0
 
 
 def cmd_search(args) -> int:
-    from npm.densephrases.searcher import PhraseSearcher
+    from npm.densephrases.searcher import PhraseSearcher  # deferred: loads torch
 
-    searcher = PhraseSearcher(args.model, args.dump, args.index, device=args.device, precision=args.precision)
+    searcher = PhraseSearcher(args.checkpoint, args.dump, args.index, device=args.device, precision=args.precision)
     for question, phrases in zip(args.question, searcher.search(args.question, args.k, args.max_words, args.top),
                                  strict=True):
         print(question)
@@ -204,178 +206,125 @@ def cmd_search(args) -> int:
     return 0
 
 
-def _model_args(p, index: bool = True) -> None:
-    p.add_argument("--model", type=Path, required=True, help="DensePhrases model folder (train / query-ft)")
-    if index:
-        p.add_argument("--dump", type=Path, required=True, help="phrase dump folder (dump)")
-        p.add_argument("--index", type=Path, required=True, help="FAISS index of the dump (index)")
+def _step_settings(args, step: str, cls=DensePhrasesSettings) -> dict:
+    """The parsed settings of ``cls`` that ``step`` takes, as keywords (their names are the code's)."""
+    return {f.name: getattr(args, f.name) for f in options(cls, step)}
 
 
-def _settings(p, step: str) -> None:
+# ------------------------------------------------------------------------------------------------ the command line
+
+def _settings(step: str) -> tuple:
     """The options of config `densephrases` that ``step`` reads (``npm.settings.DensePhrasesSettings``), and
     --device where the step runs an encoder."""
-    add_arguments(p, DensePhrasesSettings, step)
-    if any(f.name == "precision" for f in options(DensePhrasesSettings, step)):
-        p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    encoder = any(f.name == "precision" for f in options(DensePhrasesSettings, step))
+    return (section(DensePhrasesSettings, step), *((DEVICE,) if encoder else ()))
 
 
-def _step_settings(args, step: str, section=DensePhrasesSettings) -> dict:
-    """The parsed settings of ``section`` that ``step`` takes, as keywords (their names are the code's)."""
-    return {f.name: getattr(args, f.name) for f in options(section, step)}
-
-
-def _search_args(p, k: bool = True) -> None:
-    """--k (unless ``k`` is False: query-ft's is config densephrases.query_ft.k) and --max-words, with the defaults
-    of ``npm.settings.Settings`` (config inference.phrase_k and .phrase_max_words)."""
-    from npm.settings import Settings
-
-    default = Settings()
-    if k:
-        p.add_argument("--k", type=positive_int, default=default.phrase_k,
-                       help="starts and ends retrieved per question")
-    p.add_argument("--max-words", type=positive_int, default=default.phrase_max_words,
+CHECKPOINT = option("--checkpoint", type=Path, required=True, help="DensePhrases model folder (train / query-ft)")
+DUMP = option("--dump", type=Path, required=True, help="phrase dump folder (dump)")
+INDEX = option("--index", type=Path, required=True, help="FAISS index of the dump (index)")
+ENCODER = option("--encoder", required=True, help="checkpoint of the three encoders (paper: SpanBERT-base-cased)")
+TRAIN = option("--train", type=Path, required=True, help="SQuAD v1.1 JSON")
+TEACHER = option("--teacher", type=Path, default=None, help="teacher folder (train-teacher); none = no distillation")
+CHECKPOINT_DIR = option("--checkpoint-dir", type=Path, required=True, help="run folders with per-epoch checkpoints")
+# the search options, with the defaults of npm.settings.Settings (config inference.phrase_k and .phrase_max_words);
+# query-ft's k is config densephrases.query_ft.k
+K = option("--k", type=positive_int, default=Settings().phrase_k, help="starts and ends retrieved per question")
+MAX_WORDS = option("--max-words", type=positive_int, default=Settings().phrase_max_words,
                    help="longest phrase L in words (paper 20; code 10)")
 
+RC = Command(  # its handler is the caller's (commands(rc)): it builds the embedded default's demo data
+    "rc", "the embedded RC set: SQuAD v1.1 files by distant supervision (train/dev/test)",
+    description="Real facts whose object occurs in the real lead of a subject outside the demo corpus; GENERATED "
+                "template questions; split by subject (npm.embedded.rc). Also cloze_train.jsonl / cloze_dev.jsonl: "
+                "the same facts as LAMA-style cloze questions, for query-side fine-tuning.",
+    options=(option("--max-articles", type=nonneg_int, default=2000,
+                    help="leads in the demo corpus (embedded.max_articles; 0 = all): their subjects are never used"),
+             SEED(help="seed of the subject split"),
+             option("--out-dir", type=Path, required=True, help="folder for train.json, dev.json, test.json")))
 
-def add_cli(subparsers) -> argparse._SubParsersAction:
-    """Add ``densephrases`` and its steps; returns the steps, whose ``rc`` needs its handler from the caller
-    (``.choices["rc"].set_defaults(func=...)``)."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    p = subparsers.add_parser("densephrases", help="DensePhrases: phrase retrieval with start/end token vectors",
-                              description="DensePhrases (Lee et al. 2021): train the phrase and question encoders on "
-                                          "reading comprehension, dump and index the corpus's token vectors, search "
-                                          "phrases, fine-tune the query side (npm.densephrases).",
-                              formatter_class=fmt)
-    sub = p.add_subparsers(dest="densephrases_command", required=True, metavar="STEP")
+STEPS = (
+    Command("train-teacher", "the cross-attention reader (distillation target)", cmd_train_teacher,
+            description="Fine-tunes AutoModelForQuestionAnswering on [CLS] q [SEP] p [SEP] (resumable).",
+            options=(ENCODER(help="starting checkpoint (paper: SpanBERT-base QA)"), TRAIN,
+                     OUT(help="teacher folder (save_pretrained)"), CHECKPOINT_DIR, section(DensePhrasesTeacher),
+                     _settings("train-teacher"), SEED, tracking.OPTIONS)),
+    Command("filter", "keep the generated questions the teacher answers exactly (paper 4.1)", cmd_filter,
+            description="Question generation's filter: a generated question (\"question_generated\": true) is kept "
+                        "only if the cross-attention teacher reads its answer exactly; other questions are kept "
+                        "(npm.densephrases.evaluate.teacher_filter).",
+            options=(TEACHER(required=True, help="teacher folder (train-teacher)"),
+                     TRAIN(help="SQuAD v1.1 JSON with generated questions"), OUT(help="filtered SQuAD v1.1 JSON"),
+                     _settings("filter"))),
+    Command("train", "the phrase and question encoders (eq. 9), resumable", cmd_train,
+            description="L = lambda_single L_single + lambda_distill L_distill + lambda_neg L_neg (+ lambda_filter "
+                        "L_filter); pre-batch negatives in the last epochs (npm.densephrases.train).",
+            options=(ENCODER, TRAIN, TEACHER, OUT(help="model folder"), CHECKPOINT_DIR, section(DensePhrasesTrain),
+                     _settings("train"), SEED, tracking.OPTIONS)),
+    Command("dump", "the phrase dump: fp16 token vectors of every passage", cmd_dump,
+            description="Encodes every block of the corpus with the phrase encoder (npm.densephrases.dump).",
+            options=(CHECKPOINT(help="DensePhrases model folder"),
+                     option("--blocks", nargs="+", required=True, help="the corpus's blocks .npz files, in order"),
+                     OUT(help="dump folder"),
+                     option("--shard", type=nonneg_int, default=None,
+                            help="write only the folder of this shard of the dump (shard{K}, from the one --blocks "
+                                 "file); `densephrases combine` then writes the dump's meta.json. Default: the whole "
+                                 "dump"),
+                     option("--batch-blocks", type=positive_int, default=32, help="blocks per forward pass"),
+                     _settings("dump"))),
+    Command("combine", "the dump's meta.json over its shards (after `dump --shard` of each)", cmd_combine,
+            description="Checks that one phrase encoder and filter made the shards shard0 ... shard{N-1} of the dump "
+                        "folder and writes its meta.json, which readers need (npm.densephrases.dump.combine_shards).",
+            options=(DUMP(help="dump folder"),
+                     option("--shards", type=positive_int, required=True,
+                            help="shards of the dump (blocks files of the corpus)"))),
+    Command("index", "FAISS index of a dump from a factory string", cmd_index,
+            description="Flat (exact), the paper's IVF{n},SQ4, the code's OPQ{M},IVF{n},PQ{M}; inner product "
+                        "(npm.densephrases.dump.build_index).",
+            options=(DUMP(help="dump folder"), OUT(help="index file (sidecar <out>.json beside it)"),
+                     option("--factory", default="Flat", help="FAISS factory string"), _settings("index"),
+                     SEED(default=1, help="seed of the training sample"), MEM_MB)),
+    Command("query-ft", "query-side fine-tuning against the frozen index", cmd_query_ft,
+            description="Marginal likelihood of the answer-matching phrases among the top k "
+                        "(npm.densephrases.query_ft); the phrase side, dump and index stay unchanged.",
+            options=(CHECKPOINT, DUMP, INDEX, TRAIN(help="questions: SQuAD .json or JSONL {question, answers}"),
+                     option("--dev", type=Path, default=None, help="dev questions: the best epoch by EM is kept"),
+                     OUT(help="fine-tuned model folder"), MAX_WORDS, section(DensePhrasesQueryFt), SEED,
+                     _settings("query-ft"), tracking.OPTIONS)),
+    Command("evaluate", "RC EM/F1 (vs a random span and the teacher) and open-domain EM@1", cmd_evaluate,
+            description="--rc: reading comprehension on SQuAD examples; --questions: top-1 phrase EM over the index, "
+                        "with queries/s (npm.densephrases.evaluate).",
+            options=(CHECKPOINT(help="DensePhrases model folder"),
+                     option("--rc", type=Path, default=None, help="SQuAD JSON for reading comprehension"),
+                     TEACHER(help="teacher folder: its RC EM/F1 beside"),
+                     option("--d-small-pool", type=Path, nargs="*", default=[],
+                            help="SQuAD JSON files whose passages join the --rc passages in D_small (Table 6's "
+                                 "semi-open setting: every --rc question over all pooled passages)"),
+                     option("--questions", type=Path, nargs="+", default=[],
+                            help="open-domain question files (SQuAD .json or JSONL {question, answers}), each named "
+                                 "by its stem"),
+                     option("--task", nargs="+", default=[],
+                            help="open-set tasks of config/tasks.yaml, asked as questions "
+                                 "(npm.densephrases.evaluate.task_question)"),
+                     option("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders"),
+                     DUMP(required=False, default=None, help="dump folder (--questions, --task)"),
+                     INDEX(required=False, default=None, help="index file (--questions, --task)"), K, MAX_WORDS,
+                     OUT(help="results JSON"), _settings("evaluate"), tracking.OPTIONS)),
+    Command("search", "print the top phrases of questions with their passages", cmd_search,
+            description="npm-repro densephrases search --checkpoint M --dump D --index I \"What is the capital of "
+                        "Greece?\"",
+            options=(CHECKPOINT, DUMP, INDEX, option("question", nargs="+", help="question(s)"), K, MAX_WORDS,
+                     option("--top", type=positive_int, default=5, help="phrases printed per question"),
+                     option("--evidence", action=argparse.BooleanOptionalAction, default=True,
+                            help="print the passage"),
+                     _settings("search"))),
+)
 
-    s = sub.add_parser("rc", help="the embedded RC set: SQuAD v1.1 files by distant supervision (train/dev/test)",
-                       description="Real facts whose object occurs in the real lead of a subject outside the demo "
-                                   "corpus; GENERATED template questions; split by subject (npm.embedded.rc). "
-                                   "Also cloze_train.jsonl / cloze_dev.jsonl: the same facts as LAMA-style cloze "
-                                   "questions, for query-side fine-tuning.",
-                       formatter_class=fmt)
-    s.add_argument("--max-articles", type=bounded(int, minimum=0), default=2000,
-                   help="leads in the demo corpus (embedded.max_articles; 0 = all): their subjects are never used")
-    s.add_argument("--seed", type=int, default=0, help="seed of the subject split")
-    s.add_argument("--out-dir", type=Path, required=True, help="folder for train.json, dev.json, test.json")
 
-    s = sub.add_parser("train-teacher", help="the cross-attention reader (distillation target)",
-                       description="Fine-tunes AutoModelForQuestionAnswering on [CLS] q [SEP] p [SEP] (resumable).",
-                       formatter_class=fmt)
-    s.add_argument("--encoder", required=True, help="starting checkpoint (paper: SpanBERT-base QA)")
-    s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON")
-    s.add_argument("--out", type=Path, required=True, help="teacher folder (save_pretrained)")
-    s.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with per-epoch checkpoints")
-    add_arguments(s, DensePhrasesTeacher)
-    _settings(s, "train-teacher")
-    s.add_argument("--seed", type=int, default=0, help="seed")
-    tracking.add_arguments(s)
-    s.set_defaults(func=cmd_train_teacher)
-
-    s = sub.add_parser("filter", help="keep the generated questions the teacher answers exactly (paper 4.1)",
-                       description="Question generation's filter: a generated question (\"question_generated\": "
-                                   "true) is kept only if the cross-attention teacher reads its answer exactly; "
-                                   "other questions are kept (npm.densephrases.evaluate.teacher_filter).",
-                       formatter_class=fmt)
-    s.add_argument("--teacher", type=Path, required=True, help="teacher folder (train-teacher)")
-    s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON with generated questions")
-    s.add_argument("--out", type=Path, required=True, help="filtered SQuAD v1.1 JSON")
-    _settings(s, "filter")
-    s.set_defaults(func=cmd_filter)
-
-    s = sub.add_parser("train", help="the phrase and question encoders (eq. 9), resumable",
-                       description="L = lambda_single L_single + lambda_distill L_distill + lambda_neg L_neg "
-                                   "(+ lambda_filter L_filter); pre-batch negatives in the last epochs "
-                                   "(npm.densephrases.train).", formatter_class=fmt)
-    s.add_argument("--encoder", required=True, help="checkpoint of the three encoders (paper: SpanBERT-base-cased)")
-    s.add_argument("--train", type=Path, required=True, help="SQuAD v1.1 JSON")
-    s.add_argument("--teacher", type=Path, default=None, help="teacher folder (train-teacher); none = no distillation")
-    s.add_argument("--out", type=Path, required=True, help="model folder")
-    s.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with per-epoch checkpoints")
-    add_arguments(s, DensePhrasesTrain)
-    _settings(s, "train")
-    s.add_argument("--seed", type=int, default=0, help="seed")
-    tracking.add_arguments(s)
-    s.set_defaults(func=cmd_train)
-
-    s = sub.add_parser("dump", help="the phrase dump: fp16 token vectors of every passage",
-                       description="Encodes every block of the corpus with the phrase encoder (npm.densephrases.dump).",
-                       formatter_class=fmt)
-    s.add_argument("--model", type=Path, required=True, help="DensePhrases model folder")
-    s.add_argument("--blocks", nargs="+", required=True, help="the corpus's blocks .npz files, in order")
-    s.add_argument("--out", type=Path, required=True, help="dump folder")
-    s.add_argument("--shard", type=bounded(int, minimum=0), default=None,
-                   help="write only the folder of this shard of the dump (shard{K}, from the one --blocks file); "
-                        "`densephrases combine` then writes the dump's meta.json. Default: the whole dump")
-    s.add_argument("--batch-blocks", type=positive_int, default=32, help="blocks per forward pass")
-    _settings(s, "dump")
-    s.set_defaults(func=cmd_dump)
-
-    s = sub.add_parser("combine", help="the dump's meta.json over its shards (after `dump --shard` of each)",
-                       description="Checks that one phrase encoder and filter made the shards shard0 ... "
-                                   "shard{N-1} of the dump folder and writes its meta.json, which readers need "
-                                   "(npm.densephrases.dump.combine_shards).", formatter_class=fmt)
-    s.add_argument("--dump", type=Path, required=True, help="dump folder")
-    s.add_argument("--shards", type=positive_int, required=True, help="shards of the dump (blocks files of the corpus)")
-    s.set_defaults(func=cmd_combine)
-
-    s = sub.add_parser("index", help="FAISS index of a dump from a factory string",
-                       description="Flat (exact), the paper's IVF{n},SQ4, the code's OPQ{M},IVF{n},PQ{M}; inner "
-                                   "product (npm.densephrases.dump.build_index).", formatter_class=fmt)
-    s.add_argument("--dump", type=Path, required=True, help="dump folder")
-    s.add_argument("--out", type=Path, required=True, help="index file (sidecar <out>.json beside it)")
-    s.add_argument("--factory", default="Flat", help="FAISS factory string")
-    _settings(s, "index")
-    s.add_argument("--seed", type=int, default=1, help="seed of the training sample")
-    s.add_argument("--mem-mb", type=bounded(int, minimum=0), default=0,
-                   help="the job's memory in MB: refuse, before training, an index that would not fit (0 = no check)")
-    s.set_defaults(func=cmd_index)
-
-    s = sub.add_parser("query-ft", help="query-side fine-tuning against the frozen index",
-                       description="Marginal likelihood of the answer-matching phrases among the top k "
-                                   "(npm.densephrases.query_ft); the phrase side, dump and index stay unchanged.",
-                       formatter_class=fmt)
-    _model_args(s)
-    s.add_argument("--train", type=Path, required=True, help="questions: SQuAD .json or JSONL {question, answers}")
-    s.add_argument("--dev", type=Path, default=None, help="dev questions: the best epoch by EM is kept")
-    s.add_argument("--out", type=Path, required=True, help="fine-tuned model folder")
-    _search_args(s, k=False)
-    add_arguments(s, DensePhrasesQueryFt)
-    s.add_argument("--seed", type=int, default=0, help="seed")
-    _settings(s, "query-ft")
-    tracking.add_arguments(s)
-    s.set_defaults(func=cmd_query_ft)
-
-    s = sub.add_parser("evaluate", help="RC EM/F1 (vs a random span and the teacher) and open-domain EM@1",
-                       description="--rc: reading comprehension on SQuAD examples; --questions: top-1 phrase EM over "
-                                   "the index, with queries/s (npm.densephrases.evaluate).", formatter_class=fmt)
-    s.add_argument("--model", type=Path, required=True, help="DensePhrases model folder")
-    s.add_argument("--rc", type=Path, default=None, help="SQuAD JSON for reading comprehension")
-    s.add_argument("--teacher", type=Path, default=None, help="teacher folder: its RC EM/F1 beside")
-    s.add_argument("--d-small-pool", type=Path, nargs="*", default=[],
-                   help="SQuAD JSON files whose passages join the --rc passages in D_small (Table 6's semi-open "
-                        "setting: every --rc question over all pooled passages)")
-    s.add_argument("--questions", type=Path, nargs="+", default=[],
-                   help="open-domain question files (SQuAD .json or JSONL {question, answers}), each named by its stem")
-    s.add_argument("--task", nargs="+", default=[], help="open-set tasks of config/tasks.yaml, asked as questions "
-                                                          "(npm.densephrases.evaluate.task_question)")
-    s.add_argument("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders")
-    s.add_argument("--dump", type=Path, default=None, help="dump folder (--questions, --task)")
-    s.add_argument("--index", type=Path, default=None, help="index file (--questions, --task)")
-    _search_args(s)
-    s.add_argument("--out", type=Path, required=True, help="results JSON")
-    _settings(s, "evaluate")
-    tracking.add_arguments(s)
-    s.set_defaults(func=cmd_evaluate)
-
-    s = sub.add_parser("search", help="print the top phrases of questions with their passages",
-                       description="npm-repro densephrases search --model M --dump D --index I \"What is the capital "
-                                   "of Greece?\"", formatter_class=fmt)
-    _model_args(s)
-    s.add_argument("question", nargs="+", help="question(s)")
-    _search_args(s)
-    s.add_argument("--top", type=positive_int, default=5, help="phrases printed per question")
-    s.add_argument("--evidence", action=argparse.BooleanOptionalAction, default=True, help="print the passage")
-    _settings(s, "search")
-    s.set_defaults(func=cmd_search)
-    return sub
+def commands(rc: Callable | None = None) -> tuple[Command, ...]:
+    """``densephrases`` and its steps; ``rc`` is the handler of step ``rc`` (npm.cli's: it builds demo data)."""
+    return (Command("densephrases", "DensePhrases: phrase retrieval with start/end token vectors",
+                    description="DensePhrases (Lee et al. 2021): train the phrase and question encoders on reading "
+                                "comprehension, dump and index the corpus's token vectors, search phrases, fine-tune "
+                                "the query side (npm.densephrases).",
+                    steps=(replace(RC, func=rc), *STEPS), dest="densephrases_command"),)

@@ -38,8 +38,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
+from npm.datastore.faiss_index import build_faiss_index
+from npm.densephrases.model import DensePhrases
 from npm.densephrases.search import PhraseTokens
+from npm.fingerprint import corpus_fingerprint, file_fingerprint, model_fingerprint
 from npm.io import atomic_dir, atomic_path, read_json, write_json
+from npm.model import autocast, effective_precision, torch_device
 
 COLUMNS = ("token", *(f.name for f in fields(PhraseTokens)))  # one .npy per column of a shard's token table
 OFFSETS = {"token": "token_offset", "passage": "passage_offset", "segment": "segment_offset"}  # local -> global ids
@@ -54,8 +59,6 @@ def shard_dir(dump_dir: str | os.PathLike, shard: int) -> Path:
 
 def dump_record(model_dir: str | os.PathLike) -> str:
     """The fingerprint of a DensePhrases model's phrase side (its phrase encoder and filter head)."""
-    from npm.fingerprint import file_fingerprint, model_fingerprint
-
     phrase = model_fingerprint(str(Path(model_dir) / "phrase"))
     return file_fingerprint(Path(model_dir) / "filter_head.pt") + ":" + phrase
 
@@ -66,11 +69,6 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
     """Encode every block of ``blocks_path`` with the phrase encoder of ``model_dir`` (on ``device``, default CUDA
     when available, under ``precision``'s autocast, ``npm.model.autocast``) and write the shard folder ``out_dir``
     atomically. ``model``: the loaded ``DensePhrases`` of ``model_dir`` (loaded here when None)."""
-    from npm.data.blocks import check_vocabulary, load_blocks
-    from npm.densephrases.model import DensePhrases
-    from npm.fingerprint import corpus_fingerprint
-    from npm.model import effective_precision, torch_device
-
     t0 = time.perf_counter()
     dev = torch_device(device)
     if model is None:
@@ -141,9 +139,6 @@ def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir:
                  precision: str = "fp32", device: str | None = None) -> dict:
     """The whole dump of the blocks files ``blocks_paths`` (in corpus order) in one process: shard ``k`` from the
     ``k``-th file (:func:`dump_shard`), then the meta (:func:`combine_shards`); ``out_dir`` is written atomically."""
-    from npm.densephrases.model import DensePhrases
-    from npm.model import torch_device
-
     if not blocks_paths:
         raise ValueError("no blocks files to dump")
     model = DensePhrases.load(model_dir).eval().to(torch_device(device))
@@ -160,9 +155,6 @@ def _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_b
     (a memmap on disk: a shard's vectors are never all in memory): every block through the phrase encoder, shortest
     first; special tokens dropped, and with ``filter_threshold`` the tokens whose best filter logit does not exceed
     it (at least the best of each passage stays)."""
-    from npm.data.blocks import pad_blocks
-    from npm.model import autocast
-
     offsets = arrays["block_offsets"]
     lengths = np.diff(offsets)
     order = np.argsort(lengths, kind="stable")
@@ -261,8 +253,6 @@ def build_index(dump_dir: str | os.PathLike, out_path: str | os.PathLike, factor
     sample of ``train_sample`` rows drawn across them, filled shard by shard in chunks, on a GPU when there is one
     unless ``use_gpu`` is False). ``mem_mb``: the job's memory; an index that would not fit is refused before
     training (``npm.datastore.faiss_index.check_memory``)."""
-    from npm.datastore.faiss_index import build_faiss_index
-
     dump = PhraseDump(dump_dir)
     shards = [(Path(dump_dir) / s["path"] / "vectors.f16", s["rows"]) for s in dump.meta["shards"]]
     try:

@@ -75,7 +75,7 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_
     cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting), computed
     on the model's device under ``precision``'s autocast. ``tokenizer`` (default: the model's) lays out the passages;
     the teacher alone needs no ``model``."""
-    from npm.densephrases.train import teacher_logits
+    from npm.densephrases.train import teacher_logits  # deferred: npm.densephrases.train loads torch
 
     tok = tokenizer or model.tokenizer
     feats = rc_features(examples, tok, max_passage_tokens, max_question_tokens)

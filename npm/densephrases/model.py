@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from npm.model import encode, load_encoder, load_tokenizer
+
 PARTS = ("phrase", "query_start", "query_end")
 
 
@@ -31,8 +33,6 @@ class DensePhrases(torch.nn.Module):
     @classmethod
     def from_encoder(cls, name: str) -> DensePhrases:
         """Three copies of the encoder ``name`` (a folder, hub id or pypi:PACKAGE/PATH) and a new filter head."""
-        from npm.model import load_encoder, load_tokenizer
-
         return cls(load_encoder(name), load_encoder(name), load_encoder(name), load_tokenizer(name), str(name))
 
     @property
@@ -41,14 +41,10 @@ class DensePhrases(torch.nn.Module):
 
     def phrase_vectors(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """h [B, m, d]: the phrase encoder's last layer over passage tokens."""
-        from npm.model import encode
-
         return encode(self.phrase, ids, attention)
 
     def query_vectors(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q_start, q_end [B, d]: the [CLS] outputs of the two query encoders."""
-        from npm.model import encode
-
         return encode(self.query_start, ids, attention)[:, 0], encode(self.query_end, ids, attention)[:, 0]
 
     def filter_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -66,8 +62,6 @@ class DensePhrases(torch.nn.Module):
 
     @classmethod
     def load(cls, path: str | Path) -> DensePhrases:
-        from npm.model import load_encoder, load_tokenizer
-
         path = Path(path)
         if not (path / "densephrases.json").is_file():
             raise FileNotFoundError(f"{path} is not a DensePhrases model folder (no densephrases.json); train one "

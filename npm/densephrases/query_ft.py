@@ -28,7 +28,11 @@ import torch
 from tqdm import tqdm
 
 from npm import tracking
+from npm.densephrases.evaluate import open_domain
+from npm.densephrases.search import search
+from npm.densephrases.searcher import PhraseSearcher
 from npm.io import atomic_dir, write_json
+from npm.tasks.metrics import exact_match
 
 log = logging.getLogger("npm-repro.densephrases")
 OBJECTIVES = ("paper", "code")
@@ -43,9 +47,6 @@ def batch_losses(searcher, questions: list[dict], k: int, max_words: int,
                  objective: str = "paper") -> list[torch.Tensor | None]:
     """L_query of each {question, answers} record (with gradient into the query encoders), None where no candidate
     matches: one forward pass of the query encoders and one search for the whole batch."""
-    from npm.densephrases.search import search
-    from npm.tasks.metrics import exact_match
-
     q_start, q_end = searcher.query_vectors([q["question"] for q in questions])
     qs, qe = q_start.detach().float().cpu().numpy(), q_end.detach().float().cpu().numpy()
     found = search(searcher.index, searcher.dump.vectors, searcher.dump.tokens, qs, qe, k, max_words,
@@ -69,8 +70,6 @@ def batch_losses(searcher, questions: list[dict], k: int, max_words: int,
 
 def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) -> float:
     """EM (percent) of the top phrase over {question, answers} records."""
-    from npm.densephrases.evaluate import open_domain
-
     return open_domain(searcher, questions, k, max_words)["em"]
 
 
@@ -84,8 +83,6 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     caller finishes it) gets each step's loss and learning rate and each epoch's row (dev EM, questions per
     second)."""
     from transformers import get_linear_schedule_with_warmup
-
-    from npm.densephrases.searcher import PhraseSearcher
 
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, not {objective!r}")

@@ -4,28 +4,28 @@ open-set knowledge tables; docs/paper-map.md §D1.5): each open-set input is ask
 
 from __future__ import annotations
 
+from npm.densephrases.evaluate import task_question
+
 
 class DensePhrasesScorer:
     def __init__(self, system, inputs, settings):
-        from npm.densephrases.searcher import PhraseSearcher
+        from npm.densephrases.searcher import PhraseSearcher  # deferred: npm.densephrases.searcher loads torch
 
         if len(inputs.phrase_dump) != 1 or len(inputs.phrase_index) != 1:
             raise ValueError(f"{system.name} reads one corpus: give one --phrase-dump and one --phrase-index "
                              f"(got {len(inputs.phrase_dump)} and {len(inputs.phrase_index)})")
         self.settings = settings
-        self.searcher = PhraseSearcher(inputs.model, inputs.phrase_dump[0], inputs.phrase_index[0],
+        self.searcher = PhraseSearcher(inputs.checkpoint, inputs.phrase_dump[0], inputs.phrase_index[0],
                                        device=inputs.device)
         self.tokenizer = self.searcher.model.tokenizer
         meta = self.searcher.dump.meta
-        self.info = {"model": str(inputs.model), "corpus": inputs.corpus, "corpus_tokens": meta["tokens"],
+        self.info = {"model": str(inputs.checkpoint), "corpus": inputs.corpus, "corpus_tokens": meta["tokens"],
                      "retrieval": f"phrase index {inputs.phrase_index[0]}",
                      "device": str(self.searcher.device),
                      "parameters": int(sum(p.numel() for p in self.searcher.model.parameters())),
                      "phrase_k": settings.phrase_k, "phrase_max_words": settings.phrase_max_words}
 
     def open_set(self, task, examples, progress=None):
-        from npm.densephrases.evaluate import task_question
-
         questions = [task_question(task.name, ex["input"]) for ex in examples]
         found = self.searcher.search(questions, self.settings.phrase_k, self.settings.phrase_max_words, top_n=1)
         if progress:

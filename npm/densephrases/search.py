@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from npm.boundaries import PUNCT_PIECE, SPECIAL, is_subword
+from npm.datastore.faiss_index import search as faiss_search
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,6 @@ def search(index, h: np.ndarray, tokens: PhraseTokens, q_start: np.ndarray, q_en
     starts and r k ends, and the k of each with the highest exact inner product with the dump's vectors are kept
     (FAISS's IndexRefine idea, with the fp16 dump as the exact store): a compressed index then only has to rank the
     right tokens among its top r k."""
-    from npm.datastore.faiss_index import search as faiss_search
-
     if len(tokens) != len(h) or index.ntotal != len(h):
         raise ValueError(f"the index holds {index.ntotal} vectors, the dump {len(h)} and the token table "
                          f"{len(tokens)}: they are not one phrase dump")

@@ -15,6 +15,12 @@ import os
 import numpy as np
 import torch
 
+from npm.data.blocks import load_blocks
+from npm.densephrases.dump import PhraseDump, load_index
+from npm.densephrases.model import DensePhrases
+from npm.densephrases.search import search
+from npm.model import autocast, torch_device
+
 MAX_QUESTION_TOKENS = 64
 
 
@@ -23,11 +29,6 @@ class PhraseSearcher:
                  nprobe: int | None = None, device: str | None = None, precision: str = "fp32"):
         """``device`` (default CUDA when available) and ``precision`` (``npm.model.autocast``) of the query
         encoders; the search itself runs on the CPU over the FAISS index."""
-        from npm.data.blocks import load_blocks
-        from npm.densephrases.dump import PhraseDump, load_index
-        from npm.densephrases.model import DensePhrases
-        from npm.model import torch_device
-
         self.dump = PhraseDump(dump_dir)
         self.index = load_index(index_path, self.dump, model_dir)
         if nprobe is not None:
@@ -57,8 +58,6 @@ class PhraseSearcher:
     def query_vectors(self, questions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """q_start, q_end [n, d] of the questions on the model's device (with gradient unless called in inference
         mode)."""
-        from npm.model import autocast
-
         enc = self.tokenize(questions)
         with autocast(self.device, self.precision):
             return self.model.query_vectors(enc["input_ids"], enc["attention_mask"])
@@ -87,8 +86,6 @@ class PhraseSearcher:
                refine_factor: int = 1) -> list[list[dict]]:
         """The best ``top_n`` phrases of each question, best first, phrases of identical text merged into their
         best occurrence (the original's de-duplication); ``refine_factor``: ``npm.densephrases.search.search``."""
-        from npm.densephrases.search import search
-
         q_start, q_end = self.encode(questions)
         out = []
         for pairs, scores in search(self.index, self.dump.vectors, self.dump.tokens, q_start, q_end, k, max_words,

@@ -34,14 +34,32 @@ import torch
 from tqdm import tqdm
 
 from npm import checkpoints, tracking
-from npm.io import atomic_dir, folder_lock, write_json
+from npm.densephrases.features import rc_features, teacher_inputs
+from npm.densephrases.losses import (
+    PreBatchQueue,
+    distill_loss,
+    filter_loss,
+    gold_vectors,
+    in_batch_loss,
+    single_passage_loss,
+    token_logits,
+    total_loss,
+)
+from npm.densephrases.model import DensePhrases
+from npm.densephrases.rc import read_squad
+from npm.fingerprint import file_fingerprint, model_fingerprint
+from npm.io import atomic_dir, folder_lock, resolve_package_path, write_json
+from npm.model import autocast, effective_precision, load_tokenizer, torch_device
 
 log = logging.getLogger("npm-repro.densephrases")
 NEGATIVES = ("none", "in_batch", "pre_batch")
 
 
 @dataclass
-class TrainConfig:
+class PhraseTrainConfig:
+    """A DensePhrases training run (eq. 9): the phrase and question encoders; NPM's own training is
+    npm.training.loop.TrainConfig."""
+
     encoder: str  # the checkpoint of the three encoders (paper: SpanBERT-base-cased)
     train: str  # SQuAD v1.1 JSON
     out_dir: str
@@ -91,9 +109,6 @@ def _layout(kind: str) -> checkpoints.Layout:
 def _run_dir(cfg, kind: str) -> Path:
     """The run folder of these settings (``npm.checkpoints.run_folder``): the id hashes them (the precision as this
     machine runs it, not the device name) and the fingerprints of the encoder, the training file and the teacher."""
-    from npm.fingerprint import file_fingerprint, model_fingerprint
-    from npm.model import effective_precision, torch_device
-
     hashed = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "checkpoint_dir", "encoder", "train",
                                                                 "teacher", "device")}
     hashed.update(kind=kind, encoder=model_fingerprint(cfg.encoder), train=file_fingerprint(cfg.train),
@@ -151,10 +166,6 @@ def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]
 
 
 def _features(cfg) -> dict:
-    from npm.densephrases.features import rc_features
-    from npm.densephrases.rc import read_squad
-    from npm.model import load_tokenizer
-
     examples = read_squad(cfg.train)
     feats = rc_features(examples, load_tokenizer(cfg.encoder), cfg.max_passage_tokens, cfg.max_question_tokens)
     if feats["dropped"]:
@@ -196,8 +207,6 @@ def _width(mask: np.ndarray, rows) -> int:
 def load_teacher(path: str):
     from transformers import AutoModelForQuestionAnswering
 
-    from npm.io import resolve_package_path
-
     resolved = resolve_package_path(path)
     return AutoModelForQuestionAnswering.from_pretrained(resolved, local_files_only=Path(resolved).is_dir())
 
@@ -217,9 +226,6 @@ def teacher_logits(teacher, feats: dict, batch_size: int = 32,
                    precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
     """The teacher's start and end logits float32 [n, Lp] at the student's passage positions (-inf elsewhere),
     computed on the teacher's device under ``precision``'s autocast."""
-    from npm.densephrases.features import teacher_inputs
-    from npm.model import autocast
-
     n, width = feats["passage_ids"].shape
     out_s = np.full((n, width), -np.inf, dtype=np.float32)
     out_e = np.full((n, width), -np.inf, dtype=np.float32)
@@ -246,9 +252,6 @@ def _track(run: tracking.Run, row: dict, scheduler, size: int) -> None:
 def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
     """Fine-tune the cross-attention reader (resumable per epoch); writes ``cfg.out_dir`` (``save_pretrained``).
     ``run`` (``npm.tracking``; the caller finishes it) gets the run folder, each step's row and each epoch's step."""
-    from npm.densephrases.features import teacher_inputs
-    from npm.model import autocast, load_tokenizer, torch_device
-
     device = torch_device(cfg.device)
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases teacher training"):
         run_dir, feats = _start(cfg, "teacher")
@@ -298,19 +301,9 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run |
 
 # ------------------------------------------------------------------------------------------------ DensePhrases
 
-def step_loss(model, feats: dict, rows: np.ndarray, cfg: TrainConfig, queue, teacher_s=None,
+def step_loss(model, feats: dict, rows: np.ndarray, cfg: PhraseTrainConfig, queue, teacher_s=None,
               teacher_e=None) -> tuple[torch.Tensor, dict]:
     """Eq. 9 on one batch; returns (loss, the parts' values)."""
-    from npm.densephrases.losses import (
-        distill_loss,
-        filter_loss,
-        gold_vectors,
-        in_batch_loss,
-        single_passage_loss,
-        token_logits,
-        total_loss,
-    )
-
     dev = next(model.parameters()).device
     lp, lq = _width(feats["passage_mask"], rows), _width(feats["question_mask"], rows)
     valid = _t(feats["valid"], rows, lp, dev)
@@ -334,13 +327,9 @@ def step_loss(model, feats: dict, rows: np.ndarray, cfg: TrainConfig, queue, tea
     return total_loss(parts, lambdas), {k: float(v.detach()) for k, v in parts.items()}
 
 
-def train_densephrases(cfg: TrainConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
+def train_densephrases(cfg: PhraseTrainConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
     """Train (or resume) the phrase and query encoders; writes the model folder ``cfg.out_dir``. ``run`` as for
     ``train_teacher``."""
-    from npm.densephrases.losses import PreBatchQueue
-    from npm.densephrases.model import DensePhrases
-    from npm.model import autocast, torch_device
-
     device = torch_device(cfg.device)
     if cfg.negatives not in NEGATIVES:
         raise ValueError(f"negatives must be one of {NEGATIVES}, not {cfg.negatives!r}")

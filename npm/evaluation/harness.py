@@ -24,9 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from npm.evaluation.systems import Inputs, Output, get
+from npm.io import check_finite, write_jsonl, write_summary
+from npm.model import load_tokenizer
 from npm.settings import Settings
 from npm.tasks.metrics import aggregate, bootstrap, exact_match, translation_prediction
-from npm.tasks.registry import SEED, Task, resolve_task
+from npm.tasks.registry import SEED, Task, resolve_task, task_examples
+from npm.threads import threads
 
 log = logging.getLogger("npm-repro.evaluate")
 
@@ -122,8 +125,8 @@ def check_inputs(task: Task, system, inputs: Inputs, settings: Settings) -> None
     if not system.applies(task.closed, task.template):
         raise ValueError(f"system {system.name} cannot answer task {task.name}: its template puts text after the "
                          "mask, which a left-to-right LM cannot score")
-    if not inputs.model:
-        raise ValueError(f"system {system.name} needs its {system.model} checkpoint (--model)")
+    if not inputs.checkpoint:
+        raise ValueError(f"system {system.name} needs its {system.model} checkpoint (--checkpoint)")
     for name in ("datastore", "faiss", "bm25", "blocks"):
         given = getattr(inputs, name)
         if name in needs and not given:
@@ -157,8 +160,6 @@ def _bucket_tokenizer(task: Task, tokenizer: str | None, scorer, system):
     if task.group_by != "bucket":
         return scorer.tokenizer
     if tokenizer:
-        from npm.model import load_tokenizer
-
         return load_tokenizer(tokenizer)
     if system.model == "lm":
         log.warning("task %s: LAMA n-gram buckets counted with the LM's tokenizer; pass the NPM tokenizer "
@@ -212,7 +213,6 @@ def evaluate_tasks(tasks: Sequence[str | Task], system: str, inputs: Inputs, set
         if not (Path(given.tasks_root) / spec.name).is_dir():
             raise FileNotFoundError(f"task folder {Path(given.tasks_root) / spec.name} does not exist; {spec.where()}")
 
-    from npm.io import check_finite, write_jsonl, write_summary
 
     t0 = time.perf_counter()
     scorer = entry.load(entry, checked, settings)
@@ -243,15 +243,14 @@ def _run_task(spec: Task, entry, scorer, inputs: Inputs, settings: Settings, n_s
     """One task through a loaded scorer: sample, answer, score, time. Returns (metrics, predictions records)."""
     from tqdm import tqdm
 
-    from npm.tasks.registry import task_examples
 
     folder = Path(inputs.tasks_root) / spec.name
     examples = task_examples(spec.name, folder, tokenizer=_bucket_tokenizer(spec, tokenizer, scorer, entry),
                              n_samples=n_samples, registry={spec.name: spec})
     if not examples:
         raise ValueError(f"task {spec.name}: no examples to evaluate in {folder}")
-    log.info("task %s, system %s: %d examples, model %s, corpus %s", spec.name, entry.name, len(examples),
-             inputs.model, scorer.info.get("corpus"))
+    log.info("task %s, system %s: %d examples, checkpoint %s, corpus %s", spec.name, entry.name, len(examples),
+             inputs.checkpoint, scorer.info.get("corpus"))
     run = scorer.closed_set if spec.closed else scorer.open_set
     t0 = time.perf_counter()
     with tqdm(total=len(examples), desc=f"{spec.name}/{entry.name}", unit="ex", mininterval=5) as bar:
@@ -274,7 +273,6 @@ def _threads() -> tuple[int, int | None]:
     """The thread policy's count (``npm.threads``) and torch's threads in force."""
     import sys
 
-    from npm.threads import threads
 
     torch = sys.modules.get("torch")
     return threads(), torch.get_num_threads() if torch is not None else None

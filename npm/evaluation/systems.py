@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
+from npm.tasks.templates import mask_at_end
 
 # Corpus artefacts a system can need, as the workflow builds them per (model, corpus) or per corpus.
 ARTEFACTS = ("datastore", "faiss", "bm25", "blocks", "encoder", "phrase_dump", "phrase_index")
@@ -39,7 +40,7 @@ class Inputs:
     """What a scorer is loaded from: the system's checkpoint and the reference corpus's artefacts (in corpus order;
     closed-set tasks may name several corpora, whose union is searched)."""
 
-    model: str | None = None
+    checkpoint: str | None = None  # folder or hub id of the system's model (System.model)
     datastore: list[str] = field(default_factory=list)
     faiss: list[str] = field(default_factory=list)
     bm25: list[str] = field(default_factory=list)
@@ -99,8 +100,6 @@ class System:
 
     def applies(self, closed: bool, template: str) -> bool:
         """Whether the system answers a task of this family and template."""
-        from npm.tasks.templates import mask_at_end
-
         needs = self.closed if closed else self.open
         return needs is not None and not (self.left_to_right and closed and not mask_at_end(template))
 
@@ -109,25 +108,25 @@ class System:
 
 
 def _npm(system: System, inputs: Inputs, settings):
-    from npm.inference.scoring import NpmScorer
+    from npm.inference.scoring import NpmScorer  # deferred: loads torch, when the registry's entry is chosen
 
     return NpmScorer(system, inputs, settings)
 
 
 def _mlm(system: System, inputs: Inputs, settings):
-    from npm.baselines.mlm import MlmScorer
+    from npm.baselines.mlm import MlmScorer  # deferred: loads torch, when the registry's entry is chosen
 
     return MlmScorer(system, inputs, settings)
 
 
 def _densephrases(system: System, inputs: Inputs, settings):
-    from npm.densephrases.scorer import DensePhrasesScorer
+    from npm.densephrases.scorer import DensePhrasesScorer  # deferred: loads torch, when the registry's entry is chosen
 
     return DensePhrasesScorer(system, inputs, settings)
 
 
 def _decoder(system: System, inputs: Inputs, settings):
-    from npm.baselines.decoder import DecoderScorer
+    from npm.baselines.decoder import DecoderScorer  # deferred: loads torch, when the registry's entry is chosen
 
     return DecoderScorer(system, inputs, settings)
 

@@ -1,9 +1,9 @@
 """``Predictor``: NPM / NPM-single predictions over a reference-corpus datastore (paper 3.1, 3.3; paper-map §3.6-§3.8).
 
-* NPM (``kind="npm"``): [MASK][MASK] query vectors; candidate positions from BM25 (``mode="restricted"``: every
+* NPM (``model="npm"``): [MASK][MASK] query vectors; candidate positions from BM25 (``mode="restricted"``: every
   stored vector of the top-3 blocks, paper-map §3.8) or from FAISS (``mode="faiss"``: the k nearest start and end
   vectors); spans walked over word boundaries (``npm.inference.phrase``); exact scores from the stored vectors.
-* NPM-single (``kind="npm_single"``): one query vector; every candidate votes for its own token with
+* NPM-single (``model="npm_single"``): one query vector; every candidate votes for its own token with
   softmax(s / tau) (paper A.3); tokens are aggregated like one-token spans.
 
 Every answer is the exact surface string of its best occurrence in the corpus text (so characters the tokenizer
@@ -30,13 +30,18 @@ from pathlib import Path
 import numpy as np
 
 from npm.boundaries import SPECIAL, valid_ends, valid_starts
-from npm.datastore.store import STORED
+from npm.data.blocks import load_blocks
+from npm.datastore.bm25 import Bm25Searcher, bm25_query
+from npm.datastore.faiss_index import RowFilter, exact_scores, load_faiss_index, search
+from npm.datastore.store import STORED, load_datastore
 from npm.inference.closed_set import label_scores
 from npm.inference.phrase import aggregate_spans, runs, score_spans, softmax, walk_spans
 from npm.inference.query import encode_queries
+from npm.model import load_encoder, load_tokenizer, locate_checkpoint
 from npm.settings import Settings
+from npm.threads import threads
 
-KINDS = ("npm", "npm_single")
+MODELS = ("npm", "npm_single")  # the models with a datastore
 BATCH_SIZE = 64  # queries per encoder pass, search and scoring step; any size gives the same answers
 # Unrestricted mode views every block that holds one of the 2 x k neighbours of a query (at k = 4096, most of the
 # embedded corpus): its spans are scored 8 queries at a time (9 queries/s against 6 for 64 at once, less memory).
@@ -44,43 +49,33 @@ UNRESTRICTED_CHUNK = 8
 
 
 class Predictor:
-    """NPM / NPM-single over one datastore: the model, datastore and indexes are opened once, then ``predict``
+    """NPM / NPM-single over one datastore: the checkpoint, datastore and indexes are opened once, then ``predict``
     (one query) or ``predict_batch`` (many, one encoder pass) answer cloze queries written with ``<mask>``.
 
-    ``tau``, ``form`` (span score), ``k`` and ``n_blocks`` (BM25 top blocks of restricted mode) left at None take
-    their value from ``settings`` (default ``Settings()``, the paper's setting); ``settings.closed_set_tau`` and
-    ``settings.tau_twice`` are ``label_scores``'s defaults. ``root``: the folder that the relative blocks paths
+    ``checkpoint``: the encoder (folder or hub id) of model ``model`` (npm or npm_single) that embedded
+    ``datastore``. ``settings`` (default ``Settings()``, the paper's setting) gives the phrase temperature, the span
+    score, k and the BM25 blocks of restricted mode, and ``label_scores``'s defaults; change one with
+    ``dataclasses.replace(settings, open_set_tau=...)``. ``root``: the folder that the relative blocks paths
     recorded in the datastore are relative to (the workflow's working directory; default the current directory).
     ``batch_size``: queries per encoder pass, search and scoring step of ``predict_batch`` (a memory bound only).
     """
 
-    def __init__(self, model: str, datastore: str, kind: str = "npm", bm25: str | None = None,
-                 faiss: str | None = None, tau: float | None = None, l_max: int = 10, form: str | None = None,
-                 exclude_stopwords: bool = True, open_set: bool = True, k: int | None = None,
-                 n_blocks: int | None = None, device=None, root: str | Path | None = None,
-                 settings: Settings | None = None, batch_size: int = BATCH_SIZE):
-        from npm.datastore.store import load_datastore
-        from npm.model import load_encoder, load_tokenizer
-
-        if kind not in KINDS:
-            raise ValueError(f"kind must be 'npm' or 'npm_single', not {kind!r}")
-        given = {"open_set_tau": tau, "span_score": form, "k": k, "restricted_blocks": n_blocks}
-        given = {name: operator.index(v) if name in ("k", "restricted_blocks")  # numpy numbers welcome
-                 else float(v) if isinstance(v, np.floating) else v for name, v in given.items() if v is not None}
-        self.settings = dataclasses.replace(settings or Settings(), **given)  # checks the values
-        s = self.settings
-        self.kind, self.tau, self.l_max, self.form = kind, s.open_set_tau, l_max, s.span_score
-        self.exclude_stopwords, self.open_set, self.k, self.n_blocks = exclude_stopwords, open_set, s.k, \
-            s.restricted_blocks
+    def __init__(self, checkpoint: str, datastore: str, model: str = "npm", settings: Settings | None = None,
+                 bm25: str | None = None, faiss: str | None = None, l_max: int = 10, exclude_stopwords: bool = True,
+                 device=None, root: str | Path | None = None, batch_size: int = BATCH_SIZE):
+        if model not in MODELS:
+            raise ValueError(f"model must be one of {list(MODELS)}, not {model!r}")
+        self.model, self.settings = model, settings or Settings()
+        self.l_max, self.exclude_stopwords = l_max, exclude_stopwords
         self.root = Path(root) if root is not None else None
-        self.ds = load_datastore(datastore, expected_model=model)
-        self.tokenizer = load_tokenizer(model)
-        self.model = load_encoder(model).eval()
+        self.ds = load_datastore(datastore, expected_model=checkpoint)
+        self.tokenizer = load_tokenizer(checkpoint)
+        self.encoder = load_encoder(checkpoint).eval()
         if device is not None:
-            self.model.to(device)
-        if self.model.config.hidden_size != self.ds.hidden_size:
-            raise ValueError(f"model {model} has hidden size {self.model.config.hidden_size}, the datastore "
-                             f"{datastore} {self.ds.hidden_size}")
+            self.encoder.to(device)
+        if self.encoder.config.hidden_size != self.ds.hidden_size:
+            raise ValueError(f"checkpoint {checkpoint} has hidden size {self.encoder.config.hidden_size}, the "
+                             f"datastore {datastore} {self.ds.hidden_size}")
         # Absolute now: opened on first use, perhaps after a chdir, and the JVM (Lucene) keeps its start-up
         # directory, so a relative BM25 path would be read from wherever Python started.
         self._bm25_path, self._faiss_path = (None if x is None else str(Path(x).absolute()) for x in (bm25, faiss))
@@ -100,9 +95,10 @@ class Predictor:
 
         ``root`` is the workflow's working directory: relative paths (``config`` included) are resolved against
         it. The switches come from the config's ``inference`` section (``Settings.from_mapping``); ``overrides``
-        are keyword arguments of ``Predictor`` (``kind``, ``tau``, ``k``, ``l_max``, ``device``, ...) and win over
-        the config. A missing checkpoint or datastore is a FileNotFoundError naming the path and the Snakemake
-        target that builds it; a missing FAISS or BM25 index is reported so only when a mode needs it.
+        are keyword arguments of ``Predictor`` (``l_max``, ``device``, ``settings``, ...) or fields of ``Settings``
+        (``open_set_tau``, ``k``, ...), and win over the config. A missing checkpoint or datastore is a
+        FileNotFoundError naming the path and the Snakemake target that builds it; a missing FAISS or BM25 index is
+        reported so only when a mode needs it.
         """
         import yaml
 
@@ -117,8 +113,10 @@ class Predictor:
             settings = Settings.from_mapping(cfg.get("inference"))
         except ValueError as e:
             raise ValueError(f"{config_path}: {e}") from None
-        if "kind" not in overrides and model not in KINDS:
-            raise ValueError(f"model {model!r} has no datastore; use one of {list(KINDS)} (or pass kind=...)")
+        fields = {name: overrides.pop(name) for name in list(overrides) if name in Settings.__dataclass_fields__}
+        settings = dataclasses.replace(overrides.pop("settings", settings), **fields)
+        if model not in MODELS:
+            raise ValueError(f"model {model!r} has no datastore; use one of {list(MODELS)}")
 
         def target(rel: str) -> str:
             where = "" if root.resolve() == Path.cwd().resolve() else f"cd {root} && "
@@ -130,17 +128,16 @@ class Predictor:
                 raise FileNotFoundError(f"{what} {path} does not exist; build it with `{target(rel)}`")
             return str(path)
 
-        checkpoint = (cfg.get("models") or {}).get(model)
-        if checkpoint is None:
-            model_path = need(f"results/models/{model}", f"model {model!r} (config models.{model}: null) checkpoint")
+        released = (cfg.get("models") or {}).get(model)
+        if released is None:
+            checkpoint = need(f"results/models/{model}", f"model {model!r} (config models.{model}: null) checkpoint")
         else:
-            model_path = _released_checkpoint(str(checkpoint), root, f"{config_path}: models.{model}")
+            checkpoint = _released_checkpoint(str(released), root, f"{config_path}: models.{model}")
         datastore = str(Path(need(f"data/datastore/{model}/{corpus}/meta.json",
                                   f"datastore of model {model!r} on corpus {corpus!r}:")).parent)
         optional = {"faiss": f"data/index/{model}/{corpus}.faiss", "bm25": f"data/bm25/{corpus}"}
         paths = {name: str(root / rel) if (root / rel).exists() else None for name, rel in optional.items()}
-        kwargs = {"kind": model, **paths, "root": root, "settings": settings, **overrides}
-        predictor = cls(model_path, datastore, **kwargs)
+        predictor = cls(checkpoint, datastore, model, settings, **{**paths, "root": root, **overrides})
         predictor._missing = {name: f"{root / rel} does not exist; build it with `{target(rel)}`"
                               for name, rel in optional.items() if name not in overrides and paths[name] is None}
         return predictor
@@ -152,7 +149,6 @@ class Predictor:
             if self._bm25_path is None:
                 raise ValueError("restricted mode needs a BM25 index (bm25=...)"
                                  + (f": {self._missing['bm25']}" if "bm25" in self._missing else ""))
-            from npm.datastore.bm25 import Bm25Searcher
 
             # The index must be of this datastore's blocks: its block ids are read as the datastore's blocks.
             self._bm25 = Bm25Searcher(self._bm25_path, corpus_fingerprint=self.ds.corpus_fingerprint,
@@ -164,7 +160,6 @@ class Predictor:
             if self._faiss_path is None:
                 raise ValueError("FAISS mode needs a FAISS index (faiss=...)"
                                  + (f": {self._missing['faiss']}" if "faiss" in self._missing else ""))
-            from npm.datastore.faiss_index import load_faiss_index
 
             # Built from this datastore (plan: tokens + model + settings), not only of the same size.
             self._faiss = load_faiss_index(self._faiss_path, datastore=self.ds)
@@ -173,7 +168,7 @@ class Predictor:
     def encode(self, texts: list[str], batch_size: int | None = None) -> np.ndarray:
         """Query vectors float32 [n, 2 or 1, h], in length-sorted encoder passes of ``batch_size`` queries (default
         ``npm.inference.query.pass_size``)."""
-        return encode_queries(self.model, self.tokenizer, texts, n_masks=2 if self.kind == "npm" else 1,
+        return encode_queries(self.encoder, self.tokenizer, texts, n_masks=2 if self.model == "npm" else 1,
                               batch_size=batch_size)
 
     def retrieve_blocks(self, text: str, is_question: bool | None = None) -> np.ndarray:
@@ -182,12 +177,9 @@ class Predictor:
 
     def retrieve_blocks_batch(self, texts: Sequence[str], is_question: Sequence[bool | None]) -> list[np.ndarray]:
         """``retrieve_blocks`` for many queries: one Lucene batch search on the thread policy's threads."""
-        from npm.datastore.bm25 import bm25_query
-        from npm.threads import threads
-
         queries = [bm25_query(t, "?" in t.split("<mask>")[0] if iq is None else iq)
                    for t, iq in zip(texts, is_question, strict=True)]
-        hits = self._bm25_searcher().batch_search(queries, k=self.n_blocks, threads=threads())
+        hits = self._bm25_searcher().batch_search(queries, k=self.settings.restricted_blocks, threads=threads())
         return [ids for ids, _ in hits]
 
     # -- the candidate blocks of a batch of queries, laid end to end
@@ -214,7 +206,7 @@ class Predictor:
         rows = np.where(has_vector, ds.row_offsets[blocks][block] + rank, -1)
         # Open-set mode ignores stop-word vectors: the same candidates as a datastore built without them
         # (paper-map §3.3), so one datastore per (model, corpus) serves closed- and open-set tasks.
-        stored = has_vector & ~(stop if self.open_set else False)
+        stored = has_vector & ~stop
         rows[~stored] = -1
         blocked = (flags & SPECIAL) != 0
         if self.exclude_stopwords:
@@ -252,8 +244,6 @@ class Predictor:
         """The FAISS row filter of open-set search: every row but the stop-word vectors (the original's open-set
         datastore holds none, so they never take one of the k places), built on first use."""
         if self._open_filter is None:
-            from npm.datastore.faiss_index import RowFilter
-
             content = ~np.isin(self.ds.row_tokens, self.ds.stopword_ids)  # per row; the filter is per FAISS id
             self._open_filter = RowFilter(content[self.ds.index_rows(np.arange(self.ds.n_rows))])
         return self._open_filter
@@ -262,8 +252,6 @@ class Predictor:
 
     def _blocks_text(self, src: int) -> dict:
         if self._texts[src] is None:
-            from npm.data.blocks import load_blocks
-
             path = Path(self.ds.sources[src])
             if self.root is not None and not path.is_absolute():
                 path = self.root / path
@@ -349,9 +337,10 @@ class Predictor:
     def _score(self, view: dict, start_cand: np.ndarray, end_cand: np.ndarray, vectors: np.ndarray, top: int,
                n: int) -> list[list[dict]]:
         """Spans, their weights and the top phrases of ``n`` queries from their candidates in ``view``."""
-        if self.kind == "npm_single":
+        s = self.settings
+        if self.model == "npm_single":
             pos = np.unique(start_cand)
-            weights = softmax(self._sims(view, pos, vectors[:, 0]) / self.tau, view["query"][pos])
+            weights = softmax(self._sims(view, pos, vectors[:, 0]) / s.open_set_tau, view["query"][pos])
             span_start = span_end = pos
         else:
             span_start, span_end = walk_spans(start_cand, end_cand, view["block"], view["valid_start"],
@@ -359,18 +348,16 @@ class Predictor:
             start_pos = np.union1d(start_cand, span_start)
             end_pos = np.union1d(end_cand, span_end)
             weights = score_spans(span_start, span_end, start_pos, self._sims(view, start_pos, vectors[:, 0]),
-                                  end_pos, self._sims(view, end_pos, vectors[:, -1]), tau=self.tau, form=self.form,
-                                  query=view["query"])
+                                  end_pos, self._sims(view, end_pos, vectors[:, -1]), tau=s.open_set_tau,
+                                  form=s.span_score, query=view["query"])
         return self._phrases(view, span_start, span_end, weights, top, n)
 
     def _faiss_search(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Unrestricted mode (paper 6.4): the k nearest non-stop-word rows of every query vector, all queries in one
         FAISS search: rows and valid [n, 2 or 1, k]."""
-        from npm.datastore.faiss_index import search
-
         n, m, h = vectors.shape
-        rows, valid = search(self._faiss_index(), vectors.reshape(n * m, h), self.k,
-                             rows=self._open_rows() if self.open_set else None)
+        rows, valid = search(self._faiss_index(), vectors.reshape(n * m, h), self.settings.k,
+                             rows=self._open_rows())
         rows = self.ds.index_rows(rows)
         return rows.reshape(n, m, -1), valid.reshape(n, m, -1)
 
@@ -390,7 +377,7 @@ class Predictor:
         view = self._view(pairs[:, 1], pairs[:, 0])
         start_cand = self._local_positions(view, query[side == 0], rows[side == 0])
         end_cand = self._local_positions(view, query[side == m - 1], rows[side == m - 1])
-        if self.kind == "npm":
+        if self.model == "npm":
             start_cand = start_cand[view["valid_start"][start_cand]]
             end_cand = end_cand[view["valid_end"][end_cand]]
         return view, start_cand, end_cand
@@ -432,11 +419,9 @@ class Predictor:
     def knn_vectors(self, vectors: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """``knn`` of a batch of encoded queries (float32 [n, 2 or 1, h], from ``encode``): one FAISS search for
         all their vectors, one token-id lookup for all neighbours; a (token ids, exact scores) pair per query."""
-        from npm.datastore.faiss_index import exact_scores, search
-
         n, m, h = vectors.shape
         flat = np.ascontiguousarray(vectors.reshape(n * m, h), dtype=np.float32)
-        rows, valid = search(self._faiss_index(), flat, self.k)
+        rows, valid = search(self._faiss_index(), flat, self.settings.k)
         rows = self.ds.index_rows(rows)
         sims = exact_scores(flat, rows, self.ds.vectors)
         rows, valid, sims = rows.reshape(n, -1), valid.reshape(n, -1), sims.reshape(n, -1)
@@ -450,7 +435,7 @@ class Predictor:
         tau = self.settings.closed_set_tau if tau is None else tau
         tau_twice = self.settings.tau_twice if tau_twice is None else tau_twice
         ids, sims = self.knn(text)
-        return label_scores(ids, sims, verbalizers, tau=tau, tau_twice=tau_twice and self.kind == "npm")
+        return label_scores(ids, sims, verbalizers, tau=tau, tau_twice=tau_twice and self.model == "npm")
 
 
 def _check_mode(mode: str) -> None:
@@ -461,8 +446,6 @@ def _check_mode(mode: str) -> None:
 def _released_checkpoint(name: str, root: Path, key: str) -> str:
     """The checkpoint that config ``models`` names, resolved as the workflow does (``npm.model.locate_checkpoint``):
     its local folder, or the hub id itself; anything else is a FileNotFoundError naming ``key``."""
-    from npm.model import locate_checkpoint
-
     try:
         return locate_checkpoint(name, root) or name
     except FileNotFoundError as e:

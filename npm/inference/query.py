@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from npm.model import encode
 from npm.tasks.templates import MASK_PLACEHOLDER
 
 
@@ -60,8 +61,6 @@ def encode_queries(model, tokenizer, texts: list[str], n_masks: int = 2, max_len
     The queries go through the encoder in passes of ``batch_size`` (default ``pass_size``) queries of similar
     length (sorted by length, so that little of a pass is padding); the rows come back in the order of ``texts``.
     """
-    from npm.model import encode
-
     device = device or next(model.parameters()).device
     model.eval()
     prepared = [query_ids(tokenizer, t, n_masks, max_length) for t in texts]

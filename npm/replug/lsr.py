@@ -36,8 +36,14 @@ import torch
 from tqdm import tqdm
 
 from npm import checkpoints, tracking
-from npm.baselines.dense import DEFAULT_INDEX
+from npm.baselines.decoder import BlockTexts
+from npm.baselines.dense import DEFAULT_INDEX, SCORES, BlockIndex, block_vectors, blocks_with_text, mean_pool
+from npm.baselines.lm import load_causal_lm, target_logprobs
+from npm.data.blocks import load_blocks, pad_blocks
+from npm.fingerprint import file_fingerprint, model_fingerprint
 from npm.io import atomic_dir, folder_lock, read_jsonl, write_json
+from npm.model import encode, load_encoder, load_tokenizer
+from npm.replug.lm_eval import begin_token
 
 log = logging.getLogger("npm-repro.replug.lsr")
 KL_DIRECTIONS = ("retriever_lm", "lm_retriever")
@@ -101,10 +107,6 @@ class Retriever:
 
     def __init__(self, encoder: str, blocks: list[str], score: str = "cosine", index: str = DEFAULT_INDEX,
                  device=None):
-        from npm.baselines.dense import SCORES, blocks_with_text
-        from npm.data.blocks import load_blocks
-        from npm.model import load_encoder, load_tokenizer
-
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, not {score!r}")
         self.score, self.factory, self.blocks = score, index, [str(b) for b in blocks]
@@ -126,17 +128,12 @@ class Retriever:
         self.index = None
 
     def _pool(self, ids, attention) -> torch.Tensor:
-        from npm.baselines.dense import mean_pool
-        from npm.model import encode
-
         ids, att = torch.as_tensor(ids).to(self.device), torch.as_tensor(attention).long().to(self.device)
         v = mean_pool(encode(self.model, ids, att), att).float()
         return torch.nn.functional.normalize(v, dim=-1) if self.score == "cosine" else v
 
     def encode_blocks(self, blocks) -> torch.Tensor:
         """Vectors [n, h] of corpus blocks, with gradient (the retrieved documents of a step)."""
-        from npm.data.blocks import pad_blocks
-
         blocks = np.asarray(blocks, dtype=np.int64)
         width = int(max(1, np.diff(self.block_offsets)[blocks].max()))
         return self._pool(*pad_blocks(self.input_ids, self.block_offsets, blocks, width))
@@ -149,8 +146,6 @@ class Retriever:
     def refresh(self, batch_blocks: int = 64) -> np.ndarray:
         """Re-embed every block with the current encoder (``npm.baselines.dense.block_vectors``, in eval mode) and
         rebuild the index; returns the vectors [n_blocks, h]."""
-        from npm.baselines.dense import BlockIndex, block_vectors
-
         was_training = self.model.training
         self.model.eval()
         vecs = block_vectors(self.model, self.blocks, batch_blocks, self.device)
@@ -186,9 +181,6 @@ def lm_scorer(lm, lm_tokenizer, block_text, doc_len: int, reduce: str = "sum", c
     """``scores(query, blocks) -> (score_LM per block, n computed)`` with score_LM(d) = log p(y | d o x) of the frozen
     LM (summed or averaged over y's tokens, teacher-forced, no gradient), the document cut to its first ``doc_len``
     LM tokens; cached per (query id, block) in ``cache``."""
-    from npm.baselines.lm import target_logprobs
-    from npm.replug.lm_eval import begin_token
-
     bos = begin_token(lm_tokenizer)
     pad = lm_tokenizer.pad_token_id if lm_tokenizer.pad_token_id is not None else bos
     cache = {} if cache is None else cache
@@ -223,8 +215,6 @@ def lsr_step(retriever: Retriever, batch: list[dict], k: int, lm_scores, gamma: 
 
 
 def _run_id(cfg: LsrConfig) -> str:
-    from npm.fingerprint import file_fingerprint, model_fingerprint
-
     hashed = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "checkpoint_dir", "blocks", "queries",
                                                                  "encoder", "lm", "checkpoint_every", "extra")}
     hashed.update(encoder=model_fingerprint(cfg.encoder), lm=model_fingerprint(cfg.lm),
@@ -260,10 +250,6 @@ def train_lsr(cfg: LsrConfig, progress: bool = True, run: tracking.Run | None = 
 
 def _train(cfg: LsrConfig, root: Path, progress: bool, run: tracking.Run) -> dict:
     from transformers import get_linear_schedule_with_warmup
-
-    from npm.baselines.decoder import BlockTexts
-    from npm.baselines.lm import load_causal_lm
-    from npm.model import load_encoder
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -25,7 +25,7 @@ __all__ = ["Arrow", "Table", "em_by_splits", "figure6", "figure7", "figure8", "l
 def __getattr__(name):
     """``npm.report.results`` (:func:`npm.report.collect.results`), imported on first use: pandas loads only then."""
     if name == "results":
-        from npm.report.collect import results
+        from npm.report.collect import results  # deferred: loads pandas
 
         return results
     raise AttributeError(f"module 'npm.report' has no attribute {name!r}")

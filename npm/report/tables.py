@@ -204,7 +204,7 @@ def metrics_frame(records: Sequence[dict]):
     """The checked records as the tidy rows of ``npm.report.results`` (:mod:`npm.report.frame`: one per number, the
     task's score, each subset, each group, the queries per second), which the builders pivot. pandas is imported
     here, not at the top: every ``npm-repro`` command imports this module to build its parser, in envs without it."""
-    from npm.report.frame import metrics_frame as frame
+    from npm.report.frame import metrics_frame as frame  # deferred: loads pandas
 
     return frame(records)
 

@@ -51,6 +51,7 @@ from pathlib import Path, PurePosixPath
 
 from npm.data.download import download, sha256_of
 from npm.io import atomic_dir, folder_lock, read_json, read_jsonl, write_json, write_jsonl
+from npm.model import load_masked_lm, load_tokenizer
 from npm.tasks.loaders import require_glob
 from npm.tasks.registry import (
     DEFAULT_REGISTRY,
@@ -368,8 +369,6 @@ def lama_uhn(records: list[dict], model: str, top_k: int) -> list[dict]:
     name (``UHN_NOUNS`` relations: the object, lower-cased for an uncased model, is among ``model``'s ``top_k``
     fillers of ``UHN_TEMPLATE`` for a whitespace token of the subject)."""
     import torch
-
-    from npm.model import load_masked_lm, load_tokenizer
 
     records = [r for r in records if r["obj_label"].lower() not in r["sub_label"].lower()]
     relation = [r.get("pred") or r.get("predicate_id") for r in records]

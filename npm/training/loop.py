@@ -22,7 +22,7 @@ stays resumable. A lock on ``checkpoint_dir`` keeps a second training out; an un
 whose files differ from the checksums recorded when it was saved (``sha256.json``, ``npm.checksums``), is set aside
 (``step-N.corrupt-<time>``) and the previous one resumed. The final model folder records its checksums too.
 
-``model_type="mlm"``: the parametric baseline. At paper scale it is the released roberta-large (not trained); the
+``model="mlm"``: the parametric baseline. At paper scale it is the released roberta-large (not trained); the
 embedded default's encoder (MiniLM, a sentence-transformers BERT) ships without an MLM head, so the head (newly
 initialised, logged) and the encoder are trained with plain masked-LM cross-entropy (``AutoModelForMaskedLM``) on
 **the same batch lines** (unmasked view; ``collate.collate_mlm`` masks 15% BERT-style on the fly with a generator
@@ -52,7 +52,15 @@ import npm.checksums as checksums
 from npm import checkpoints, tracking
 from npm.fingerprint import file_fingerprint, model_fingerprint, tokenizer_fingerprint
 from npm.io import atomic_dir, folder_lock, write_summary
-from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
+from npm.model import (
+    autocast,
+    effective_precision,
+    encode,
+    load_encoder,
+    load_masked_lm,
+    load_tokenizer,
+    max_input_length,
+)
 from npm.settings import TrainingSettings
 from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
 from npm.training.data import BatchLines
@@ -67,8 +75,8 @@ CHECKPOINTS = checkpoints.Layout(prefix="step", state_file="training_state.pt", 
 # keep_checkpoints, paths and resume don't.
 RESULT_FIELDS = ("model_type", "warmup_steps", "lr", "weight_decay", "betas", "eps", "grad_clip", "pool", "pad_to",
                  "mlm_ratio", "attention", "seed", "lines_per_rank", "accumulate")
-MODEL_TYPES = ("npm", "npm_single", "mlm")
-# model_type "mlm": loss_start = loss, loss_end = positives_per_span = 0, queries = tokens predicted.
+TRAINABLE = ("npm", "npm_single", "mlm")  # the model variants training makes
+# model "mlm": loss_start = loss, loss_end = positives_per_span = 0, queries = tokens predicted.
 LOG_COLUMNS = ["step", "loss", "loss_start", "loss_end", "positives_per_span", "queries", "lr", "tokens_per_s"]
 
 
@@ -77,7 +85,7 @@ class TrainConfig:
     """One training run: what to train on and where to write it, and the config's ``training`` section
     (``npm.settings.TrainingSettings``, which holds each setting's default, range and help)."""
 
-    model_type: str  # "npm" (phrase, span masking), "npm_single" (token) or "mlm" (parametric baseline)
+    model: str  # "npm" (phrase, span masking), "npm_single" (token) or "mlm" (parametric baseline)
     encoder: str
     shards: list[tuple[str, str]]  # (blocks .npz, masked .npz) per training shard
     out_dir: str  # final save_pretrained folder
@@ -86,7 +94,7 @@ class TrainConfig:
     training: TrainingSettings = field(default_factory=TrainingSettings)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    mlm_ratio: float = 0.15  # model_type "mlm": share of non-special tokens selected (BERT's 15%)
+    mlm_ratio: float = 0.15  # model "mlm": share of non-special tokens selected (BERT's 15%)
     keep_checkpoints: int = 2
     resume: bool = True
     extra: dict = field(default_factory=dict)
@@ -114,7 +122,8 @@ def run_record(cfg: TrainConfig, world: int, device: torch.device) -> dict:
     training file. Paths and names are recorded for the reader but not hashed: the same files elsewhere are the
     same run."""
     t = cfg.training
-    values = {**vars(cfg), **t.as_dict()}
+    # TrainConfig.model is hashed under its old name "model_type", so that existing runs keep resuming
+    values = {**vars(cfg), **t.as_dict(), "model_type": cfg.model}
     settings = {name: values[name] for name in RESULT_FIELDS}
     settings.update(betas=list(cfg.betas), schedule_steps=t.schedule_steps or t.steps, world_size=world,
                     precision=effective_precision(device, t.precision))
@@ -267,25 +276,26 @@ def _mean_over_lines(loss_of, query_line: torch.Tensor, lines: int) -> tuple[tor
     return loss, stats
 
 
-def step_loss(model, batch: dict, model_type: str, pool: str | int, device) -> tuple[torch.Tensor, dict]:
+def step_loss(trainee, batch: dict, model: str, pool: str | int, device) -> tuple[torch.Tensor, dict]:
     """Loss of a rank's batch lines: two views through the same encoder, then the pooled contrastive loss of each line,
     averaged over the lines (paper-map §2.4).
 
     The masked (query) and unmasked (target) views of all the rank's lines go through the encoder in one call
     (``_encode_both``: DDP allows one forward per backward); the targets of the pool's ranks form the candidates
     (``candidate_pool``). ``batch["sequence_line"]`` (``collate_lines``) names each sequence's line; without it the
-    batch is one line. ``model_type="mlm"``: the masked-LM loss of ``mlm_step_loss`` (``pool`` unused).
+    batch is one line. ``trainee``: the encoder (its DDP wrapper), or ``MaskedTokensMLM`` for ``model="mlm"``: the
+    masked-LM loss of ``mlm_step_loss`` (``pool`` unused).
     """
-    if model_type == "mlm":
-        return mlm_step_loss(model, batch, device)
+    if model == "mlm":
+        return mlm_step_loss(trainee, batch, device)
     batch = {k: v.to(device) for k, v in batch.items()}
-    queries, targets = _encode_both(model, batch)
+    queries, targets = _encode_both(trainee, batch)
     pool_vectors, pool_ids, pool_valid, offset = candidate_pool(
         targets, batch["target_ids"], batch["target_valid"], pool
     )
     sequence_line = batch.get("sequence_line", torch.zeros(len(targets), dtype=torch.int64, device=targets.device))
     lines = int(sequence_line.max()) + 1
-    if model_type == "npm":
+    if model == "npm":
         seq = batch["span_seq"] + offset
         q_start = queries[batch["span_seq"], batch["q_start_pos"]]
         q_end = queries[batch["span_seq"], batch["q_end_pos"]]
@@ -301,12 +311,12 @@ def step_loss(model, batch: dict, model_type: str, pool: str | int, device) -> t
                             sequence_line[batch["query_seq"]], lines)
 
 
-def accumulate_gradients(model, batches: list[dict], model_type: str, pool: str | int, device,
+def accumulate_gradients(trainee, batches: list[dict], model: str, pool: str | int, device,
                          precision: str = "fp32", scaler=None, where: list[str] | None = None) -> tuple[float, dict]:
     """Forward and backward of the micro-batches of one optimizer step (one per micro-step, ``accumulate`` of them).
 
     Each micro-step's loss (``step_loss``) is divided by their number, so the accumulated gradient is that of their
-    mean; a DistributedDataParallel ``model`` synchronises only on the last backward (``no_sync`` before), and its
+    mean; a DistributedDataParallel ``trainee`` synchronises only on the last backward (``no_sync`` before), and its
     average over the ranks then makes the step's gradient that of the mean over all the step's lines. ``scaler``: the
     fp16 GradScaler (None: plain backward). ``where`` names each micro-batch's lines for errors. Returns the mean loss
     and the stats summed over the micro-steps ("queries") or averaged (the others).
@@ -314,11 +324,11 @@ def accumulate_gradients(model, batches: list[dict], model_type: str, pool: str 
     losses, stats = [], []
     for m, batch in enumerate(batches):
         last = m == len(batches) - 1
-        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        sync = contextlib.nullcontext() if last or not hasattr(trainee, "no_sync") else trainee.no_sync()
         with sync:
             with autocast(device, precision):
                 try:
-                    loss, micro_stats = step_loss(model, batch, model_type, pool, device)
+                    loss, micro_stats = step_loss(trainee, batch, model, pool, device)
                 except ValueError as e:
                     raise ValueError(f"{where[m]}: {e}" if where else str(e)) from None
             scaled = loss / len(batches)
@@ -334,8 +344,8 @@ def train(cfg: TrainConfig, run: tracking.Run | None = None) -> dict:
     """Run (or resume) pretraining; returns a summary. Writes the final model to ``cfg.out_dir``. ``run``
     (``npm.tracking``, rank 0's; the caller finishes it) gets the run id, each step's row of ``train_log.csv`` (loss,
     learning rate, throughput) and the step of each checkpoint."""
-    if cfg.model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, not {cfg.model_type!r}")
+    if cfg.model not in TRAINABLE:
+        raise ValueError(f"model must be one of {list(TRAINABLE)}, not {cfg.model!r}")
     rank, world, device = _init_distributed()
     ckpt_root = Path(cfg.checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -350,12 +360,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     torch.manual_seed(t.seed)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.encoder)
     data = BatchLines(cfg.shards)
-    if cfg.model_type != "mlm":  # the pool's arithmetic fails here, before the model loads (npm.training.gather)
+    if cfg.model != "mlm":  # the pool's arithmetic fails here, before the model loads (npm.training.gather)
         ranks_per_pool(t.pool, world, t.lines_per_rank * data.sequences_per_line()
                        if isinstance(parse_pool(t.pool), int) else None)
-    if cfg.model_type == "mlm":
-        from npm.model import load_masked_lm
-
+    if cfg.model == "mlm":
         def load_model(name: str):
             return load_masked_lm(name, allow_new_head=True, attn_implementation=t.attention)
     else:
@@ -367,7 +375,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     optimizer = make_optimizer(model.parameters(), cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, t.warmup_steps, t.schedule_steps or t.steps)
     mlm_vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)  # random replacements (MLM)
-    collate = collate_phrase if cfg.model_type == "npm" else collate_single
+    collate = collate_phrase if cfg.model == "npm" else collate_single
     record = run_record(cfg, world, device) if rank == 0 else None
     if world > 1:  # rank 0 hashes the training files once; every rank resumes from the same run folder
         shared = [record]
@@ -386,7 +394,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         log.info("resuming from %s (step %d)", ckpt, step)
     else:
         log.info("starting run %s in %s", record["run_id"][:16], run_dir)
-    trainee = MaskedTokensMLM(model) if cfg.model_type == "mlm" else model
+    trainee = MaskedTokensMLM(model) if cfg.model == "mlm" else model
     kernels = {"compile": compile_encoder(trainee, t.compile),
                "adamw": "fused" if optimizer.defaults.get("fused") else "foreach"}
     ddp = torch.nn.parallel.DistributedDataParallel(trainee) if world > 1 else trainee
@@ -408,7 +416,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     split = dict(rank=rank, world=world, lines_per_rank=t.lines_per_rank, accumulate=t.accumulate)
     order = data.order(t.seed, epoch, **split)
     losses = []
-    bar = tqdm(total=t.steps, initial=step, desc=f"train {cfg.model_type}", disable=rank != 0 or None)
+    bar = tqdm(total=t.steps, initial=step, desc=f"train {cfg.model}", disable=rank != 0 or None)
     while step < t.steps:
         if cursor >= len(order):  # an epoch's order holds whole steps (BatchLines.order)
             epoch, cursor = epoch + 1, 0
@@ -419,7 +427,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
             lines = [data.line(int(i)) for i in order[cursor : cursor + t.lines_per_rank]]
             cursor += t.lines_per_rank
             where.append(", ".join(name for _, _, name in lines))
-            if cfg.model_type == "mlm":  # the unmasked view, masked BERT-style with this micro-step's generator
+            if cfg.model == "mlm":  # the unmasked view, masked BERT-style with this micro-step's generator
                 try:
                     batches.append(collate_mlm([s for seqs, _, _ in lines for s in seqs], tokenizer.mask_token_id,
                                                tokenizer.all_special_ids, mlm_vocab,
@@ -430,7 +438,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
             else:
                 batches.append(collate_lines(collate, [(seqs, spans) for seqs, spans, _ in lines],
                                              tokenizer.mask_token_id, t.pad_to))
-        loss, stats = accumulate_gradients(ddp, batches, cfg.model_type, t.pool, device, precision, scaler, where)
+        loss, stats = accumulate_gradients(ddp, batches, cfg.model, t.pool, device, precision, scaler, where)
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         scaler.step(optimizer)
@@ -438,7 +446,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         step += 1
-        tokens = sum(int(b["attention_mask" if cfg.model_type == "mlm" else "target_valid"].sum()) for b in batches)
+        tokens = sum(int(b["attention_mask" if cfg.model == "mlm" else "target_valid"].sum()) for b in batches)
         tokens *= world
         row = {
             "step": step,
@@ -464,7 +472,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     bar.close()
     if log_file is not None:
         log_file.close()
-    summary = {"model_type": cfg.model_type, "steps": step, "batch_lines": len(data), "world_size": world,
+    summary = {"model": cfg.model, "steps": step, "batch_lines": len(data), "world_size": world,
                "run_id": record["run_id"], "run_folder": str(run_dir), **kernels,
                "first_losses": losses[:5], "last_losses": losses[-5:]}
     if rank == 0:

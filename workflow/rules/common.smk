@@ -16,6 +16,7 @@ from npm.settings import (
     DensePhrasesSettings,
     DensePhrasesTeacher,
     DensePhrasesTrain,
+    EmbeddedSettings,
     LsrSettings,
     MaskingSettings,
     ReplugSettings,
@@ -57,8 +58,9 @@ except ValueError as e:
     _config_error(str(e))
 config["training"] = TRAINING.as_dict()
 
-# Config `data`, `masking` and `datastore` the same way (npm.settings): the rules pass them with to_args.
-for _section in (DataSettings, MaskingSettings, DatastoreSettings):
+# Config `data`, `masking` and `datastore` the same way (npm.settings): the rules pass them with to_args; `embedded`
+# too (its rules read its keys).
+for _section in (DataSettings, MaskingSettings, DatastoreSettings, EmbeddedSettings):
     try:
         config[_section.SECTION] = _section.from_mapping(config.get(_section.SECTION)).as_dict()
     except ValueError as e:
@@ -297,8 +299,9 @@ HUB_PATTERN = "|".join(re.escape(folder) for folder in HUB_CHECKPOINTS) or "(?!)
 
 
 def model_name(model):
-    """The checkpoint as the rules pass it to `--model`: config `models` (a released checkpoint) or the model trained
-    by rule pretrain; for `lm`, the causal LM of config `baselines.lm` (`smollm2` = the output of convert_smollm2)."""
+    """The checkpoint as the rules pass it (the `--checkpoint` of evaluate and embed): config `models` (a
+    released checkpoint) or the model trained by rule pretrain; for `lm`, the causal LM of config `baselines.lm`
+    (`smollm2` = the output of convert_smollm2)."""
     if model == "lm":
         return lm_checkpoint()
     if model == "densephrases":
@@ -626,7 +629,7 @@ def evaluate_inputs(wildcards):
 def evaluate_args(wildcards, input):
     """`npm-repro evaluate` options of one evaluation, in the order of ``evaluate_inputs``."""
     system, needs = run_needs(wildcards)
-    args = [f"--model {model_name(system.model)}"]
+    args = [f"--checkpoint {model_name(system.model)}"]
     for name in ("datastore", "faiss", "bm25", "blocks", "phrase_dump", "phrase_index"):
         if name in needs:  # a datastore (dump) is named by its folder; meta.json (written last) is the rule's output
             folder = name in ("datastore", "phrase_dump")

@@ -32,7 +32,7 @@ rule plan_datastore:
         out=datastore_dir,
         settings=to_args(config["datastore"], DatastoreSettings, "embed --step plan"),
     shell:
-        "npm-repro embed --step plan --model {params.model:q} --blocks {input.blocks} --out {params.out}"
+        "npm-repro embed --step plan --checkpoint {params.model:q} --blocks {input.blocks} --out {params.out}"
         " {params.settings} > {log} 2>&1"
 
 

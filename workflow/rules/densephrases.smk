@@ -171,7 +171,7 @@ rule densephrases_dump:
         folder=lambda wc, output: Path(output[0]).parent.parent,
         settings=lambda wc: dp_args("dump"),
     shell:
-        "npm-repro densephrases dump --model {input.model} --blocks {input.blocks} --out {params.folder}"
+        "npm-repro densephrases dump --checkpoint {input.model} --blocks {input.blocks} --out {params.folder}"
         " --shard {wildcards.shard} {params.settings} > {log} 2>&1"
 
 
@@ -255,7 +255,7 @@ rule densephrases_query_ft:
         settings=lambda wc: dp_args("query-ft"),
         seed=config["seed"],
     shell:
-        "npm-repro densephrases query-ft --model {input.model} --dump {params.dump} --index {input.index}"
+        "npm-repro densephrases query-ft --checkpoint {input.model} --dump {params.dump} --index {input.index}"
         " --train {input.train} {params.dev} --out {output} {params.query_ft} --max-words {params.max_words}"
         " {params.settings} --seed {params.seed} {params.tracking} > {log} 2>&1"
 
@@ -290,7 +290,7 @@ rule densephrases_evaluate_rc:
         pool=lambda wc, input: f"--d-small-pool {input.pool}" if input.pool else "",
         settings=lambda wc: dp_args("evaluate"),
     shell:
-        "npm-repro densephrases evaluate --model {input.model} --rc {input.rc} {params.pool} {params.teacher}"
+        "npm-repro densephrases evaluate --checkpoint {input.model} --rc {input.rc} {params.pool} {params.teacher}"
         " {params.settings} --out {output} {params.tracking} > {log} 2>&1"
 
 
@@ -321,7 +321,7 @@ rule densephrases_evaluate:
         search=lambda wc: dp_search_args(),
         settings=lambda wc: dp_args("evaluate"),
     shell:
-        "npm-repro densephrases evaluate --model {input.model} --dump {params.dump} --index {input.index}"
+        "npm-repro densephrases evaluate --checkpoint {input.model} --dump {params.dump} --index {input.index}"
         " --task {params.tasks} --tasks-root data/tasks {params.search} {params.settings}"
         " --out {output} {params.tracking} > {log} 2>&1"
 

@@ -32,7 +32,7 @@ rule pretrain:
         settings=to_args(config["training"], TrainingSettings),
         launcher=torch_launcher,
     shell:
-        "{params.launcher} train --model-type {wildcards.model} --encoder {params.encoder:q}"
+        "{params.launcher} train --model {wildcards.model} --encoder {params.encoder:q}"
         " --tokenizer {params.tokenizer:q} --blocks {input.blocks} --masked {input.masked}"
         " --out {output} --checkpoint-dir results/checkpoints/{wildcards.model} {params.settings}"
         " --summary results/checkpoints/{wildcards.model}/summary.json {params.tracking} > {log} 2>&1"
