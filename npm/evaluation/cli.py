@@ -13,8 +13,7 @@ from npm import threads, tracking
 from npm.evaluation.harness import evaluate_tasks
 from npm.evaluation.systems import NEGATIVE_CONTROLS, SYSTEMS, Inputs
 from npm.io import dumps_json
-from npm.options import DEVICE, THREADS, Command, add_commands, option, section
-from npm.tasks.registry import DEFAULT_TASKS_ROOT
+from npm.options import DEVICE, TASKS_ROOT, THREADS, Command, option, section
 
 TABLE_KEYS = ("metric", "score", "ci95", "stderr", "n", "corpus", "queries_per_s", "seconds")  # the run's table
 
@@ -74,7 +73,7 @@ COMMANDS = (
             option("--tokenizer", metavar="NAME_OR_PATH",
                    help="tokenizer counting LAMA answers' n-gram buckets (default: the system's own)"),
             option("--corpus", help="reference corpus name recorded in the metrics (default: from the paths)"),
-            option("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders"),
+            TASKS_ROOT,
             option("--n-samples", type=settings_module.nonneg_int,
                    help="examples per task (default: the registry's; 0 = all)"),
             DEVICE, THREADS,
@@ -91,9 +90,4 @@ COMMANDS = (
 )
 
 
-def add_cli(subparsers):
-    """Register ``evaluate`` on the ``npm-repro`` subparsers."""
-    return add_commands(subparsers, COMMANDS)
-
-
-__all__ = ["COMMANDS", "add_cli", "cmd_evaluate"]
+__all__ = ["COMMANDS", "cmd_evaluate"]
