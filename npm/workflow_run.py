@@ -99,14 +99,25 @@ def configfiles(argv: list[str]) -> list[str]:
 
 
 def check_configfiles(argv: list[str], *more: str) -> None:
-    """Stop with one line naming the file, line and column of the first config file that is not valid YAML."""
+    """Stop with one line at the first config file of the command line that is not a file (a target typed after
+    ``--configfile``, which takes every word after it: Snakemake would end in a traceback) or, of those and of
+    ``more``, the first that is not valid YAML (naming its file, line and column)."""
+    for path in configfiles(argv):
+        if not Path(path).is_file():
+            what = "is a folder" if Path(path).is_dir() else "does not exist"
+            _stop(f"snakemake read {path} as a config file (--configfile takes every word after it), and it {what}: "
+                  "put the targets before --configfile (snakemake [options] TARGET... --configfile FILE)")
     for path in [*configfiles(argv), *more]:
         if Path(path).is_file():
             try:
                 read_yaml(path)
             except ValueError as e:
-                print(f"npm-repro: error: {e}", file=sys.stderr)
-                sys.exit(1)
+                _stop(str(e))
+
+
+def _stop(message: str) -> None:
+    print(f"npm-repro: error: {message}", file=sys.stderr)
+    sys.exit(1)
 
 
 # ------------------------------------------------------------------------------------------------------ the container

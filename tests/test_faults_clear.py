@@ -314,3 +314,47 @@ def test_configfiles_on_a_command_line():
 
     argv = ["snakemake", "-n", "--configfile", "a.yaml", "b.yaml", "--cores", "1", "--configfiles=c.yaml", "target"]
     assert configfiles(argv) == ["a.yaml", "b.yaml", "c.yaml"]
+
+
+def without_conda() -> dict[str, str]:
+    """This environment with a PATH of the venv and the system folders only (no conda, even where one is installed)."""
+    return {**os.environ, "PATH": os.pathsep.join([str(BIN), "/usr/bin", "/bin"]), "WANDB_MODE": "disabled"}
+
+
+@pytest.mark.parametrize("profile", [None, "slurm"])
+@pytest.mark.parametrize("word", ["results/check/paper.txt", "config"])
+def test_a_target_after_configfile_is_one_line(profile, word):
+    """Fault: `snakemake --profile slurm --configfile config/released.yaml results/check/paper.txt` (as the README
+    showed it) read the target as a second config file (--configfile takes every word after it) and ended in a
+    Python traceback, FileNotFoundError. Now: one line saying so and showing the order that works; a word that exists
+    but is a folder is refused the same way. With the slurm profile this comes before its conda check."""
+    extra = ["--profile", profile] if profile else []
+    out = subprocess.run([str(BIN / "snakemake"), "-n", *extra, "--configfile", "config/released.yaml", word],
+                         capture_output=True, text=True, cwd=ROOT, env=without_conda())
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stdout + out.stderr and "usage:" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(f"npm-repro: error: snakemake read {word} as a config file"), \
+        out.stderr[-3000:]
+    assert "snakemake [options] TARGET... --configfile FILE" in errors[0]
+    assert ("is a folder" if word == "config" else "does not exist") in errors[0]
+
+
+def test_slurm_profile_without_conda_says_to_use_the_venv(tmp_path):
+    """Fault: `snakemake -n --profile slurm ...` on a machine without conda stopped with Snakemake's "WorkflowError:
+    Error running conda info" (the profile deploys conda envs by default, and Snakemake asks conda even for -n); the way
+    out was only in profiles/README.md's test notes. Now: one line naming NPM_SLURM_SOFTWARE=venv; with it, the dry
+    run plans."""
+    env = without_conda()
+    assert not any((Path(folder) / "conda").exists() for folder in env["PATH"].split(os.pathsep)), \
+        "a conda in /usr/bin or /bin: this test needs a PATH without one"
+    cmd = [str(BIN / "snakemake"), "-n", "--profile", "slurm", "results/tables/table1.csv", "--directory", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stdout + out.stderr and "usage:" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("npm-repro: error: ") and "conda info" not in errors[0], \
+        out.stderr[-3000:]
+    assert "NPM_SLURM_SOFTWARE=venv" in errors[0] and "conda" in errors[0]
+    venv = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**env, "NPM_SLURM_SOFTWARE": "venv"})
+    assert venv.returncode == 0, venv.stderr[-3000:]

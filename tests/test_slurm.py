@@ -51,18 +51,26 @@ def planned_resources(dry_run_stdout: str) -> dict[str, list[dict[str, str]]]:
 
 
 def render_profile(path: Path, env: dict[str, str]) -> dict:
-    """The profile as Snakemake's profile parser turns it into command-line settings, under ``env``."""
+    """The profile as Snakemake's profile parser turns it into command-line settings, under ``env``, with a stub
+    `conda` first on PATH (profiles/slurm stops when conda envs are asked for and no `conda` is there:
+    tests/test_faults_clear.py)."""
+    import tempfile
+
     from snakemake.profiles import ProfileConfigFileParser
 
     saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        with open(path) as stream:
-            return dict(ProfileConfigFileParser().parse(stream))
-    finally:
+    with tempfile.TemporaryDirectory() as stub:
+        (Path(stub) / "conda").write_text("#!/bin/sh\nexit 1\n")
+        (Path(stub) / "conda").chmod(0o755)
         os.environ.clear()
-        os.environ.update(saved)
+        os.environ.update(env)
+        os.environ["PATH"] = os.pathsep.join([stub, env.get("PATH", "")])
+        try:
+            with open(path) as stream:
+                return dict(ProfileConfigFileParser().parse(stream))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 # -- profiles/slurm, dry -----------------------------------------------------------------------------------------
