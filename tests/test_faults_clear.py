@@ -348,7 +348,8 @@ def test_slurm_profile_without_conda_says_to_use_the_venv(tmp_path):
     env = without_conda()
     assert not any((Path(folder) / "conda").exists() for folder in env["PATH"].split(os.pathsep)), \
         "a conda in /usr/bin or /bin: this test needs a PATH without one"
-    cmd = [str(BIN / "snakemake"), "-n", "--profile", "slurm", "results/tables/table1.csv", "--directory", str(tmp_path)]
+    cmd = [str(BIN / "snakemake"), "-n", "--profile", "slurm", "results/tables/table1.csv", "--directory",
+           str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "Traceback" not in out.stdout + out.stderr and "usage:" not in out.stderr, out.stderr[-3000:]

@@ -285,6 +285,32 @@ def test_npm_single_is_closed_set_only_on_the_released_and_paper_routes_and_the_
     datastores = {j["output"].split(",")[0].rsplit("/", 1)[0] for j in planned if j["rule"] == "plan_datastore"}
     assert "data/datastore/npm/enwiki" in datastores and "data/datastore/npm_single/enwiki_0" in datastores
     assert not any(d.startswith("data/datastore/npm_single/enwiki") and not d.endswith("enwiki_0") for d in datastores)
-    costs = out.stderr[out.stderr.index("npm-repro: datastores of this configuration"):]
-    assert "data/datastore/npm/enwiki: 1,658.9 GB" in costs  # 810M tokens x 1024 x 2 B at most
-    assert "data/datastore/npm_single/enwiki:" not in costs
+    costs = datastore_costs(out.stderr)
+    assert costs["data/datastore/npm/enwiki"] == "810,000,000 tokens, 1,658.9 GB"  # x 1024 x 2 B at most
+    assert "data/datastore/npm_single/enwiki" not in costs
+    # Only the datastores of the requested targets' DAG: the paper check reads none of Figure 7's subsamples (1.49 TB),
+    # Figure 7 reads them all and nothing else.
+    unknown = {f"data/datastore/{model}/{corpus}" for model in ("npm", "npm_single") for corpus in ("amazon", "imdb")}
+    assert set(costs) == datastores - unknown  # no `tokens` in their sources: "size unknown until planned"
+    assert not any("enwiki_p" in name for name in costs), costs
+    figure7 = subprocess.run([snakemake, "results/figures/figure7.pdf", "-n", "--cores", "1", "--directory",
+                              str(tmp_path), "-s", str(ROOT / "Snakefile"), "--configfile",
+                              str(ROOT / "config" / "released.yaml")], cwd=ROOT, capture_output=True, text=True)
+    assert figure7.returncode == 0, figure7.stderr[-3000:]
+    assert set(datastore_costs(figure7.stderr)) == {f"data/datastore/npm/enwiki{p}" for p in
+                                                    ("", "_p5", "_p10", "_p25", "_p50")}
+
+
+def datastore_costs(stderr: str) -> dict[str, str]:
+    """The datastore lines a snakemake run prints once its DAG is built: name -> "N tokens, X GB"; checks the total."""
+    lines = stderr[stderr.index("npm-repro: datastores the requested targets build"):].splitlines()[1:]
+    costs, total = {}, 0.0
+    for line in lines:
+        if line.startswith("  total: "):
+            assert abs(float(line.split()[1].replace(",", "")) - total) < 0.1 * len(costs) + 0.05, (line, total)
+            return costs
+        if line.startswith("  data/datastore/"):
+            name, cost = line.strip().split(": ", 1)
+            costs[name] = cost.split("  (")[0]
+            total += float(costs[name].split(", ")[1].split()[0].replace(",", ""))
+    raise AssertionError(f"no total line: {lines[:20]}")
