@@ -205,11 +205,11 @@ def cmd_embed(args):
     if args.step == "all":
         summary = embed.embed_corpus(args.checkpoint, args.blocks, args.out, drop_stopwords=ds.drop_stopwords,
                                      batch_blocks=ds.batch_blocks, shards=ds.shards,
-                                     max_length=args.max_length or None, precision=args.precision,
+                                     max_length=args.max_length or None, precision=ds.precision,
                                      stopwords=ds.stopwords)
     elif args.step == "plan":
         plan = embed.plan_datastore(args.checkpoint, args.blocks, args.out, drop_stopwords=ds.drop_stopwords,
-                                    shards=ds.shards, max_length=args.max_length or None, precision=args.precision,
+                                    shards=ds.shards, max_length=args.max_length or None, precision=ds.precision,
                                     stopwords=ds.stopwords)
         summary = {k: plan[k] for k in ("plan", "n_tokens", "n_blocks", "n_rows", "corpus_fingerprint")}
         summary["shards"] = len(plan["shards"])
@@ -227,7 +227,7 @@ def cmd_build_faiss_index(args):
     settings = settings_from_args(args, DatastoreSettings, "build-faiss-index")
     ds = load_datastore(args.datastore)
     summary = build_faiss_index(ds.vector_shards(), ds.hidden_size, args.out, factory=settings.faiss_factory,
-                                metric="ip", train_sample=settings.faiss_train_sample, seed=args.seed,
+                                metric=settings.faiss_metric, train_sample=settings.faiss_train_sample, seed=args.seed,
                                 nprobe=settings.nprobe, ef_search=settings.ef_search,
                                 datastore=ds,  # the sidecar records which datastore
                                 mem_mb=args.mem_mb or None)
@@ -419,9 +419,6 @@ COMMANDS = (
         BLOCKS(required=False, help="blocks .npz files, in corpus order (steps all, plan)"),
         OUT(help="datastore folder (meta.json is written last)"), section(DatastoreSettings, "embed"),
         option("--max-length", type=nonneg_int, default=0, help="pad every block to this length (0 = per batch)"),
-        option("--precision", choices=["fp16", "bf16", "fp32"], default="fp16",
-               help="autocast of the encoder: fp16 | bf16 on GPU; on CPU bf16 where native, else fp32; the vectors "
-                    "are stored as fp16 either way"),
         SUMMARY)),
     Command("build-faiss-index", "approximate kNN index over a datastore's vectors (paper 3.3, 5.3)",
             cmd_build_faiss_index, (

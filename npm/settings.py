@@ -89,6 +89,22 @@ class Settings(Section):
                                  choices=("macro", "micro"))
     passages: int = _setting(5, "retrieved passages of BM25 + LM and REPLUG (paper 6.2: up to five; the original "
                                 "code: 3)", minimum=1)
+    passage_text: str = _setting("units", "text of a passage prepended by BM25 + LM and REPLUG: units = the block's "
+                                          "text units joined by newlines; contents = as the original code, the "
+                                          "block's BM25 contents (each unit as <s>...</s>) with the markers removed "
+                                          "and stripped, units glued as they stand (paper silent)",
+                                 choices=("units", "contents"))
+    kamel_prompt: str = _setting("question", "KAMEL prompt of the decoder baselines: question = \"Question: "
+                                             "{question}\\nAnswer:\"; code = as the original code, which splits "
+                                             "only at \"The answer is: <mask>\" and so keeps \"Answer: <mask>.\" "
+                                             "inside the question (paper silent)", choices=("question", "code"))
+    mlm_max_length: int | None = _setting(None, "closed set, MLM baseline: keep the last N tokens of an input (the "
+                                                "original code: 256, as for NPM); null = the model's limit (512 for "
+                                                "RoBERTa; paper silent)", minimum=1, kinds=(int,))
+    translation_cut: str = _setting("all", "entity translation: cut the answer at its first punctuation character "
+                                           "for every system (all), or only for the decoder baselines (decoders, "
+                                           "the original code; NPM's phrase is kept whole; paper silent)",
+                                    choices=("all", "decoders"))
     retriever: str = _setting("bm25", "retriever of BM25 + LM and REPLUG: BM25 (the paper's NPM comparison) or "
                                       "REPLUG's dense mean-pooled encoder (needs --encoder)", choices=("bm25", "dense"))
     replug_temperature: float = _setting(1.0, "REPLUG ensemble weights softmax(score / T); the paper uses T = 1",
@@ -246,11 +262,20 @@ class DatastoreSettings(Section):
                                          "fails); derived = English function words and punctuation encoded with the "
                                          "model's tokenizer (any vocabulary). Part of the plan hash (steps all, plan)",
                               choices=("original", "derived"), option=("embed", "embed --step plan"))
+    precision: str = _setting("fp16", "autocast of the encoder while embedding: fp16 | bf16 on GPU (on CPU bf16 where "
+                                      "native, else fp32) or fp32, as the original code (its trainer.precision=32); "
+                                      "the vectors are stored as fp16 either way. Part of the plan hash (steps all, "
+                                      "plan)", choices=("fp16", "bf16", "fp32"), option=("embed", "embed --step plan"))
     faiss_factory: str = _setting("HNSW32", "FAISS index_factory string, inner product (paper 5.3: HNSW; the original "
                                             "code: IVF4096,PQ64 with nprobe 8; Flat = exact)",
                                   option=("build-faiss-index",))
     faiss_train_sample: int = _setting(1_000_000, "most vectors in the seeded sample that trains an IVF / PQ index",
                                        minimum=1, option=("build-faiss-index",))
+    faiss_metric: str = _setting("ip", "metric of the FAISS index: ip = inner product throughout, the quantity NPM "
+                                        "ranks by; code = the original code's IndexIVFPQ, an inner-product coarse "
+                                        "quantizer with FAISS's default L2 for the PQ codes (an IVF factory only); "
+                                        "neighbours are re-scored exactly either way", choices=("ip", "code"),
+                                 option=("build-faiss-index",))
     nprobe: int = _setting(8, "IVF lists probed per search (the original code: 8)", minimum=1,
                            option=("build-faiss-index",))
     ef_search: int = _setting(128, "HNSW efSearch (raised to k for a larger k)", minimum=1,

@@ -106,9 +106,9 @@ def test_question_prompts_nq_and_kamel():
     kamel = "What is the capital of France? Answer: <mask>."
     assert open_set_prompt("kamel", kamel) == "Question: What is the capital of France?\nAnswer:"
     # the original's latent bug: KAMEL is split at "The answer is: <mask>" only, which it does not contain
-    assert (open_set_prompt("kamel", kamel, reproduce_kamel_bug=True)
+    assert (open_set_prompt("kamel", kamel, kamel_prompt="code")
             == "Question: What is the capital of France? Answer: <mask>.\nAnswer:")
-    assert open_set_prompt("nq", nq, reproduce_kamel_bug=True) == "Question: Who wrote Hamlet?\nAnswer:"
+    assert open_set_prompt("nq", nq, kamel_prompt="code") == "Question: Who wrote Hamlet?\nAnswer:"
 
 
 def test_cloze_and_translation_prompts():

@@ -197,6 +197,12 @@ def test_lama_template_fills_subject_and_mask_and_glues_the_final_dot():
     assert lama_input("[X] is owned by [Y] .", "AVCDH") == "AVCDH is owned by <mask>."
 
 
+def test_lama_template_glues_the_dot_before_the_subject_goes_in_as_the_original():
+    # the original replaces [Y] and " ." first, then [X]: a " ." inside a subject stays as the data has it
+    assert lama_input("[X] was born in [Y] .", "John Smith Jr .") == "John Smith Jr . was born in <mask>."
+    assert lama_input("[X] is located in [Y] .", "St . Louis") == "St . Louis is located in <mask>."
+
+
 def test_kamel_final_dot_is_dropped_when_a_gold_ends_in_dot_plus_or_bang():
     q = "What programming language is [S] written in?"
     assert kamel_input(q, "Linux", ["C"]) == "What programming language is Linux written in? Answer: <mask>."

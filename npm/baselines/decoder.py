@@ -36,7 +36,7 @@ from npm.baselines.lm import clean_passage, first_line, greedy_continuations, lo
 from npm.baselines.pmi import DOMAIN_PREMISES, causal_prompt, label_logprobs
 from npm.baselines.replug import mixture_weights, replug_continuations, replug_vote
 from npm.data.blocks import block_text, load_blocks
-from npm.datastore.bm25 import Bm25Searcher, bm25_query
+from npm.datastore.bm25 import Bm25Searcher, block_slice, bm25_query, marked_texts, unit_markers
 from npm.fingerprint import CorpusHasher
 from npm.model import autocast, effective_precision, torch_device
 from npm.tasks.templates import LABEL_WORDS
@@ -46,12 +46,15 @@ log = logging.getLogger("npm-repro.baselines")
 PROMPT_CHARS = 2000  # characters of the prompt kept in a predictions record
 
 
+TOKEN_KEYS = ("input_ids", "flags", "block_offsets", "token_spans")  # what a block's BM25 contents are made from
+
+
 class BlockTexts:
     """Global block id -> exact block text over blocks files given in global order (``npm.data.blocks``).
     ``corpus_fingerprint``: the blocks' content fingerprint (``npm.fingerprint``), what a BM25 index over them
-    records."""
+    records. ``contents=True`` also keeps each file's tokens, for ``contents(block)``."""
 
-    def __init__(self, paths: Sequence[str | os.PathLike]):
+    def __init__(self, paths: Sequence[str | os.PathLike], contents: bool = False):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [str(p) for p in paths]
@@ -64,7 +67,8 @@ class BlockTexts:
                 raise FileNotFoundError(f"blocks file {p} does not exist; run the tokenize_blocks rule first")
             arrays = load_blocks(p, text=True)
             hasher.update(arrays["input_ids"], arrays["block_offsets"], arrays["token_spans"])
-            self._files.append({k: arrays[k] for k in ("text", "text_offsets")})
+            keep = ("text", "text_offsets") + (TOKEN_KEYS if contents else ())
+            self._files.append({k: arrays[k] for k in keep})
             firsts.append(firsts[-1] + len(arrays["block_doc"]))
             self.tokens += int(len(arrays["input_ids"]))
         self._firsts = np.asarray(firsts, dtype=np.int64)
@@ -74,13 +78,25 @@ class BlockTexts:
     def __len__(self) -> int:
         return self.n_blocks
 
-    def __call__(self, block: int) -> str:
+    def _locate(self, block: int) -> tuple[dict, int]:
         block = int(block)
         if not 0 <= block < self.n_blocks:
             raise IndexError(f"block {block} is outside the {self.n_blocks} blocks of {self.paths}: the retrieval "
                              "index was built from other blocks files (give --blocks in the index's order)")
         f = int(np.searchsorted(self._firsts, block, side="right") - 1)
-        return block_text(self._files[f], block - int(self._firsts[f]))
+        return self._files[f], block - int(self._firsts[f])
+
+    def __call__(self, block: int) -> str:
+        return block_text(*self._locate(block))
+
+    def contents(self, block: int) -> str:
+        """The block's passage as the original code prepends it (paper-map §6, ``inference.passage_text:
+        contents``): its BM25 contents, each unit as ``<s>...</s>`` (``npm.datastore.bm25.marked_texts``), with
+        the markers removed and stripped, so that the units stand glued as the tokens decode."""
+        arrays, b = self._locate(block)
+        if "input_ids" not in arrays:
+            raise ValueError("BlockTexts(contents=True) keeps the tokens that contents() reads")
+        return clean_passage(marked_texts(block_slice(arrays, b), *unit_markers(arrays))[0]).strip()
 
 
 def _batches(n: int, size: int):
@@ -97,11 +113,12 @@ class DecoderScorer:
         self.device = torch_device(inputs.device)
         self.model, self.tokenizer = load_causal_lm(inputs.checkpoint)
         self.model.to(self.device)
-        self.texts = self.searcher = None
+        self.texts = self.searcher = self.passage = None
         retrieves = bool(self.options.get("retrieval"))
         retriever = self.options.get("retriever", settings.retriever)  # replug_lsr: always its dense retriever
         if retrieves:
-            self.texts = BlockTexts(inputs.blocks)
+            self.texts = BlockTexts(inputs.blocks, contents=settings.passage_text == "contents")
+            self.passage = self.texts.contents if settings.passage_text == "contents" else self.texts
             if retriever == "bm25":
                 (bm25,) = inputs.bm25
                 # The index's block ids are read as blocks of these files: it must index exactly them, in order.
@@ -119,6 +136,7 @@ class DecoderScorer:
             "retrieval": retriever if retrieves else None,
             "parameters": int(sum(p.numel() for p in self.model.parameters())), "device": str(self.device),
             "passages": settings.passages if retrieves else None,
+            "passage_text": settings.passage_text if retrieves else None,
             "precision": effective_precision(self.device, settings.lm_precision),
         }
         if self.options.get("ensemble"):
@@ -147,11 +165,11 @@ class DecoderScorer:
         for start, end in _batches(len(examples), s.batch_size):
             chunk = examples[start:end]
             hits = self._hits(task, chunk)
-            passages = [[clean_passage(self.texts(b)) for b in ids.tolist()] for ids, _ in hits]
+            passages = [[clean_passage(self.passage(b)) for b in ids.tolist()] for ids, _ in hits]
             no_passages += sum(self.searcher is not None and not p for p in passages)
             votes = [None] * len(chunk)
             if ensemble:  # REPLUG prepends each passage to the bare prompt itself
-                prompts = [open_set_prompt(task.name, ex["input"]) for ex in chunk]
+                prompts = [open_set_prompt(task.name, ex["input"], kamel_prompt=s.kamel_prompt) for ex in chunk]
             if ensemble and s.replug_ensemble == "vote":
                 raws, votes = replug_vote(self.model, self.tokenizer, prompts, passages, [sc for _, sc in hits],
                                           temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
@@ -161,7 +179,8 @@ class DecoderScorer:
                                             temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
                                             batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
             else:
-                prompts = [open_set_prompt(task.name, ex["input"], p) for ex, p in zip(chunk, passages, strict=True)]
+                prompts = [open_set_prompt(task.name, ex["input"], p, kamel_prompt=s.kamel_prompt)
+                           for ex, p in zip(chunk, passages, strict=True)]
                 raws = greedy_continuations(self.model, self.tokenizer, prompts, max_new_tokens=s.max_new_tokens,
                                             batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
             for prompt, raw, (ids, scores), voted in zip(prompts, raws, hits, votes, strict=True):

@@ -28,6 +28,7 @@ import numpy as np
 # torch and transformers are imported inside the functions that run a model: the prompt helpers of this module serve
 # torch-free paths too (npm.densephrases.questions for the DensePhrases data and evaluation commands).
 from npm.io import resolve_package_path
+from npm.settings import Settings
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
 CLOZE_BLANK = "_____"
@@ -77,33 +78,35 @@ def prepend_passages(prompt: str, passages: Sequence[str] | None) -> str:
     return out
 
 
-def question_text(text: str, *, reproduce_kamel_bug: bool = False) -> str:
+def question_text(text: str, *, kamel_prompt: str = Settings.kamel_prompt) -> str:
     """The question of a question-family input (NQ, TriviaQA: before "The answer is: <mask>"; KAMEL: before
-    "Answer: <mask>", unless ``reproduce_kamel_bug``), stripped."""
+    "Answer: <mask>", unless ``kamel_prompt="code"``, the original's split), stripped."""
+    if kamel_prompt not in ("question", "code"):
+        raise ValueError(f"kamel_prompt must be 'question' or 'code', got {kamel_prompt!r}")
     question = text.split(QUESTION_SPLIT)[0]
-    if not reproduce_kamel_bug and QUESTION_SPLIT not in text:
+    if kamel_prompt == "question" and QUESTION_SPLIT not in text:
         question = question.split(KAMEL_SPLIT)[0]
     return question.strip()
 
 
 def open_set_prompt(task: str, text: str, passages: Sequence[str] | None = None, *,
-                    reproduce_kamel_bug: bool = False) -> str:
+                    kamel_prompt: str = Settings.kamel_prompt) -> str:
     """The causal-LM prompt of one open-set input (paper-map §6), optionally with passages prepended.
 
     ``task`` is a family ("question", "cloze", "translation") or a task name (:data:`TASK_FAMILIES`); ``text``
     is the NPM-style input with its "<mask>" (npm.tasks.templates); ``passages`` are retrieved texts, best first.
 
     * question (NQ, TriviaQA, KAMEL): "Question: {text before 'The answer is: <mask>', stripped}\\nAnswer:".
-      KAMEL inputs end in "Answer: <mask>." instead, which the original never split off (a latent bug: its
-      prompt keeps "Answer: <mask>." inside the question). By default the KAMEL input is cut at "Answer: <mask>"
-      (the paper-faithful prompt "Question: {question}\\nAnswer:"); ``reproduce_kamel_bug=True`` splits only at
-      "The answer is: <mask>", exactly as the original did.
+      KAMEL inputs end in "Answer: <mask>." instead, which the original never split off (its prompt keeps
+      "Answer: <mask>." inside the question). ``kamel_prompt="question"`` (config ``inference.kamel_prompt``) cuts
+      the KAMEL input at "Answer: <mask>" ("Question: {question}\\nAnswer:"); ``"code"`` splits only at
+      "The answer is: <mask>", exactly as the original did (the paper routes, whose published cells it made).
     * cloze (LAMA, TempLAMA): "{text with every <mask> -> '_____'} Fill in the blank. Answer:".
     * translation: the text before the first "<mask>", stripped ("The Korean translation of X is:").
     """
     family = task_family(task)
     if family == "question":
-        prompt = f"Question: {question_text(text, reproduce_kamel_bug=reproduce_kamel_bug)}\nAnswer:"
+        prompt = f"Question: {question_text(text, kamel_prompt=kamel_prompt)}\nAnswer:"
     elif family == "cloze":
         prompt = f"{text.replace(MASK, CLOZE_BLANK)} Fill in the blank. Answer:"
     else:

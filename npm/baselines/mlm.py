@@ -8,8 +8,9 @@ label's single token (leading space; never the fuzzy verbalizer), prediction = a
 * ``MlmScorer``: system ``mlm`` of ``npm.evaluation.systems`` (the model comes from ``npm.model.load_masked_lm``;
   ``npm.training.loop`` trains it with ``model="mlm"`` on NPM's batch lines, steps and optimiser).
 
-Inputs longer than the model's limit keep their **last** tokens (``npm.inference.query.query_ids``, as for NPM), so
-the mask survives; a text with no mask or with two masks is an error naming the example.
+Inputs longer than the model's limit, or than ``inference.mlm_max_length`` (the original code: 256, as for every
+closed-set model), keep their **last** tokens (``npm.inference.query.query_ids``, as for NPM), so the mask survives; a
+text with no mask or with two masks is an error naming the example.
 """
 
 from __future__ import annotations
@@ -48,13 +49,14 @@ def _label_id_lists(label_ids) -> list[list[int]]:
 
 
 def mlm_label_scores(model, tokenizer, texts: Sequence[str], label_ids, batch_size: int = 32, device=None,
-                     example_ids: Sequence | None = None) -> np.ndarray:
+                     example_ids: Sequence | None = None, max_length: int | None = None) -> np.ndarray:
     """Label probabilities float64 [n, n_labels] (paper-map §4.1 step 7).
 
     Each text holds exactly one ``<mask>`` (or the tokenizer's own mask token); p = softmax over the whole
     vocabulary of the MLM logits at that position; a label's score is p of its token (``label_ids[j]`` an int, or
-    an array of ids whose probabilities are summed; the baseline passes one id per label). Texts longer than the
-    model's limit keep their last tokens. ``example_ids`` name the examples in errors (default: their index).
+    an array of ids whose probabilities are summed; the baseline passes one id per label). Texts longer than
+    ``max_length`` (default and at most: the model's limit) keep their last tokens. ``example_ids`` name the
+    examples in errors (default: their index).
     """
     labels = _label_id_lists(label_ids)
     vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else None
@@ -65,7 +67,7 @@ def mlm_label_scores(model, tokenizer, texts: Sequence[str], label_ids, batch_si
         raise ValueError(f"{len(names)} example ids for {len(texts)} texts")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    limit = max_input_length(model, tokenizer)
+    limit = min(max_length or np.inf, max_input_length(model, tokenizer))
     prepared = []
     for name, text in zip(names, texts, strict=True):
         try:
@@ -119,14 +121,17 @@ class MlmScorer:
         self.device = torch_device(inputs.device)
         self.tokenizer = load_tokenizer(inputs.checkpoint)
         self.model = load_masked_lm(inputs.checkpoint).to(self.device)
+        # inference.mlm_max_length: the original keeps the last 256 tokens of every closed-set input
+        self.max_length = int(min(settings.mlm_max_length or np.inf, max_input_length(self.model, self.tokenizer)))
         self.info = {"model": str(inputs.checkpoint), "corpus": None, "corpus_tokens": None, "retrieval": None,
                      "parameters": int(sum(p.numel() for p in self.model.parameters())), "device": str(self.device),
-                     "max_length": max_input_length(self.model, self.tokenizer)}
+                     "max_length": self.max_length}
 
     def closed_set(self, task, examples, progress=None):
         verbalizers = label_verbalizers(task, self.tokenizer, fuzzy=False)
         scores = mlm_label_scores(self.model, self.tokenizer, [ex["input"] for ex in examples], verbalizers,
-                                  batch_size=BATCH_SIZE, example_ids=[ex["id"] for ex in examples])
+                                  batch_size=BATCH_SIZE, example_ids=[ex["id"] for ex in examples],
+                                  max_length=self.max_length)
         if progress:
             progress(len(examples))
         return dict(scores=scores, metrics={"label_ids": [v.tolist() for v in verbalizers]})

@@ -99,6 +99,28 @@ def marker_ids(tokenizer) -> tuple[int, int]:
     return int(begin), int(end)
 
 
+def unit_markers(blocks: dict[str, np.ndarray]) -> tuple[int, int]:
+    """(begin id, end id) of the special tokens that wrap the units of a blocks file, read from the file itself: a
+    file starts with a unit's begin token, and its special tokens are these two (``npm.data.blocks``)."""
+    ids, flags = blocks["input_ids"], blocks["flags"]
+    special = np.unique(ids[(flags & SPECIAL) != 0])
+    if len(ids) == 0 or not flags[0] & SPECIAL or len(special) != 2:
+        raise ValueError(f"the blocks do not wrap their units in two special tokens (found ids {special.tolist()}): "
+                         "their units cannot be marked")
+    begin = int(ids[0])
+    return begin, int(special[special != begin][0])
+
+
+def block_slice(blocks: dict[str, np.ndarray], b: int) -> dict[str, np.ndarray]:
+    """The arrays of block ``b`` of a blocks file's arrays as a blocks file of that one block (token and text
+    arrays only), for :func:`marked_texts`."""
+    a, e = int(blocks["block_offsets"][b]), int(blocks["block_offsets"][b + 1])
+    ta, te = int(blocks["text_offsets"][b]), int(blocks["text_offsets"][b + 1])
+    return {"input_ids": blocks["input_ids"][a:e], "flags": blocks["flags"][a:e],
+            "token_spans": blocks["token_spans"][a:e], "block_offsets": np.array([0, e - a], np.int64),
+            "text": blocks["text"][ta:te], "text_offsets": np.array([0, te - ta], np.int64)}
+
+
 def marked_texts(blocks: dict[str, np.ndarray], begin_id: int, end_id: int) -> list[str]:
     """Each block's text as the original's ``X.jsonl`` contents (the block's ids decoded with their special tokens,
     paper-map §3.1, §3.8): ``<s>`` where the block holds a unit's begin token (``begin_id``), ``</s>`` where it holds

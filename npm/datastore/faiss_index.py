@@ -15,10 +15,10 @@ is stated explicitly.
 * This re-implementation: ``metric="ip"`` (inner product, the quantity NPM ranks by). Default ``factory="HNSW32"``,
   what the paper (5.3) says it uses.
 * CODE!=PAPER. The original code builds IVF-PQ (nlist 4096, M 64, 8 bits, nprobe 8, <= 1M training vectors,
-  seed 1) and leaves FAISS's default metric, L2, although its coarse quantizer is IndexFlatIP. The switch for that
-  variant is ``factory="IVF4096,PQ64", metric="l2"``. The quantizer cannot be made IP while the PQ stays L2
-  through a factory string, so that mixture is not reproduced. ``factory="IVF4096,PQ64", metric="ip"`` is the
-  original's index type with the metric NPM actually scores by.
+  seed 1) and leaves FAISS's default metric, L2, although its coarse quantizer is IndexFlatIP. ``metric="code"``
+  (config ``datastore.faiss_metric: code``) builds exactly that mixture: the factory's index in L2 with an
+  inner-product flat quantizer put in before training. ``factory="IVF4096,PQ64", metric="ip"`` is the original's
+  index type with the metric NPM actually scores by; ``metric="l2"`` is L2 throughout.
 
 Choices this module makes and documents:
 
@@ -89,7 +89,7 @@ from npm.io import atomic_path, dumps_json, read_json
 
 log = logging.getLogger(__name__)
 
-METRICS = ("ip", "l2")
+METRICS = ("ip", "l2", "code")  # code: the original's IndexIVFPQ, an IP coarse quantizer and L2 codes (_make_index)
 BLAS_THRESHOLD = 20  # queries from which FAISS's exhaustive search uses one matrix product (see search)
 ADD_CHUNK = 1_000_000  # vectors added to the index at a time
 MIN_POINTS_PER_CENTROID = 39  # below this FAISS's k-means warns that the clustering is unreliable
@@ -109,9 +109,10 @@ def _metric(metric: str) -> int:
     faiss = _faiss()
     if metric == "ip":
         return faiss.METRIC_INNER_PRODUCT
-    if metric == "l2":
+    if metric in ("l2", "code"):
         return faiss.METRIC_L2
-    raise ValueError(f"metric must be one of {METRICS} (inner product or L2), got {metric!r}")
+    raise ValueError(f"metric must be one of {METRICS} (inner product, L2, or the original code's inner-product "
+                     f"quantizer with L2 codes), got {metric!r}")
 
 
 def sidecar_path(out_path: str | os.PathLike) -> Path:
@@ -349,15 +350,30 @@ def _check_factory(factory: str, dim: int, n_train: int) -> tuple[str, dict]:
 
 
 def _make_index(factory: str, dim: int, metric: str):
+    """The untrained index of ``factory``. ``metric="code"``: the original code's ``IndexIVFPQ(IndexFlatIP(d), ...)``
+    with the metric left at FAISS's default, i.e. the factory's index in L2 (its residual codes, its k-means without
+    the spherical normalisation of an inner-product IVF) with an inner-product flat coarse quantizer put in before
+    training (paper-map §3.5)."""
     faiss = _faiss()
     try:
-        return faiss.index_factory(dim, factory, _metric(metric))
+        index = faiss.index_factory(dim, factory, _metric(metric))
     except RuntimeError as e:
         msg = str(e).strip().splitlines()[-1]
         raise ValueError(
             f"FAISS rejected the factory string {factory!r} for dim {dim}: {msg}. "
             "Use a FAISS index_factory string such as 'Flat', 'HNSW32' or 'IVF4096,PQ64'"
         ) from None
+    if metric == "code":
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is None or not isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexFlat):
+            raise ValueError(f"FAISS metric 'code' (the original's inner-product coarse quantizer with L2 codes) needs "
+                             f"an IVF factory with a flat quantizer such as 'IVF4096,PQ64', got {factory!r}; use "
+                             "metric 'ip' for other indexes")
+        quantizer = faiss.IndexFlatIP(ivf.d)
+        quantizer.this.disown()  # the IVF index owns and frees it
+        ivf.quantizer = quantizer
+        ivf.own_fields = True
+    return index
 
 
 def index_bytes(factory: str, ntotal: int, dim: int, metric: str = "ip") -> int:
@@ -515,6 +531,10 @@ def _use_gpu(index, use_gpu: bool | None) -> bool:
     if _hnsw(index) is not None or _ivf(index) is None:
         if use_gpu:
             log.warning("index %s has no GPU build path (HNSW/Flat); building on CPU", type(index).__name__)
+        return False
+    if _ivf(index).metric_type != faiss.downcast_index(_ivf(index).quantizer).metric_type:
+        log.warning("index %s mixes metrics (metric 'code'), which FAISS's GPU index does not; building on CPU",
+                    type(index).__name__)
         return False
     return True
 

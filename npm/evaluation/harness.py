@@ -7,7 +7,8 @@ scorer over all of them, scores with the task's metric, adds timing and provenan
 and the metrics JSON atomically. Every system goes through it, so every row of a table is sampled and scored alike:
 
 * closed set: prediction = argmax of the scorer's label scores; accuracy in percent;
-* open set: the scorer's answer, cut at its first punctuation character for entity translation; exact match after
+* open set: the scorer's answer, cut at its first punctuation character for entity translation (every system's, or
+  with ``inference.translation_cut: decoders`` only the decoder baselines', as the original code); exact match after
   SQuAD normalisation; macro over LAMA n-gram buckets (``inference.lama_average``) and translation languages, micro
   otherwise; LAMA also reports its UHN and Hard subsets, averaged the same way.
 """
@@ -85,9 +86,11 @@ def _percent(scores: Sequence[float], groups: Sequence | None, average: str) -> 
     return 100.0 * aggregate(scores, groups, average)
 
 
-def score_examples(task: Task, examples: Sequence[dict], output) -> tuple[list[dict], list[float]]:
+def score_examples(task: Task, examples: Sequence[dict], output, cut_translation: bool = True
+                   ) -> tuple[list[dict], list[float]]:
     """Predictions records and correctness of a scorer's ``Output`` (closed set: argmax of ``scores``; open set:
-    ``answers`` through the task's answer rule)."""
+    ``answers`` through the task's answer rule: entity translation's first-punctuation cut unless
+    ``cut_translation`` is False)."""
     extras = output.records or [{}] * len(examples)
     n_out = len(output.scores) if task.closed else len(output.answers)
     if n_out != len(examples) or len(extras) != len(examples):
@@ -104,7 +107,7 @@ def score_examples(task: Task, examples: Sequence[dict], output) -> tuple[list[d
             rec.update(label=int(ex["label"]), prediction=pred, scores=[float(s) for s in row])
         else:
             raw = output.answers[i]
-            pred = translation_prediction(raw) if task.name in TRANSLATION_TASKS else raw
+            pred = translation_prediction(raw) if cut_translation and task.name in TRANSLATION_TASKS else raw
             ok = exact_match(pred, ex["answers"])
             rec.update(answers=list(ex["answers"]), prediction=pred)
             if pred != raw:
@@ -256,7 +259,9 @@ def _run_task(spec: Task, entry, scorer, inputs: Inputs, settings: Settings, n_s
     with tqdm(total=len(examples), desc=f"{spec.name}/{entry.name}", unit="ex", mininterval=5) as bar:
         output = Output(**run(spec, examples, progress=bar.update))
     seconds = time.perf_counter() - t0
-    records, correct = score_examples(spec, examples, output)
+    # inference.translation_cut: every system's answer (all), or only the decoders' (the original code)
+    records, correct = score_examples(spec, examples, output,
+                                      cut_translation=settings.translation_cut == "all" or entry.model == "lm")
 
     average = settings.lama_average if spec.group_by == "bucket" else None
     metrics = task_metrics(spec, entry.name, examples, correct, average)

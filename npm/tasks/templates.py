@@ -150,8 +150,9 @@ def is_question(task: str) -> bool:
 
 
 def lama_input(template: str, subject: str) -> str:
-    """HF LAMA template: [X] -> subject, [Y] -> "<mask>", " ." -> "."."""
-    return template.replace("[X]", subject).replace("[Y]", MASK_PLACEHOLDER).replace(" .", ".")
+    """HF LAMA template: [Y] -> "<mask>", " ." -> ".", then [X] -> subject, in the original code's order, so a " ."
+    inside the subject ("Washington , D . C .") is kept as the data has it (paper-map §5.1)."""
+    return template.replace("[Y]", MASK_PLACEHOLDER).replace(" .", ".").replace("[X]", subject)
 
 
 def kamel_input(question: str, subject: str, answers: Sequence[str]) -> str:
