@@ -271,3 +271,31 @@ def test_workflow_passes_the_original_code_switches_to_the_evaluation(tmp_path):
     assert len(commands) == 2 and all("--tau-twice" in c and "--span-score code" in c for c in commands)
     nq = next(c for c in commands if "--system bm25_lm" in c)  # one job answers every task of bm25_lm on enwiki
     assert "--bm25 data/bm25/enwiki --blocks data/blocks/enwiki/shard0.npz" in nq and "--datastore" not in nq
+
+
+# The original code's settings, as the paper routes pass them to each command (docs/paper-map.md, "The paper routes
+# compute as the original code"): read from the plan, not from the config.
+ORIGINAL_CODE_FLAGS = {
+    "npm-repro evaluate": ("--tau-twice", "--span-score code", "--passages 3", "--passage-text contents",
+                           "--kamel-prompt code", "--mlm-max-length 256", "--translation-cut decoders",
+                           "--lama-average macro"),
+    "npm-repro embed --step plan": ("--precision fp32", "--stopwords original"),
+    "npm-repro build-faiss-index": ("--faiss-factory IVF4096,PQ64", "--faiss-metric code", "--nprobe 8"),
+}
+
+
+@pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])
+def test_the_paper_routes_plan_every_evaluation_with_the_original_codes_settings(tmp_path, name):
+    from tests.test_checkpoints import SNAKEMAKE
+
+    out = subprocess.run([SNAKEMAKE, "results/check/paper.txt", "-n", "-p", "--cores", "1", "--directory",
+                          str(tmp_path), "-s", str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config" / name)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [line.partition("Shell command: ")[2] for line in out.stdout.splitlines()]
+    for command, flags in ORIGINAL_CODE_FLAGS.items():
+        planned = [line for line in lines if line.startswith(command)]
+        assert planned, f"{name}: no `{command}` job planned for results/check/paper.txt"
+        for line in planned:
+            missing = [flag for flag in flags if f" {flag} " not in f" {line} "]
+            assert not missing, f"{name}: {missing} not in {line[:300]}"
