@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from npm.datastore.faiss_index import sidecar_path
 from npm.inference.closed_set import label_scores
 from npm.tasks.registry import label_verbalizers
 
@@ -76,6 +78,9 @@ class NpmScorer:
             "corpus_tokens": sum(p.ds.n_tokens for p in self.predictors),
             "parameters": sum(p.numel() for p in first.encoder.parameters()),
             "device": str(next(first.encoder.parameters()).device), "negative_control": inputs.control,
+            # the datastore settings where the paper and the original code differ (the tables' footers)
+            "embedding_precision": _one(p.ds.meta.get("precision") for p in self.predictors),
+            "faiss_metric": _one(_faiss_record(f).get("metric") for f in inputs.faiss) if inputs.faiss else None,
         }
 
     def closed_set(self, task, examples, progress=None):
@@ -106,6 +111,20 @@ class NpmScorer:
                 progress(len(batch))
         return dict(answers=answers, metrics={"retrieval": "faiss" if self.mode == "faiss" else "bm25",
                                                 "tau": self.settings.open_set_tau})
+
+
+def _one(values):
+    """The one value of ``values``, or the sorted list of the distinct ones."""
+    found = sorted({str(v) for v in values if v is not None})
+    return found[0] if len(found) == 1 else (found or None)
+
+
+def _faiss_record(path) -> dict:
+    """The sidecar record of a FAISS index (npm.datastore.faiss_index), {} where it has none."""
+    try:
+        return json.loads(sidecar_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 def _batches(items: Sequence, size: int):

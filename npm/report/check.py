@@ -242,7 +242,7 @@ def paper_expected(rule: Mapping, path: Path, paper: Mapping | None = None,
         spec = {"expected": pc.value,
                 "band": [round(max(0.0, pc.value - tol), 2), round(min(100.0, pc.value + tol), 2)],
                 "tolerance": round(tol, 2), "n": n,
-                "paper": f"{pc.table.replace('table', 'Table ')}, {pc.paper_row}, {pc.column}"}
+                "paper": f"{pc.source}, {pc.paper_row}, {pc.column}"}
         if rule["models"][pc.paper_row]:
             spec["model"] = str(rule["models"][pc.paper_row])
         if override:

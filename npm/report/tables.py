@@ -238,9 +238,44 @@ def _params(about, system: str) -> float | None:
     return params / 1e6 if params is not None else None
 
 
+# The settings where the paper and the original code differ (docs/paper-map.md, "Paper versus original code"), as each
+# metrics file records them: the run's `inference` settings, and its NPM datastore's embedding precision and FAISS
+# metric (``npm.inference.scoring.NpmScorer.info``).
+SWITCHES = ("tau_twice", "span_score", "passages", "passage_text", "kamel_prompt", "mlm_max_length", "translation_cut",
+            "lama_average")
+DATASTORE_SWITCHES = ("embedding_precision", "faiss_metric")
+
+
+def settings_note(scores) -> str | None:
+    """One footer line naming the value of each switch in the metrics files behind ``scores`` (a value that differs
+    between files is listed with its files' count), or None when no file records them."""
+    values: dict[str, dict] = {}
+    for path in sorted(set(scores["file"].dropna().astype(str))):
+        try:
+            rec = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        settings = ((rec.get("provenance") or {}).get("config") or {}).get("settings") or {}
+        for key in SWITCHES:
+            if key in settings:
+                values.setdefault(key, {}).setdefault(json.dumps(settings[key]), 0)
+                values[key][json.dumps(settings[key])] += 1
+        for key in DATASTORE_SWITCHES:
+            if rec.get(key) is not None:
+                values.setdefault(key, {}).setdefault(json.dumps(rec[key]), 0)
+                values[key][json.dumps(rec[key])] += 1
+    if not values:
+        return None
+    parts = [f"{key} {next(iter(found))}" if len(found) == 1
+             else f"{key} " + " / ".join(f"{v} ({n} files)" for v, n in found.items())
+             for key, found in values.items()]
+    return ("Paper-vs-code settings of these metrics (config inference / datastore; docs/paper-map.md): "
+            + ", ".join(parts) + ".")
+
+
 def footer(scores) -> list[str]:
-    """Provenance lines: the git commit(s) of the metrics and the number of examples per task (``scores``: the
-    score rows of a metrics frame)."""
+    """Provenance lines: the git commit(s) of the metrics, the paper-vs-code settings they were computed with
+    (``settings_note``) and the number of examples per task (``scores``: the score rows of a metrics frame)."""
     commits = sorted(set(scores["commit"].fillna("unknown").astype(str)))
     by_task = scores.groupby("task")
     parts = []
@@ -250,7 +285,9 @@ def footer(scores) -> list[str]:
             parts.append(f"{task} {int(ns.index[0]):,}")
         else:
             parts.append(f"{task} " + ", ".join(f"{int(n):,} ({', '.join(s)})" for n, s in ns.items()))
-    return [f"Metrics from git commit(s): {', '.join(commits)}.", f"Examples per task (n): {'; '.join(parts)}."]
+    note = settings_note(scores)
+    return ([f"Metrics from git commit(s): {', '.join(commits)}."] + ([note] if note else [])
+            + [f"Examples per task (n): {'; '.join(parts)}."])
 
 
 def _paper_row(paper: Mapping, table: str, key: str) -> str | None:
@@ -536,6 +573,7 @@ class PaperCell:
     column: str  # the column of our table
     cell: str  # "{task}/{run}" (results/metrics/{task}/{run}.json) or "{task}/{run}#{subset}" (its `subsets`)
     value: float
+    source: str = ""  # where the paper prints the number: "Table 1", or the row's `source` ("Table 9" for NPM-single)
 
 
 def paper_cells(paper: Mapping | None, outdated_corpus: str) -> list[PaperCell]:
@@ -551,7 +589,8 @@ def paper_cells(paper: Mapping | None, outdated_corpus: str) -> list[PaperCell]:
 
     def add(table: str, system: str, column: str, cell: str, value) -> None:
         if _number(value):
-            cells.append(PaperCell(table, _paper_row(paper, table, system), column, cell, float(value)))
+            source = row(table, system).get("source") or table.replace("table", "Table ")
+            cells.append(PaperCell(table, _paper_row(paper, table, system), column, cell, float(value), source))
 
     def row(table: str, system: str) -> dict:
         return _paper_vals(paper, table, _paper_row(paper, table, system))
