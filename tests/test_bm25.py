@@ -452,6 +452,28 @@ def test_markers_put_each_unit_in_lucene_contents_as_the_original_x_jsonl(tmp_pa
     assert joined >= 10 and split_first >= 5 and split_last >= 5, (joined, split_first, split_last)
 
 
+def test_a_passage_as_the_original_prepends_it_is_the_decoded_block_without_markers(roberta_blocks, bpe_tokenizer):
+    """inference.passage_text: contents (paper-map §6): the original's BM25 + LM passage is its X.jsonl contents, the
+    block's ids decoded with their special tokens, with "<s>"/"</s>" removed and stripped: units glued as they
+    decode. `units`: the block's surface text, its units joined by newlines."""
+    from npm.baselines.decoder import BlockTexts
+    from npm.data.blocks import block_text
+
+    path, arrays = roberta_blocks
+    texts = BlockTexts([path], contents=True)
+    ids, offsets = arrays["input_ids"], arrays["block_offsets"]
+    glued = 0
+    for b in range(len(offsets) - 1):
+        decoded = bpe_tokenizer.decode(ids[offsets[b]:offsets[b + 1]].tolist(), skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False)
+        assert texts.contents(b) == decoded.replace("<s>", "").replace("</s>", "").strip(), b
+        assert texts(b) == block_text(arrays, b)
+        glued += "\n" in texts(b) and "\n" not in texts.contents(b)
+    assert glued >= 10
+    with pytest.raises(ValueError, match="keeps the tokens"):
+        BlockTexts([path]).contents(0)
+
+
 @needs_java
 def test_markers_setting_is_in_the_record_and_a_reader_refuses_the_other(tmp_path, roberta_blocks, bpe_tokenizer):
     """`npm-repro build-bm25-index --markers/--no-markers` (rule build_bm25_index, config datastore.bm25_markers)

@@ -289,6 +289,21 @@ def test_rerun_with_other_settings_redoes_every_shard(tmp_path, tiny, corpus, bu
     assert load_datastore(out, expected_model=tiny[1]).meta["model"] == tiny[1]
 
 
+def test_embedding_precision_is_a_datastore_setting_in_the_plan(tmp_path, tiny, corpus):
+    """datastore.precision (the original code: fp32, stored fp16) reaches the plan through `npm-repro embed`, and
+    another precision is another plan (its shards are not reused)."""
+    from npm.cli import main as cli_main
+
+    plans = {}
+    for precision in ("fp16", "fp32"):
+        out = tmp_path / precision
+        assert cli_main(["embed", "--step", "plan", "--checkpoint", tiny[0], "--blocks", *corpus, "--out", str(out),
+                         "--shards", "2", "--precision", precision]) == 0
+        plans[precision] = json.loads((out / "plan.json").read_text())
+    assert plans["fp16"]["precision"] == "fp16" and plans["fp32"]["precision"] == "fp32"
+    assert plans["fp16"]["plan"] != plans["fp32"]["plan"]
+
+
 # ------------------------------------------------------------------------------------------ clear errors
 
 

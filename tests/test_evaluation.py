@@ -15,7 +15,7 @@ from npm.inference.predictor import Predictor
 from npm.inference.scoring import closed_set_scores
 from npm.io import read_jsonl, write_jsonl
 from npm.settings import Settings
-from npm.tasks.metrics import exact_match
+from npm.tasks.metrics import exact_match, translation_prediction
 from npm.tasks.registry import label_verbalizers, resolve_task
 from npm.tasks.templates import LABEL_WORDS
 from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
@@ -214,6 +214,26 @@ def test_entity_translation_cuts_at_punctuation():
     m = task_metrics("entity_translation", "npm", ex, correct)
     assert preds[0]["prediction"] == "Αθήνα" and preds[0]["raw_prediction"] == "Αθήνα, Greece"
     assert preds[1]["prediction"] == "" and m["groups"] == {"el": 100.0, "ru": 0.0} and m["score"] == 50.0
+
+
+def test_translation_cut_decoders_keeps_npms_phrase_whole_as_the_original(world, tmp_path):
+    """inference.translation_cut: all (every system's answer cut at its first punctuation) or decoders (the original
+    code: only the decoder baselines' answers; NPM's phrase is scored whole)."""
+    write_jsonl(tmp_path / "entity_translation" / "test.jsonl",
+                [{"id": f"t{i}", "input": f"The Greek translation of {w} is: <mask>.", "answers": [w], "lang": "el"}
+                 for i, w in enumerate(["Thessaloniki", "Greece", "review", "city"])])
+    runs = {}
+    for cut in ("all", "decoders"):
+        run_evaluation("entity_translation", "npm", world["model"], [world["a"]["ds"]], tasks_root=tmp_path,
+                       bm25=[world["a"]["bm25"]], n_samples=0, translation_cut=cut,
+                       predictions_path=tmp_path / f"{cut}.jsonl")
+        runs[cut] = list(read_jsonl(tmp_path / f"{cut}.jsonl"))
+    for cut_all, whole in zip(runs["all"], runs["decoders"], strict=True):
+        raw = cut_all.get("raw_prediction", cut_all["prediction"])
+        assert cut_all["prediction"] == translation_prediction(raw)
+        assert whole["prediction"] == raw and "raw_prediction" not in whole
+    assert score_examples(resolve_task("entity_translation"), [{"id": "0", "input": "a <mask>.", "answers": ["x"]}],
+                          Output(answers=["x, y"]), cut_translation=False)[0][0]["prediction"] == "x, y"
 
 
 def test_lama_average_setting_reaches_the_metrics(world, tmp_path):

@@ -131,6 +131,41 @@ def test_ivfpq_training_on_seeded_sample_is_deterministic(corpus, tmp_path):
     np.testing.assert_array_equal(va, vb)
 
 
+def test_code_metric_builds_the_original_codes_index_an_ip_quantizer_with_l2_codes(corpus, tmp_path):
+    """datastore.faiss_metric: code = the original's IndexIVFPQ(IndexFlatIP(d), d, nlist, M, 8) with the metric left
+    at FAISS's default (L2): the same neighbours as that index built by hand from FAISS's classes on the same
+    training sample; another neighbour list than the inner-product IVF-PQ."""
+    shards, data, queries = corpus
+    info = build_faiss_index(shards, DIM, tmp_path / "code.faiss", factory="IVF32,PQ8", metric="code",
+                             train_sample=4000, seed=1, nprobe=8)
+    assert info["metric"] == "code"
+    index = load_faiss_index(tmp_path / "code.faiss")  # owns the IVF part: keep it alive
+    ours = faiss.extract_index_ivf(index)
+    assert ours.metric_type == faiss.METRIC_L2
+    assert faiss.downcast_index(ours.quantizer).metric_type == faiss.METRIC_INNER_PRODUCT
+    rows, valid = search(index, queries, k=50)
+
+    original = faiss.IndexIVFPQ(faiss.IndexFlatIP(DIM), DIM, 32, 8, 8)  # its metric left at the default, L2
+    original.do_polysemous_training = False
+    original.train(memmap_vectors(shards, DIM)(np.sort(np.random.default_rng(1).choice(8000, 4000, replace=False))))
+    original.add(data.astype(np.float32))
+    original.nprobe = 8
+    _, expected = original.search(queries, 50)
+    np.testing.assert_array_equal(np.where(valid, rows, -1), expected)
+
+    build_faiss_index(shards, DIM, tmp_path / "ip.faiss", factory="IVF32,PQ8", metric="ip", train_sample=4000,
+                      seed=1, nprobe=8)
+    ip_rows, _ = search(load_faiss_index(tmp_path / "ip.faiss"), queries, k=50)
+    assert not np.array_equal(ip_rows, rows)
+
+
+def test_code_metric_needs_an_ivf_factory(corpus, tmp_path):
+    shards, _, _ = corpus
+    with pytest.raises(ValueError, match="needs an IVF factory"):
+        build_faiss_index(shards, DIM, tmp_path / "x.faiss", factory="HNSW32", metric="code")
+    assert not (tmp_path / "x.faiss").exists()
+
+
 def test_nprobe_is_recorded_and_applied_on_load(corpus, tmp_path):
     shards, _, queries = corpus
     out = tmp_path / "ivf.faiss"

@@ -23,7 +23,7 @@ from npm.evaluation.harness import evaluate
 from npm.evaluation.systems import Inputs
 from npm.io import read_jsonl, write_jsonl
 from npm.model import load_masked_lm, max_input_length
-from npm.settings import MaskingSettings
+from npm.settings import MaskingSettings, Settings
 from npm.tasks.registry import label_verbalizers
 from npm.training.collate import IGNORE_INDEX, collate_mlm
 from npm.training.loop import MaskedTokensMLM, mlm_generator, mlm_step_loss, train
@@ -285,6 +285,30 @@ def test_label_scores_equal_the_vocabulary_softmax_at_the_mask(tiny_mlm, wordpie
     # label ids given as the verbalizer arrays (one id each) give the same scores
     arrays = label_verbalizers("sst2", tok, fuzzy=False)
     np.testing.assert_allclose(mlm_label_scores(model, tok, texts, arrays, batch_size=3), got, rtol=1e-5)
+
+
+def test_mlm_max_length_keeps_the_last_tokens_as_the_original(tiny_mlm, wordpiece_tokenizer, tmp_path):
+    """inference.mlm_max_length (the original code: 256 for every closed-set model): an input keeps its last N
+    tokens, the mask among them; the scorer passes the setting and records it."""
+    tok, model = wordpiece_tokenizer, load_masked_lm(tiny_mlm)
+    long_text = " ".join(["the film was long"] * 20) + " It was<mask>."  # ~90 tokens, under the model's 128
+    labels = [int(v[0]) for v in label_verbalizers("sst2", tok, fuzzy=False)]
+    ids = tok(long_text.replace("<mask>", tok.mask_token))["input_ids"][-32:]  # the last 32, [CLS] lost
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, ids.index(tok.mask_token_id)]
+    expected = torch.softmax(logits.double(), -1)[labels].numpy()
+    short = mlm_label_scores(model, tok, [long_text], labels, max_length=32)
+    np.testing.assert_allclose(short[0], expected, rtol=1e-4, atol=1e-9)
+    whole = mlm_label_scores(model, tok, [long_text], labels)
+    assert not np.allclose(short, whole)
+    capped = mlm_label_scores(model, tok, [long_text], labels, max_length=10_000)  # at most the model's limit
+    np.testing.assert_allclose(capped, whole)
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "test.tsv").write_text("\n".join(SST2_ROWS) + "\n")
+    for limit, expected in ((None, 128), (32, 32)):
+        metrics = run_mlm_evaluation("sst2", tiny_mlm, tasks_root=tmp_path, device="cpu",
+                                     settings=Settings(mlm_max_length=limit))
+        assert metrics["max_length"] == expected
 
 
 def test_text_without_or_with_two_masks_names_the_example(tiny_mlm, wordpiece_tokenizer):
