@@ -2,7 +2,7 @@
 
 * ``load_registry(path)`` -> ``{name: Task}``, every key checked (an error names the task and the key).
 * ``task_examples(name, folder, tokenizer=None, n_samples=None)`` -> the evaluated examples of one task: read with
-  its loader (local files only), templated, subsampled with seed 0 exactly as the original ``Task`` does, each a
+  its loader (local files only), templated, subsampled with seed 0 by the original ``Task``'s procedure, each a
   dict with ``id``, ``input`` and ``label`` (closed set) or ``answers`` (open set); LAMA adds ``bucket``
   (``metrics.ngram_bucket``, needs the tokenizer), ``relation``, ``is_uhn``, ``is_hard``; entity translation adds
   ``lang``. ``group`` holds the macro-average group (bucket or lang) where the task has one.
@@ -10,6 +10,12 @@
 Sampling (paper-map §5.2): ``sampling.n_samples`` -> ``metrics.sample_indices`` (the first n of a seed-0
 permutation; smaller sets are kept whole, reordered); ``sampling.per_group`` -> ``metrics.sample_by_group`` over
 ``group_by`` (LAMA bucket, translation language). ``n_samples=0`` keeps every example in file order.
+
+The procedure is the original's; the sample is not always its sample. A seed-0 permutation draws positions in the
+example list, so the sample depends on the list's order. The loaders read a task's files in sorted order; the
+original's LAMA and KAMEL loaders read their relation files in the order of an unsorted ``os.listdir``, which depends
+on its file system and is not recorded, so its LAMA / KAMEL samples cannot be recovered. How much another order moves
+a cell: docs/paper-map.md, "The paper routes compute as the original code" (``benchmarks/original_code.py``).
 
 Downloads (``npm.tasks.fetch``, docs/task-formats.md): a task's ``fetch`` steps say how its ``url`` files (or its
 ``hf_dataset``) become the contract files; ``download_checksums`` is the registry's ``checksums`` section (sha256 by
