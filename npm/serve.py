@@ -218,9 +218,9 @@ def _replug(cfg: dict, corpus: str):
         task = tasks[family]
         out = scorer.open_set(task, [{"input": given}])
         rec, ans = out["records"][0], out["answers"][0]
-        passages = [clean_passage(scorer.texts(b)) for b in rec["passages"]]
+        passages = [clean_passage(scorer.passage(b)) for b in rec["passages"]]  # as the scorer prepended them
         weights = rec.get("passage_weights", [])
-        prompt = open_set_prompt(task.name, given)
+        prompt = open_set_prompt(task.name, given, kamel_prompt=settings.kamel_prompt)
         if settings.replug_ensemble == "vote":
             score, score_name = rec["votes"].get(ans), "vote"
         else:
