@@ -107,6 +107,22 @@ def build_tiny_corpus(folder: str | Path, model: str, lines: list[str]) -> dict[
 
 
 @pytest.fixture(scope="session")
+def embedded_test_run(tmp_path_factory) -> Path:
+    """A finished run of the workflow's default target on .test/config (as `snakemake --directory .test` runs it: the
+    folder's config/config.yaml merged over the embedded default), once per session: about 15-25 minutes on 2 CPU
+    cores. tests/test_workflow.py checks its outputs; tests/test_docs_commands.py runs the docs' Python snippets in it.
+    Read it, never write to it."""
+    import shutil
+
+    from tests.workflow_api import ROOT, run_workflow
+
+    folder = tmp_path_factory.mktemp("embedded_test_run")
+    shutil.copytree(ROOT / ".test" / "config", folder / "config")
+    run_workflow(folder, targets=["all"], configfile=False)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def wordpiece_tokenizer():
     from npm.model import load_tokenizer
 

@@ -2,7 +2,6 @@
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -82,15 +81,15 @@ def test_paper_config_does_not_inherit_embedded_sources(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_target_runs_end_to_end_on_the_embedded_default(tmp_path):
+def test_default_target_runs_end_to_end_on_the_embedded_default(embedded_test_run):
     """Data stages, a few pretraining steps of the three models, datastores, FAISS and BM25 indexes, every
     evaluation and baseline on 3 examples per task, the corpus-size ablation on two points, REPLUG's bits per byte
     on two short texts with a two-step LSR retriever, DensePhrases with one epoch of each training, tables and
     figures."""
     # .test/config/config.yaml, as `snakemake --directory .test` reads it: the working directory's config/config.yaml
-    # merged over the embedded default by the Snakefile itself (no --configfile).
-    shutil.copytree(ROOT / ".test" / "config", tmp_path / "config")
-    run_workflow(tmp_path, targets=["all"], configfile=False)
+    # merged over the embedded default by the Snakefile itself (no --configfile); the run is tests/conftest.py's, shared
+    # with tests/test_docs_commands.py.
+    tmp_path = embedded_test_run
     for corpus, shards in [("enwiki", 2), ("enwiki_excerpt", 1), ("cc_news", 1)]:
         for shard in range(shards):
             for mode in ("span", "uniform"):
