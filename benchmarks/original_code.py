@@ -218,7 +218,7 @@ def measure_sample_order(root: Path, cells: list[dict], orders: int) -> list[dic
     """The spread of LAMA / KAMEL scores over random orders of their relation files."""
     rows = []
     for c in cells:
-        if c["task"] not in SAMPLE_ORDER_TASKS or c["run"] not in ("npm", "bm25_lm"):
+        if c["task"] not in SAMPLE_ORDER_TASKS or c["run"] != "npm":
             continue
         task = resolve_task(c["task"])
         tokenizer = load_tokenizer(str(root / c["tokenizer"]) if (root / c["tokenizer"]).exists() else c["tokenizer"])
@@ -227,7 +227,7 @@ def measure_sample_order(root: Path, cells: list[dict], orders: int) -> list[dic
         whole = run([dict(c, n_samples=0)], root, c["settings"])[c["task"]][1]
         full = {r["id"]: float(r["correct"]) for r in whole}
         relations = list(dict.fromkeys(ex["relation"] for ex in everything))
-        n = c["n_samples"]
+        n = c["n_samples"] or task.n_samples
         scores = []
         rng = np.random.default_rng(0)
         for _ in range(orders):

@@ -368,7 +368,7 @@ def _make_index(factory: str, dim: int, metric: str):
         if ivf is None or not isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexFlat):
             raise ValueError(f"FAISS metric 'code' (the original's inner-product coarse quantizer with L2 codes) needs "
                              f"an IVF factory with a flat quantizer such as 'IVF4096,PQ64', got {factory!r}; use "
-                             "metric 'ip' for other indexes")
+                             "metric 'ip' (config datastore.faiss_metric: ip) for other indexes")
         quantizer = faiss.IndexFlatIP(ivf.d)
         quantizer.this.disown()  # the IVF index owns and frees it
         ivf.quantizer = quantizer
