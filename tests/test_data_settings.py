@@ -66,7 +66,9 @@ def test_each_option_belongs_to_a_command_and_parses_to_its_default():
     assert {f.name for f in options(DataSettings, "tokenize-blocks")} == {"max_seq_length"}
     assert {f.name for f in options(DatastoreSettings, "embed --step shard")} == {"batch_blocks"}
     assert {f.name for f in options(DatastoreSettings, "build-faiss-index")} == {
-        "faiss_factory", "faiss_train_sample", "nprobe", "ef_search"}
+        "faiss_factory", "faiss_metric", "faiss_train_sample", "nprobe", "ef_search"}
+    assert {f.name for f in options(DatastoreSettings, "embed --step plan")} == {
+        "shards", "drop_stopwords", "stopwords", "precision"}
 
 
 def test_the_defaults_of_the_datastore_modules_are_the_settings():
