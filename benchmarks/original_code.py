@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 import time
@@ -288,10 +289,17 @@ def main(argv=None) -> int:
     parser.add_argument("--factory", default="IVF4096,PQ64", help="the IVF-PQ index of faiss_metric")
     parser.add_argument("--precision-corpora", nargs="*", default=["translation_passages"],
                         help="small corpora whose NPM datastore is embedded again in fp16 (precision)")
+    parser.add_argument("--tasks", nargs="*", default=None, help="only these tasks' cells (default: all)")
+    parser.add_argument("--only", nargs="*", default=None, help="only these switches (default: all but --skip)")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks/original_code.json"))
     args = parser.parse_args(argv)
     root = args.root.resolve()
-    cells = [c for c in demo_cells(root) if "@" not in c["run"] or c["task"].startswith("templama")]
+    args.out = args.out.resolve()
+    os.chdir(root)  # the datastores name their blocks files relative to the workflow's working directory
+    cells = [c for c in demo_cells(root) if ("@" not in c["run"] or c["task"].startswith("templama"))
+             and (args.tasks is None or c["task"] in args.tasks)]
+    if args.only is not None:
+        args.skip = [name for name in [*SWITCHES, "faiss_metric", "precision", "sample_order"] if name not in args.only]
     bands = read_yaml(args.expected)["cells"]
     t0 = time.perf_counter()
     result = {"root": str(root), "switches": measure_switches(root, cells, bands, set(SWITCHES) - set(args.skip))}
