@@ -366,3 +366,18 @@ def test_report_caption_renders_as_snakemake_does(what):
                          settings_overrides={"halt_level": 2, "report_level": 5})["body"]
     assert "Table" in html or "Figure" in html
     assert "{{" not in html
+
+
+def test_the_footer_names_the_paper_vs_code_settings_the_metrics_were_computed_with(tmp_path):
+    """Each table's footer says how its metrics were computed where the paper and the original code differ (the
+    settings each metrics file records), a value that differs between files listed with its count."""
+    code = {"tau_twice": True, "span_score": "code", "passages": 3, "mlm_max_length": 256}
+    paths = [write_metrics(tmp_path, "agn", "npm", 70.0, provenance={"config": {"settings": code}},
+                           embedding_precision="fp32", faiss_metric="code"),
+             write_metrics(tmp_path, "agn", "mlm", 60.0, corpus=None,
+                           provenance={"config": {"settings": dict(code, mlm_max_length=None)}})]
+    notes = tables.table1(paths).notes
+    line = next(n for n in notes if n.startswith("Paper-vs-code settings"))
+    assert "tau_twice true, span_score code, passages 3" in line
+    assert "mlm_max_length null (1 files) / 256 (1 files)" in line  # files in path order: mlm, npm
+    assert "embedding_precision fp32, faiss_metric code" in line

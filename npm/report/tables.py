@@ -266,8 +266,12 @@ def settings_note(scores) -> str | None:
                 values[key][json.dumps(rec[key])] += 1
     if not values:
         return None
-    parts = [f"{key} {next(iter(found))}" if len(found) == 1
-             else f"{key} " + " / ".join(f"{v} ({n} files)" for v, n in found.items())
+    def plain_value(text: str) -> str:
+        value = json.loads(text)
+        return value if isinstance(value, str) else text  # a string unquoted; true / false / null / numbers as JSON
+
+    parts = [f"{key} {plain_value(next(iter(found)))}" if len(found) == 1
+             else f"{key} " + " / ".join(f"{plain_value(v)} ({n} files)" for v, n in found.items())
              for key, found in values.items()]
     return ("Paper-vs-code settings of these metrics (config inference / datastore; docs/paper-map.md): "
             + ", ".join(parts) + ".")
