@@ -57,8 +57,8 @@ SWITCHES = {
     "translation_cut": ("decoders", {"npm", "npm_faiss", "npm_single", "densephrases"}, {"entity_translation"}),
     "mlm_max_length": (256, {"mlm"}, "closed"),
     "kamel_prompt": ("code", {"lm", "bm25_lm"}, {"kamel"}),
-    "passages": (5, {"bm25_lm"}, "table8"),
-    "passage_text": ("contents", {"bm25_lm"}, "table8"),
+    "passages": (5, {"bm25_lm"}, "open"),
+    "passage_text": ("contents", {"bm25_lm"}, "open"),
 }
 TABLE8 = {"lama_trex", "lama_google_re", "kamel", "nq", "triviaqa"}
 SAMPLE_ORDER_TASKS = ("lama_trex", "lama_google_re", "kamel")
