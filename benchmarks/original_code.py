@@ -291,6 +291,8 @@ def main(argv=None) -> int:
                         help="small corpora whose NPM datastore is embedded again in fp16 (precision)")
     parser.add_argument("--tasks", nargs="*", default=None, help="only these tasks' cells (default: all)")
     parser.add_argument("--only", nargs="*", default=None, help="only these switches (default: all but --skip)")
+    parser.add_argument("--n-samples", type=int, default=None, help="examples per task instead of the demo's (a "
+                        "smaller sample for the slow decoder runs; the bands then do not apply)")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks/original_code.json"))
     args = parser.parse_args(argv)
     root = args.root.resolve()
@@ -298,6 +300,8 @@ def main(argv=None) -> int:
     os.chdir(root)  # the datastores name their blocks files relative to the workflow's working directory
     cells = [c for c in demo_cells(root) if ("@" not in c["run"] or c["task"].startswith("templama"))
              and (args.tasks is None or c["task"] in args.tasks)]
+    if args.n_samples:
+        cells = [dict(c, n_samples=args.n_samples) for c in cells]
     if args.only is not None:
         args.skip = [name for name in [*SWITCHES, "faiss_metric", "precision", "sample_order"] if name not in args.only]
     bands = read_yaml(args.expected)["cells"]
