@@ -501,3 +501,20 @@ def test_markers_setting_is_in_the_record_and_a_reader_refuses_the_other(tmp_pat
     # --markers needs the tokenizer that finds each unit's begin/end token
     assert cli.main(["build-bm25-index", "--blocks", str(path), "--out", str(tmp_path / "none")]) != 0
     assert not (tmp_path / "none").exists()
+
+
+def test_contents_passages_of_wordpiece_blocks_with_unknown_tokens(tmp_path, wordpiece_tokenizer):
+    """Fault (found by benchmarks/original_code.py on the demo): a WordPiece unit holding [UNK], a special token, made
+    the unit markers unreadable. The markers are the file's first and last tokens; [UNK] stays inside its unit."""
+    from npm.baselines.decoder import BlockTexts
+    from npm.data.blocks import load_blocks, tokenize_documents
+    from npm.datastore.bm25 import unit_markers
+    from npm.io import save_npz
+
+    docs = [{"id": "0", "units": ["A snowman \u2603 stands here.", "It melts in spring."]}]
+    save_npz(tmp_path / "b.npz", **tokenize_documents(docs, wordpiece_tokenizer, max_seq_length=64))
+    texts = BlockTexts([tmp_path / "b.npz"], contents=True)
+    assert unit_markers(load_blocks(tmp_path / "b.npz", text=True)) == (wordpiece_tokenizer.cls_token_id,
+                                                                       wordpiece_tokenizer.sep_token_id)
+    assert texts(0) == "A snowman \u2603 stands here.\nIt melts in spring."
+    assert texts.contents(0) == "A snowman \u2603 stands here.It melts in spring."

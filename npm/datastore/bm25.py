@@ -101,14 +101,13 @@ def marker_ids(tokenizer) -> tuple[int, int]:
 
 def unit_markers(blocks: dict[str, np.ndarray]) -> tuple[int, int]:
     """(begin id, end id) of the special tokens that wrap the units of a blocks file, read from the file itself: a
-    file starts with a unit's begin token, and its special tokens are these two (``npm.data.blocks``)."""
+    file starts with its first unit's begin token and ends with its last unit's end token (``npm.data.blocks``;
+    other special tokens, such as WordPiece's [UNK], may occur inside units)."""
     ids, flags = blocks["input_ids"], blocks["flags"]
-    special = np.unique(ids[(flags & SPECIAL) != 0])
-    if len(ids) == 0 or not flags[0] & SPECIAL or len(special) != 2:
-        raise ValueError(f"the blocks do not wrap their units in two special tokens (found ids {special.tolist()}): "
-                         "their units cannot be marked")
-    begin = int(ids[0])
-    return begin, int(special[special != begin][0])
+    if len(ids) == 0 or not (flags[0] & SPECIAL and flags[-1] & SPECIAL) or ids[0] == ids[-1]:
+        raise ValueError("the blocks do not start and end with a unit's two special tokens: their units cannot be "
+                         "marked")
+    return int(ids[0]), int(ids[-1])
 
 
 def block_slice(blocks: dict[str, np.ndarray], b: int) -> dict[str, np.ndarray]:
