@@ -382,8 +382,9 @@ def render(columns: list[Column], question: str = "", results: list[dict] | None
 
 
 def make_server(columns: list[Column], host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """The HTTP server of the page over loaded ``columns`` (not started: call ``serve_forever``). A bad question is a
-    message in the page (status 400) and the server goes on; questions are answered one at a time."""
+    """The HTTP server of the page over ``columns`` (bound, not started: call ``serve_forever`` once they are loaded).
+    A bad question is a message in the page (status 400) and the server goes on; questions are answered one at a time.
+    Only ``/`` is a page: no file is ever served."""
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -422,19 +423,21 @@ def make_server(columns: list[Column], host: str = "127.0.0.1", port: int = 8000
 
 def serve(config: str = "config/config.yaml", corpus: str = "enwiki", host: str = "127.0.0.1", port: int = 8000,
           top: int = 3) -> None:
-    """Load every system (progress in the terminal), then serve the page until Ctrl-C."""
+    """Bind ``host:port`` (a port in use is said at once, before minutes of loading), load every system (progress in
+    the terminal), then serve the page until Ctrl-C."""
     t0 = time.perf_counter()
-    columns = load_columns(config, corpus, top)
+    columns: list[Column] = []  # the page's, filled once loaded: nothing is answered before serve_forever
     try:
         server = make_server(columns, host, port)
     except OSError as e:  # the port is taken, or the host is not an address of this machine
         raise ValueError(f"cannot serve on {host}:{port}: {e.strerror or e}; pass another --port (0 = any free one) "
                          "or --host") from None
-    ready = sum(c.answer is not None for c in columns)
-    url = f"http://{host}:{server.server_address[1]}/"
-    print(f"npm-repro serve: {ready} of {len(columns)} systems ready in {time.perf_counter() - t0:.0f} s; serving "
-          f"{url} (Ctrl-C stops it)", flush=True)
     try:
+        columns.extend(load_columns(config, corpus, top))
+        ready = sum(c.answer is not None for c in columns)
+        url = f"http://{host}:{server.server_address[1]}/"
+        print(f"npm-repro serve: {ready} of {len(columns)} systems ready in {time.perf_counter() - t0:.0f} s; serving "
+              f"{url} (Ctrl-C stops it)", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

@@ -11,8 +11,10 @@ repository (or of ``NPM_DEMO_ROOT``) and is skipped when its outputs are absent.
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -321,3 +323,34 @@ def test_the_demo_answers_the_readme_question_in_the_browser(browser, tmp_path):
             assert col["marks"] or (name == "replug" and not occurs), (name, col)
     finally:
         stop(proc)
+
+
+def test_a_port_in_use_is_one_line_at_once_before_anything_is_loaded(tmp_path):
+    """Fault: the port was tried only after every system had loaded (~100 s on the demo)."""
+    shutil.copytree(Path(__file__).resolve().parents[1] / "config", tmp_path / "config")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "npm.cli", "serve", "--port", str(port), "--threads", "1"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1 and "Traceback" not in run.stderr and "loading" not in run.stderr, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0], run.stderr
+
+
+@pytest.mark.parametrize("path", ["/..%2F..%2Fetc%2Fpasswd", "/../../etc/passwd", "/%2E%2E/%2E%2E/etc/passwd",
+                                  "/config/config.yaml", "/static/../../etc/passwd"])
+def test_the_page_serves_no_file(path):
+    """The page serves no static file at all: every path but / is the page's 404 message."""
+    server = make_server([], port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        conn.request("GET", path)
+        r = conn.getresponse()
+        body = r.read().decode("utf-8")
+        assert r.status == 404 and "root:" not in body and "sources:" not in body
+    finally:
+        server.shutdown()
+        server.server_close()
