@@ -2,10 +2,18 @@
 
 import hashlib
 import json
+import os
+import urllib.request
 
 import pytest
 
 from npm.data.download import download
+
+
+def version(url: str) -> str:
+    """The validator (ETag) the mirror sends for ``url`` now: what a download records beside its part file."""
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD")) as r:
+        return r.headers["ETag"]
 
 
 def test_download_resumes_a_partial_file(server, tmp_path):
@@ -14,11 +22,29 @@ def test_download_resumes_a_partial_file(server, tmp_path):
     (root / "dump.bin").write_bytes(payload)
     out = tmp_path / "dump.bin"
     out.with_name("dump.bin.part").write_bytes(payload[:1000])  # an interrupted earlier run of the same URL
-    out.with_name("dump.bin.part.json").write_text(json.dumps({"url": f"{base}/dump.bin"}))
+    out.with_name("dump.bin.part.json").write_text(json.dumps({"url": f"{base}/dump.bin",
+                                                               "validator": version(f"{base}/dump.bin")}))
     info = download(f"{base}/dump.bin", out, sha256=hashlib.sha256(payload).hexdigest())
     assert out.read_bytes() == payload
     assert info["bytes"] == len(payload)
     assert not out.with_name("dump.bin.part").exists()
+
+
+def test_an_old_part_resumed_against_a_newer_file_on_the_mirror_gives_the_new_file(server, tmp_path):
+    """Fault (issue 41): the old part's first bytes and the new file's rest were installed as one file."""
+    root, base = server
+    old, new = bytes(range(256)) * 4000, bytes(reversed(range(256))) * 4000  # the same size
+    served = root / "dump.bin"
+    served.write_bytes(old)
+    out = tmp_path / "dump.bin"
+    out.with_name("dump.bin.part").write_bytes(old[:300_000])  # an earlier run, cut short
+    out.with_name("dump.bin.part.json").write_text(json.dumps({"url": f"{base}/dump.bin",
+                                                               "validator": version(f"{base}/dump.bin")}))
+    served.write_bytes(new)  # the file changes on the server before the resume
+    st = served.stat()
+    os.utime(served, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    download(f"{base}/dump.bin", out)
+    assert out.read_bytes() == new
 
 
 def test_checksum_mismatch_is_an_error_and_leaves_no_file(server, tmp_path):
