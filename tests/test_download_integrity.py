@@ -326,3 +326,11 @@ def test_a_206_with_more_bytes_than_announced_is_refused_at_once(faulty, tmp_pat
     assert not out.exists() and not out.with_name("data.csv.part").exists() and ranges == ["bytes=400000-"]
     download(url, out, backoff=0)  # the next run starts over, without a Range
     assert out.read_bytes() == payload and ranges == ["bytes=400000-", None]
+
+
+def test_a_cut_without_validators_says_a_run_again_starts_over(faulty, tmp_path):
+    payload = blob(MIB)
+    url, ranges = faulty([payload], cuts=[1000, 1000], validator="none")
+    with pytest.raises(ValueError) as e:
+        download(url, tmp_path / "data.csv", tries=2, backoff=0)
+    assert "names no version" in str(e.value) and "starts over" in str(e.value) and ranges == [None, None]

@@ -271,8 +271,10 @@ def download(url: str, out: str | os.PathLike, sha256: str | None = None, timeou
         if (have == part.size) if part.size is not None else body_complete:
             break
     else:
+        kept = (f"the part file {part.path} is kept: run again to resume it" if part.validator else
+                "the server names no version of the file (ETag or Last-Modified), so a run again starts over")
         raise ValueError(f"download of {source} was cut short {tries} times ({have} of {part.size or '?'} bytes): "
-                         f"{out} was not installed; the part file {part.path} is kept: run again to resume it")
+                         f"{out} was not installed; {kept}")
     expected, what = (sha256, "the configured sha256") if sha256 else _first_sha256(out, url)
     got_sha = sha256_of(part.path)
     if expected and got_sha != expected:
