@@ -159,7 +159,8 @@ def mismatch(path: Path, recorded: dict, now: str | None, advice: str = REBUILD)
     ``advice`` (``{command}``: the recorded command) says how to rebuild it."""
     state = "is missing" if now is None else (f"does not match the checksum recorded when it was built (sha256 "
                                               f"{recorded['sha256'][:12]}, now {now[:12]})")
-    return (f"{path} {state} by rule {recorded.get('rule')} / {recorded.get('command')}: "
+    copy = f" (recorded as {recorded['recorded_as']}: a copied or renamed file)" if "recorded_as" in recorded else ""
+    return (f"{path} {state} by rule {recorded.get('rule')} / {recorded.get('command')}{copy}: "
             f"{advice.format(command=recorded.get('command'))}")
 
 
@@ -192,7 +193,8 @@ def verify(root: str | os.PathLike, record: dict | None, names: Iterable[str] | 
 def own_record(path: str | os.PathLike, record: dict | None) -> dict | None:
     """The record of file ``path`` held by its sidecar (``X.sha256.json``, a FAISS index's ``X.json``): the entry
     under its name or, when the pair was copied or renamed (the sidecar names another file), the sidecar's only
-    entry, since a sidecar's digest is that of the file it sits beside. None without a record; a ChecksumMismatch
+    entry (its old name under ``recorded_as``, which the message gives), since a sidecar's digest is that of the file
+    it sits beside. None without a record; a ChecksumMismatch
     for a record of several other files, which cannot say which is this one."""
     path = Path(path)
     if not record:
@@ -200,7 +202,8 @@ def own_record(path: str | os.PathLike, record: dict | None) -> dict | None:
     if path.name in record:
         return {path.name: record[path.name]}
     if len(record) == 1:
-        return {path.name: next(iter(record.values()))}
+        ((name, recorded),) = record.items()
+        return {path.name: {**recorded, "recorded_as": name}}
     raise ChecksumMismatch(f"{path}: the checksum record beside it names {', '.join(sorted(record))}, not "
                            f"{path.name}; rebuild it with the rule that made it")
 
