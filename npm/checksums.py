@@ -213,7 +213,7 @@ def verify_sidecar(path: str | os.PathLike) -> None:
     sidecar is refused (ChecksumMismatch), never read as "no record"."""
     path, side = Path(path), sidecar_of(path)
     record = _read(side)
-    if record is None and side.exists():
+    if not record and side.exists():
         raise ChecksumMismatch(_unreadable(side))
     verify(path.parent, own_record(path, record))
 
@@ -223,14 +223,14 @@ def verify_folder(folder: str | os.PathLike, advice: str = REBUILD) -> None:
     refused); ``advice`` as ``mismatch``."""
     record_path = Path(folder) / FOLDER_RECORD
     record = _read(record_path)
-    if record is None and record_path.exists():
+    if not record and record_path.exists():
         raise ChecksumMismatch(_unreadable(record_path))
     verify(folder, record, advice=advice)
 
 
 def _unreadable(record_path: Path) -> str:
-    return (f"{record_path} is empty or not a checksum record (no JSON object with a {KEY!r} mapping); restore it "
-            "or rebuild what it records")
+    return (f"{record_path} is empty or not a checksum record (no JSON object with a non-empty {KEY!r} mapping); "
+            "restore it or rebuild what it records")
 
 
 # ------------------------------------------------------------------------------------------ npm-repro verify
@@ -293,7 +293,7 @@ def _file_states(path: Path, named: dict) -> list[Result]:
     """The states of file ``path`` (``verify_paths``): by its sidecar, by a record naming it, or what it is."""
     for side in (sidecar_of(path), path.with_name(path.name + ".json")):
         record = _read(side)
-        if record is None and side.name.endswith(SIDECAR_SUFFIX) and side.exists():
+        if not record and side.name.endswith(SIDECAR_SUFFIX) and side.exists():
             return [(path, "UNREADABLE RECORD", _unreadable(side))]
         if record:
             try:
