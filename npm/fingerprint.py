@@ -6,12 +6,13 @@ datastore it was built from, a BM25 index only with the blocks it indexes. A fin
 content (never of paths or modification times), so a rebuilt but identical input keeps its fingerprint.
 
 * ``file_fingerprint``: the bytes of one file.
-* ``model_fingerprint``: config.json and the weight files of a model (names and bytes). Hashing a 1.4 GB
+* ``model_fingerprint``: config.json and the weight files of a model (names and bytes), after the model's checksum
+  record is checked (``npm.model.model_path``: a damaged model is refused, not fingerprinted). Hashing a 1.4 GB
   checkpoint takes seconds and every shard job of a datastore needs it, so the value is cached in a small JSON file
-  (``MODEL_FINGERPRINT_CACHE`` inside the model folder when it is writable, else
-  ``$XDG_CACHE_HOME/npm-repro/fingerprints/``), keyed by each hashed file's name, size, mtime_ns, ctime_ns and
-  inode: a cached value is used only when every key matches exactly; any change to a file (or a copy of the folder)
-  hashes the bytes again. The cache changes how fast, never what, the fingerprint is.
+  in the user's cache folder (``npm.checksums.cache_folder``: ``$XDG_CACHE_HOME/npm-repro/fingerprints/``, never
+  inside the model folder, which may be read-only and shared), keyed by each hashed file's name, size, mtime_ns,
+  ctime_ns and inode: a cached value is used only when every key matches exactly; any change to a file (or a copy of
+  the folder) hashes the bytes again. The cache changes how fast, never what, the fingerprint is.
   The cache (``cached_digest``) lives in ``npm.checksums``, whose artefact checksums use it too.
 * ``tokenizer_fingerprint``: the vocabulary and tokenizer files of a model folder.
 * ``CorpusHasher`` / ``corpus_fingerprint``: the token ids, block lengths and token spans (each token's bytes in
@@ -36,7 +37,7 @@ from npm.checksums import (  # noqa: F401 - file_fingerprint and the cache's nam
     file_fingerprint,
 )
 from npm.data.blocks import load_blocks
-from npm.io import resolve_package_path
+from npm.model import model_path
 
 CHUNK_TOKENS = 1 << 24
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
@@ -54,8 +55,9 @@ def _hash_files(files: Sequence[Path]) -> str:
 
 
 def model_folder(name: str) -> Path:
-    """The local folder of a model name (a folder, ``pypi:PACKAGE/SUBDIR``, or a hub id already in the cache)."""
-    path = Path(resolve_package_path(name))
+    """The local folder of a model name (a folder, ``pypi:PACKAGE/SUBDIR``, or a hub id already in the cache), checked
+    against its checksum record when it has one (``npm.model.model_path``)."""
+    path = Path(model_path(name))
     if path.is_dir():
         return path
     try:

@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 
+import npm.checksums as checksums
 from npm.io import resolve_package_path
 
 log = logging.getLogger("npm-repro.model")
@@ -37,11 +38,24 @@ def locate_checkpoint(name: str, root: str | os.PathLike = ".") -> str | None:
                             f"folder {folder}")
 
 
+def model_path(name: str) -> str:
+    """What ``from_pretrained`` reads for model ``name`` (``resolve_package_path``: a folder, or a hub id), checked
+    first: a local folder with a checksum record (``sha256.json``: a trained model or checkpoint) must match it, else
+    a ChecksumMismatch naming the changed file and saying to rebuild the model (``npm.checksums.REBUILD_MODEL``).
+    The one check of every reader of a model: the loaders below (embed, evaluate, predict, serve, training and its
+    resume) and ``npm.fingerprint.model_folder`` (a datastore's model identity). Digests are cached
+    (``npm.checksums.cached_digest``), so an unchanged model is hashed once, not at every load."""
+    path = resolve_package_path(name)
+    if Path(path).is_dir():
+        checksums.verify_folder(path, advice=checksums.REBUILD_MODEL)
+    return path
+
+
 def load_tokenizer(name: str):
     """Load the fast tokenizer of ``name`` (offsets are needed for word boundaries) and check its mask token."""
     from transformers import AutoTokenizer
 
-    path = resolve_package_path(name)
+    path = model_path(name)
     local = Path(path).is_dir()
     tok = AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=local)
     if not tok.is_fast:
@@ -81,7 +95,7 @@ def load_encoder(name: str, attn_implementation: str | None = None):
     """
     from transformers import AutoModel
 
-    path = resolve_package_path(name)
+    path = model_path(name)
     kwargs = {"local_files_only": Path(path).is_dir(), **_attention(attn_implementation)}
     try:
         return AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
@@ -100,7 +114,7 @@ def load_masked_lm(name: str, allow_new_head: bool = False, attn_implementation:
     """
     from transformers import AutoModelForMaskedLM
 
-    path = resolve_package_path(name)
+    path = model_path(name)
     local = Path(path).is_dir()
     try:
         model, info = AutoModelForMaskedLM.from_pretrained(path, local_files_only=local, output_loading_info=True,

@@ -1,7 +1,8 @@
 """The model fingerprint's cache (docs/paper-map.md §9): the value of ``model_fingerprint`` is unchanged, the weights
-are hashed once per (name, size, mtime, ctime, inode) of every file, and a read-only model folder caches in the
-user's cache folder."""
+are hashed once per (name, size, mtime, ctime, inode) of every file, and the cache lives in the user's cache folder,
+never in the model folder (which may be read-only and shared)."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,8 +15,15 @@ from tests.conftest import save_tiny_bert
 
 
 @pytest.fixture
-def model(tmp_path):
+def model(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
     return save_tiny_bert(tmp_path / "model")
+
+
+def cache_of(folder):
+    """The cache file of ``folder``'s fingerprint in the user's cache folder (npm.checksums.cache_folder)."""
+    name = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()
+    return folder.parent / "user-cache" / "npm-repro" / "fingerprints" / f"{name}.json"
 
 
 @pytest.fixture
@@ -31,16 +39,15 @@ def uncached(name):
     return fp._hash_files(fp._weight_files(folder))
 
 
-def test_second_call_reads_the_cache_not_the_weights_and_the_value_is_unchanged(model, hashes, tmp_path,
-                                                                                 monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+def test_second_call_reads_the_cache_not_the_weights_and_the_value_is_unchanged(model, hashes, tmp_path):
     want = uncached(model)
     hashes.clear()
+    before = sorted((tmp_path / "model").iterdir())
     assert fp.model_fingerprint(model) == want and len(hashes) == 1
-    cache = json.loads((tmp_path / "model" / fp.MODEL_FINGERPRINT_CACHE).read_text())
+    cache = json.loads(cache_of(tmp_path / "model").read_text())
     assert cache["fingerprint"] == want and [f[0] for f in cache["files"]] == ["config.json", "model.safetensors"]
     assert fp.model_fingerprint(model) == want and len(hashes) == 1  # no second hash
-    assert not (tmp_path / "user-cache").exists()
+    assert sorted((tmp_path / "model").iterdir()) == before  # nothing written into the model folder
 
 
 def test_a_touched_file_is_hashed_again_and_a_changed_byte_changes_the_value(model, hashes, tmp_path):
@@ -59,7 +66,7 @@ def test_a_touched_file_is_hashed_again_and_a_changed_byte_changes_the_value(mod
 
 def test_a_cache_whose_key_differs_or_is_unreadable_is_not_trusted(model, hashes, tmp_path):
     want = fp.model_fingerprint(model)
-    cache = tmp_path / "model" / fp.MODEL_FINGERPRINT_CACHE
+    cache = cache_of(tmp_path / "model")
     record = json.loads(cache.read_text())
     for key in range(1, 5):  # size, mtime_ns, ctime_ns, inode of the weights
         bad = json.loads(json.dumps(record))
@@ -69,9 +76,9 @@ def test_a_cache_whose_key_differs_or_is_unreadable_is_not_trusted(model, hashes
         assert fp.model_fingerprint(model) == want
     cache.write_text("{not json")
     assert fp.model_fingerprint(model) == want
-    copy = shutil.copytree(tmp_path / "model", tmp_path / "copy")  # the cache file travels with a copied folder
+    copy = shutil.copytree(tmp_path / "model", tmp_path / "copy")  # a copied folder is hashed again
     assert fp.model_fingerprint(str(copy)) == want
-    assert json.loads((copy / fp.MODEL_FINGERPRINT_CACHE).read_text())["folder"] == str(copy.resolve())
+    assert json.loads(cache_of(copy).read_text())["folder"] == str(copy.resolve())
     assert len(hashes) == 1 + 4 + 1 + 1
 
 
@@ -86,8 +93,7 @@ def _make_read_only(folder):
     return lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
-def test_a_read_only_model_folder_caches_in_the_user_cache_folder(model, hashes, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+def test_a_read_only_model_folder_caches_in_the_user_cache_folder(model, hashes, tmp_path):
     folder = tmp_path / "model"
     undo = _make_read_only(folder)
     try:

@@ -137,13 +137,11 @@ def test_verification_hashes_a_file_once_and_again_when_it_changes(world, tmp_pa
 def test_verify_command_prints_one_line_per_file_and_exits_1_on_a_mismatch(world, tmp_path, capsys):
     ds = _copy(world["ds"], tmp_path / "ds")
     index = _copy(world["bm25"], tmp_path / "bm25")
-    plain = tmp_path / "plain.bin"
-    plain.write_bytes(b"no record")
-    assert main(["verify", str(ds), str(index), world["blocks"], world["faiss"], str(plain)]) == 0
+    assert main(["verify", str(ds), str(index), world["blocks"], world["faiss"]]) == 0
     out = capsys.readouterr().out.splitlines()
     assert f"ok  {ds / 'tokens.npz'}" in out and f"ok  {world['blocks']}" in out and f"ok  {world['faiss']}" in out
-    assert f"no checksum recorded  {plain}" in out
-    assert len([line for line in out if line.startswith("ok  ")]) == len(set(out)) - 1  # each file once
+    assert len(out) == len(set(out))  # each file once
+    assert {line.split("  ")[0] for line in out} == {"ok", "record", "lock"}
     shard = ds / "embeddings" / "shard0.f16"
     _flip(shard, 0)
     with pytest.raises(SystemExit) as e:
@@ -239,3 +237,162 @@ def test_blocks_longer_than_the_encoder_positions_are_refused_at_the_plan(world,
     with pytest.raises(ValueError, match=rf"^{blocks}: block 0 has {length} tokens, more than the 128 positions"):
         plan_datastore(world["model"], [blocks], tmp_path / "ds")
     assert not (tmp_path / "ds" / "plan.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ issue 41: records
+
+
+def _verify(capsys, *paths) -> tuple[int, list[str], str]:
+    """``npm-repro verify PATHS``: (exit status, stdout lines, stderr)."""
+    try:
+        code = main(["verify", *map(str, paths)])
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err
+
+
+def test_a_faiss_index_copied_under_another_name_is_checked_against_its_own_bytes(world, tmp_path, capsys):
+    """Fault: the index and its sidecar copied as other.faiss / other.faiss.json, the copy damaged. Before: the
+    sidecar's record names flat.faiss, so nothing was checked: the reader used the damaged bytes and `verify` said "no
+    checksum recorded", exit 0. Expected: the sidecar's digest applies to the file it sits beside."""
+    from npm.datastore.faiss_index import load_faiss_index
+
+    ds = load_datastore(world["ds"])
+    index = _copy(world["faiss"], tmp_path / "other.faiss")
+    _copy(world["faiss"] + ".json", tmp_path / "other.faiss.json")
+    load_faiss_index(index, datastore=ds)  # intact: fine
+    assert _verify(capsys, index)[:2] == (0, [f"ok  {index}"])
+    _flip(index, -40, 4)
+    with pytest.raises(ValueError, match="does not match the checksum") as e:
+        load_faiss_index(index, datastore=ds)
+    _one_line(str(e.value), index, "build_faiss_index", "build-faiss-index")
+    code, out, err = _verify(capsys, index)
+    assert code == 1 and out == [f"MISMATCH  {index}"] and "does not match the checksum" in err
+    code = main(["predict", "Sydney is in <mask>.", "--checkpoint", world["model"], "--datastore", world["ds"],
+                 "--faiss", str(index), "--mode", "faiss"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith(f"npm-repro predict: error: {index} does not match the checksum"), err
+
+
+def test_verify_exits_1_for_a_missing_path_and_a_missing_or_empty_record(world, tmp_path, capsys):
+    """Fault: `verify` of a path that does not exist, of a file without a record and of a blocks file whose sidecar
+    is 0 bytes. Before: exit 0 ("no checksum recorded"). Expected: one status line each and exit 1."""
+    missing, plain = tmp_path / "no-such-file.faiss", tmp_path / "plain.bin"
+    plain.write_bytes(b"no record")
+    blocks = _copy(world["blocks"], tmp_path / "blocks.npz")
+    (tmp_path / "blocks.npz.sha256.json").write_bytes(b"")
+    for path, state in ((missing, "NOT FOUND"), (plain, "NO RECORD"), (blocks, "UNREADABLE RECORD")):
+        code, out, err = _verify(capsys, path)
+        assert (code, out) == (1, [f"{state}  {path}"]), (code, out, err)
+        assert len(err.strip().splitlines()) == 1 and str(path) in err, err
+    with pytest.raises(ValueError, match=r"blocks\.npz\.sha256\.json is empty or not a checksum record"):
+        load_blocks(blocks)
+
+
+def test_verify_of_a_folder_lists_every_file_with_its_state(world, tmp_path, capsys):
+    """Fault: a file without a record inside a verified folder. Before: skipped (not listed), exit 0. Expected: every
+    file of the folder is listed once (records and the files they name: ok; others: NO RECORD) and exit 1."""
+    ds = _copy(world["ds"], tmp_path / "ds")
+    code, out, err = _verify(capsys, ds)
+    files = sorted(str(p) for p in ds.rglob("*") if p.is_file())
+    assert code == 0 and sorted(line.split("  ", 1)[1] for line in out) == files, (out, err)
+    extra = ds / "embeddings" / "notes.txt"
+    extra.write_text("added by hand")
+    code, out, err = _verify(capsys, ds)
+    assert code == 1 and f"NO RECORD  {extra}" in out and len(out) == len(files) + 1
+    assert "1 of" in err and str(extra) in err
+
+
+def _damaged_model(world, tmp_path) -> Path:
+    """A copy of the world's model with a checksum record (as `npm-repro train` writes one), one weight byte changed
+    afterwards (safetensors still loads it)."""
+    from npm import checksums
+
+    model = _copy(world["model"], tmp_path / "model")
+    checksums.write_folder_record(model, "pretrain", f"npm-repro train --out {model}")
+    _flip(model / "model.safetensors", -3)
+    return model
+
+
+def test_embedding_with_a_damaged_model_is_refused_naming_its_weights(world, tmp_path, capsys):
+    """Fault: model.safetensors changed after training (`verify` says MISMATCH). Before: `npm-repro embed` built a
+    whole datastore from it. Expected: one line naming the weights file and saying to rebuild the model."""
+    model = _damaged_model(world, tmp_path)
+    code = main(["embed", "--checkpoint", str(model), "--blocks", world["blocks"], "--out", str(tmp_path / "ds")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"npm-repro embed: error: {model / 'model.safetensors'} does not match the checksum")
+    assert "rebuild the model" in err[0] and not (tmp_path / "ds" / "plan.json").exists()
+
+
+def test_every_reader_of_a_damaged_model_refuses_it_and_says_to_rebuild_the_model(world, tmp_path):
+    """Fault: as above, read by predict (the datastore's fingerprint check), the encoder and masked-LM loaders
+    (evaluate, serve, training) and the fingerprint. Before: predict's error advised re-embedding the corpus.
+    Expected: each refuses with the checksum line that says to rebuild the model, not to re-embed."""
+    from npm.checksums import ChecksumMismatch
+    from npm.fingerprint import model_fingerprint
+    from npm.inference.predictor import Predictor
+    from npm.model import load_encoder, load_masked_lm, load_tokenizer
+
+    model = str(_damaged_model(world, tmp_path))
+    readers = (lambda: Predictor(model, world["ds"], bm25=world["bm25"]), lambda: load_encoder(model),
+               lambda: load_masked_lm(model, allow_new_head=True), lambda: load_tokenizer(model),
+               lambda: model_fingerprint(model), lambda: load_datastore(world["ds"], expected_model=model))
+    for read in readers:
+        with pytest.raises(ChecksumMismatch) as e:
+            read()
+        assert str(e.value).startswith(f"{model}/model.safetensors does not match"), str(e.value)
+        assert "rebuild the model" in str(e.value) and "re-embed" not in str(e.value)
+
+
+def _files(*folders) -> set[str]:
+    return {str(p) for folder in folders for p in Path(folder).rglob("*")}
+
+
+def test_predicting_writes_nothing_into_the_model_datastore_or_index(world, tmp_path, monkeypatch):
+    """Fault: `predict` only reads the model, datastore and index, yet wrote `.npm-fingerprint.cache` files into their
+    folders. Expected: caches go to the user's cache folder ($XDG_CACHE_HOME/npm-repro), nothing into what is read."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    model, ds = _copy(world["model"], tmp_path / "model"), _copy(world["ds"], tmp_path / "ds")
+    (tmp_path / "index").mkdir()
+    index = _copy(world["faiss"], tmp_path / "index" / "flat.faiss")
+    _copy(world["faiss"] + ".json", tmp_path / "index" / "flat.faiss.json")
+    from npm import checksums
+
+    checksums.write_folder_record(model, "pretrain", f"npm-repro train --out {model}")
+    before = _files(model, ds, index.parent)
+    assert main(["predict", "Sydney is in <mask>.", "--checkpoint", str(model), "--datastore", str(ds),
+                 "--faiss", str(index), "--mode", "faiss"]) == 0
+    assert _files(model, ds, index.parent) == before
+    assert (tmp_path / "user-cache" / "npm-repro").is_dir()
+
+
+def test_predicting_from_a_read_only_model_datastore_and_index_works(world, tmp_path):
+    """Fault: a shared model / datastore folder mounted read-only on a cluster. Expected: predict answers (its caches
+    go to the user's cache folder). A read-only bind mount in a private mount namespace (root ignores chmod)."""
+    import os
+    import subprocess
+    import sys
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    model, ds = _copy(world["model"], shared / "model"), _copy(world["ds"], shared / "ds")
+    index = _copy(world["faiss"], shared / "flat.faiss")
+    _copy(world["faiss"] + ".json", shared / "flat.faiss.json")
+    from npm import checksums
+
+    checksums.write_folder_record(model, "pretrain", f"npm-repro train --out {model}")
+    before = _files(shared)
+    predict = [str(Path(sys.executable).parent / "npm-repro"), "predict", "Sydney is in <mask>.", "--checkpoint",
+               str(model), "--datastore", str(ds), "--faiss", str(index), "--mode", "faiss"]
+    script = ('mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit 99; '
+              'touch "$1/.probe" 2>/dev/null && exit 98; shift; exec "$@"')  # 98: the mount is not read-only
+    unshare = ["unshare", "--user", "--map-root-user", "--mount"] if os.geteuid() else ["unshare", "--mount"]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache"), "WANDB_MODE": "disabled"}
+    out = subprocess.run([*unshare, "sh", "-c", script, "sh", str(shared), *predict], capture_output=True, text=True,
+                         env=env)
+    if out.returncode == 99 or (out.returncode and "unshare" in out.stderr):
+        pytest.skip(f"no read-only bind mount here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Sydney is in <mask>." in out.stdout and _files(shared) == before

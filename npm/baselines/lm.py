@@ -28,6 +28,7 @@ import numpy as np
 # torch and transformers are imported inside the functions that run a model: the prompt helpers of this module serve
 # torch-free paths too (npm.densephrases.questions for the DensePhrases data and evaluation commands).
 from npm.io import resolve_package_path
+from npm.model import model_path
 from npm.settings import Settings
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
@@ -141,7 +142,7 @@ def resolve_causal_lm(name: str) -> tuple[str, str | None]:
         if not path.is_file():
             raise FileNotFoundError(f"model {name!r}: no GGUF file at {path}")
         return str(path.parent), path.name
-    return resolve_package_path(name), None
+    return model_path(name), None  # a local folder is checked against its checksum record
 
 
 def load_causal_lm(name: str, dtype=None):

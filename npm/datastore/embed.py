@@ -350,7 +350,8 @@ class _Encoder:
 
         if model_fingerprint(plan["model"]) != plan["model_fingerprint"]:
             raise ValueError(f"model {plan['model']!r} has changed since the datastore was planned (fingerprint "
-                             f"{plan['model_fingerprint'][:12]}); plan it again (npm-repro embed --step plan)")
+                             f"{plan['model_fingerprint'][:12]}); plan it again (npm-repro embed --step plan), or, if "
+                             "the model changed by accident, rebuild the model (retrain it or download it again)")
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = load_encoder(plan["model"]).to(self.device).eval()
         if int(self.model.config.hidden_size) != plan["hidden_size"]:

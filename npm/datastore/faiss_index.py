@@ -722,7 +722,7 @@ def load_faiss_index(path: str | os.PathLike, nprobe: int | None = None, ef_sear
     if datastore is not None:
         meta = datastore if isinstance(datastore, dict) else datastore.meta
         _check_datastore(path, index, sidecar, datastore_record(datastore, corpus=not meta.get("plan")))
-    checksums.verify(path.parent, (sidecar or {}).get("checksums"), [path.name])
+    checksums.verify(path.parent, checksums.own_record(path, (sidecar or {}).get("checksums")))  # also a copy's
     params = {}
     side = sidecar_path(path)
     if sidecar is not None:

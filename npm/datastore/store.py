@@ -467,7 +467,8 @@ def load_datastore(path: str | Path, expected_model: str | None = None, verify: 
         if want != meta["model_fingerprint"]:
             raise ValueError(f"datastore {root} was built with model {meta['model']!r} (fingerprint "
                              f"{meta['model_fingerprint'][:12]}), not with {expected_model!r} (fingerprint "
-                             f"{want[:12]}); re-embed the corpus with this model")
+                             f"{want[:12]}); re-embed the corpus with this model, or, if the model changed by "
+                             "accident, rebuild the model (retrain it or download it again)")
     if meta["dtype"] != "float16":
         raise ValueError(f"{root}/{META}: vectors of dtype {meta['dtype']!r}; this code reads float16")
     h = int(meta["hidden_size"])

@@ -48,8 +48,8 @@ from npm.densephrases.losses import (
 from npm.densephrases.model import DensePhrases
 from npm.densephrases.rc import read_squad
 from npm.fingerprint import file_fingerprint, model_fingerprint
-from npm.io import atomic_dir, folder_lock, resolve_package_path, write_json
-from npm.model import autocast, effective_precision, load_tokenizer, torch_device
+from npm.io import atomic_dir, folder_lock, write_json
+from npm.model import autocast, effective_precision, load_tokenizer, model_path, torch_device
 
 log = logging.getLogger("npm-repro.densephrases")
 NEGATIVES = ("none", "in_batch", "pre_batch")
@@ -207,7 +207,7 @@ def _width(mask: np.ndarray, rows) -> int:
 def load_teacher(path: str):
     from transformers import AutoModelForQuestionAnswering
 
-    resolved = resolve_package_path(path)
+    resolved = model_path(path)  # checked against its checksum record
     return AutoModelForQuestionAnswering.from_pretrained(resolved, local_files_only=Path(resolved).is_dir())
 
 
