@@ -1,0 +1,55 @@
+"""Issue 41, faults of the set-up a job starts from: the command line and config of the workflow, a `pypi:` source
+path, the web page's config, a released corpus's arrays, a full disk under a checkpoint. Each is one line naming the
+file and the cause, before any work (the other fault lists: tests/test_faults*.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.workflow_api import ROOT
+
+BIN = Path(sys.executable).parent
+
+
+# ------------------------------------------------------------------------------------------- snakemake's command line
+
+def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """A dry run of this checkout's workflow in ``cwd`` (Snakemake finds profiles/default beside the Snakefile)."""
+    return subprocess.run([str(BIN / "snakemake"), "-n", "-s", str(ROOT / "Snakefile"), *args], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, "WANDB_MODE": "disabled"})
+
+
+def one_error(out: subprocess.CompletedProcess) -> str:
+    """The run's only error line (asserting exit 1, no traceback)."""
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stdout + out.stderr and "WorkflowError" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, out.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("target,content", [("results/tables/table1.csv", "system,score\nnpm,81.2\n"),
+                                            ("results/check/paper.txt", "all 12 cells within tolerance\n"),
+                                            ("results/empty.txt", "")])
+def test_an_existing_target_after_configfile_is_one_line(tmp_path, target, content):
+    """Fault: `snakemake -n --configfile config/config.yaml results/tables/table1.csv` in a finished run: the target
+    exists, so Snakemake read it as a second config file and said only "Config file must be given as JSON or YAML
+    with keys at top level". Expected: one line naming the word read as a config file and the order that works."""
+    (tmp_path / target).parent.mkdir(parents=True)
+    (tmp_path / target).write_text(content, encoding="utf-8")
+    line = one_error(snakemake(tmp_path, "--configfile", str(ROOT / "config/config.yaml"), target))
+    assert line.startswith(f"npm-repro: error: snakemake read {target} as a config file"), line
+    assert "is not one" in line and "snakemake [options] TARGET... --configfile FILE" in line
+
+
+def test_a_missing_config_file_is_one_line_naming_it(tmp_path):
+    """Fault: `snakemake -n --configfile config/paprer.yaml` (a typo). Expected: one line saying that config file does
+    not exist (not advice about targets, not a FileNotFoundError traceback)."""
+    line = one_error(snakemake(tmp_path, "--configfile", "config/paprer.yaml"))
+    assert line == ("npm-repro: error: config file config/paprer.yaml (--configfile) does not exist; check its "
+                    "path"), line
