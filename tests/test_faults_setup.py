@@ -53,3 +53,34 @@ def test_a_missing_config_file_is_one_line_naming_it(tmp_path):
     line = one_error(snakemake(tmp_path, "--configfile", "config/paprer.yaml"))
     assert line == ("npm-repro: error: config file config/paprer.yaml (--configfile) does not exist; check its "
                     "path"), line
+
+
+# ------------------------------------------------------------------------------------------- a `pypi:` source path
+
+@pytest.mark.parametrize("path,cause", [
+    ("pypi:gensim/test/test_data/no_such_file.bz2", "does not exist inside the installed package 'gensim'"),
+    ("pypi:no_such_package_41/data.bz2", "the PyPI package 'no_such_package_41' is not installed")])
+def test_a_pypi_source_path_that_does_not_exist_is_a_config_error_at_start_up(tmp_path, path, cause):
+    """Fault: a typo in a `pypi:` source path (`sources.X.path: pypi:gensim/test/test_data/no_such_file.bz2`) of a
+    source no target reads planned nothing and exited 0 (one a target reads failed in a job's input function).
+    Expected: a config error before the DAG is built, naming the key, the package and the path."""
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(f"sources:\n  typo:\n    format: mediawiki\n    path: {path}\n", encoding="utf-8")
+    out = snakemake(tmp_path, "--cores", "1", "--configfile", str(ROOT / "config/config.yaml"), str(overlay))
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    text = out.stdout + out.stderr
+    assert f"config error: sources.typo.path: {path!r}: " in text and cause in text, text[-2000:]
+    assert "Building DAG of jobs" not in text
+
+
+def test_a_pypi_source_path_that_does_not_exist_is_one_line_from_the_cli(tmp_path, capsys):
+    """The same typo given to the job's command (`npm-repro extract-documents --source pypi:...`): one line naming
+    the package and the path inside it, before anything is written."""
+    from npm.cli import main
+
+    path = "pypi:gensim/test/test_data/no_such_file.bz2"
+    assert main(["extract-documents", "--format", "mediawiki", "--source", path,
+                 "--out", str(tmp_path / "docs.jsonl.gz")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"npm-repro extract-documents: error: {path!r}: ") and "installed package 'gensim'" in err
+    assert len(err.splitlines()) == 1 and not list(tmp_path.iterdir())
