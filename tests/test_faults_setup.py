@@ -5,6 +5,7 @@ file and the cause, before any work (the other fault lists: tests/test_faults*.p
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,24 @@ def test_a_pypi_source_path_that_does_not_exist_is_one_line_from_the_cli(tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"npm-repro extract-documents: error: {path!r}: ") and "installed package 'gensim'" in err
     assert len(err.splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------- the web page's config
+
+def test_a_yaml_error_in_the_served_config_names_file_line_and_column(tmp_path, capsys):
+    """Fault: `npm-repro serve` with a YAML syntax error in config/config.yaml ended in a yaml ParserError traceback
+    naming "<unicode string>". Expected: one line FILE:LINE:COL (npm.io.read_yaml, as the workflow reports it)."""
+    from npm.cli import main
+
+    config = tmp_path / "config.yaml"
+    lines = (ROOT / "config" / "config.yaml").read_text(encoding="utf-8").splitlines()
+    lines.insert(4, " : : [")
+    config.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["serve", "--config", str(config), "--port", "0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"npm-repro serve: error: {config}:5:2: not valid YAML ("), err
+    assert len(err.splitlines()) == 1
+    from npm import Predictor
+
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}:5:2: not valid YAML \("):
+        Predictor.from_config("npm", "enwiki", config=config)  # the web page's NPM columns load through it
