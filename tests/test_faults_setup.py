@@ -106,3 +106,35 @@ def test_a_yaml_error_in_the_served_config_names_file_line_and_column(tmp_path, 
 
     with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}:5:2: not valid YAML \("):
         Predictor.from_config("npm", "enwiki", config=config)  # the web page's NPM columns load through it
+
+
+# ------------------------------------------------------------------------------------------- a released corpus
+
+@pytest.mark.parametrize("bad", ["0.npy", "0_blocks.npy", "0.npy cut"])
+def test_a_released_array_that_cannot_be_read_is_one_line_naming_it(tmp_path, capsys, bad):
+    """Fault: an object array as X.npy of a released corpus (a pickled array, which np.load refuses) ended with
+    "Array can't be memory-mapped: Python objects in dtype." and no file named; the same for X_blocks.npy ("Object
+    arrays cannot be loaded when allow_pickle=False") and an .npy cut short. Expected: one line naming the file and
+    the cause, before the tokenizer is loaded (no work done, nothing written)."""
+    import numpy as np
+
+    from npm.cli import main
+
+    shard = tmp_path / "corpus" / "enwiki"
+    shard.mkdir(parents=True)
+    np.save(shard / "0.npy", np.arange(10, dtype=np.int32))
+    np.save(shard / "0_blocks.npy", np.array([0, 5], dtype=np.int64))
+    name = bad.split()[0]
+    if bad.endswith("cut"):
+        data = (shard / name).read_bytes()
+        (shard / name).write_bytes(data[: len(data) - 7])
+    else:
+        np.save(shard / name, np.array([[1, 2], "three"], dtype=object), allow_pickle=True)
+    out = tmp_path / "blocks" / "shard0.npz"
+    assert main(["import-corpus", "--folder", str(tmp_path), "--stem", "enwiki/0", "--tokenizer", "no/such-tokenizer",
+                 "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"npm-repro import-corpus: error: {shard / name}: "), err
+    assert ("cut short" if bad.endswith("cut") else "Python objects") in err
+    assert not out.parent.exists()
