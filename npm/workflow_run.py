@@ -112,6 +112,9 @@ def check_configfiles(argv: list[str], *more: str) -> None:
         if not Path(path).exists() and meant:
             _stop(f"config file {path} (--configfile) does not exist; check its path")
         what = _not_a_config(path, meant)
+        if what and meant:  # a *.yaml that is no mapping (a list, a bare value, nothing)
+            _stop(f"config file {path} (--configfile) {what.removeprefix('is not one: it ')}; a config file maps keys "
+                  "(sources:, models:, ...) to values")
         if what:
             _stop(f"snakemake read {path} as a config file (--configfile takes every word after it), and it {what}: "
                   "put the targets before --configfile (snakemake [options] TARGET... --configfile FILE)")

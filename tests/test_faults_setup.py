@@ -48,6 +48,15 @@ def test_an_existing_target_after_configfile_is_one_line(tmp_path, target, conte
     assert "is not one" in line and "snakemake [options] TARGET... --configfile FILE" in line
 
 
+def test_a_config_file_that_is_no_mapping_is_one_line_naming_it(tmp_path):
+    """A *.yaml after --configfile that is no YAML mapping (a list): one line naming it, not Snakemake's "Config file
+    must be given as JSON or YAML with keys at top level" nor advice about targets."""
+    (tmp_path / "list.yaml").write_text("- sources\n- models\n", encoding="utf-8")
+    line = one_error(snakemake(tmp_path, "--configfile", "list.yaml"))
+    assert line == ("npm-repro: error: config file list.yaml (--configfile) holds no YAML keys at its top level; a "
+                    "config file maps keys (sources:, models:, ...) to values"), line
+
+
 def test_a_missing_config_file_is_one_line_naming_it(tmp_path):
     """Fault: `snakemake -n --configfile config/paprer.yaml` (a typo). Expected: one line saying that config file does
     not exist (not advice about targets, not a FileNotFoundError traceback)."""
