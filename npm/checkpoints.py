@@ -19,6 +19,7 @@ Python generators, so a resumed run continues bit for bit on CPU.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -113,15 +114,50 @@ def save(folder: str | os.PathLike, n: int, state: dict, layout: Layout, write_m
     """Write checkpoint ``<prefix>-<n>`` of ``folder`` atomically: ``write_model(build folder)``, ``state`` in the
     state file, the checksums of all; then remove all but the newest ``keep`` checkpoints (None: keep all)."""
     final = Path(folder) / f"{layout.prefix}-{n}"
-    with atomic_dir(final) as tmp:
-        tmp.mkdir()
-        write_model(tmp)
-        torch.save(state, tmp / layout.state_file)
-        checksums.write_folder_record(tmp, layout.rule, f"{layout.command} (checkpoint {final})")
+    previous = checkpoints(folder, layout)
+    size = _bytes_under(previous[-1]) if previous else None  # the size of this one, near enough
+    if size is not None and size > shutil.disk_usage(folder).free:
+        raise _no_space(final, size)  # before writing: the disk is not filled up for other writers
+    written = 0
+    try:
+        with atomic_dir(final) as tmp:
+            tmp.mkdir()
+            try:
+                write_model(tmp)
+                torch.save(state, tmp / layout.state_file)
+                checksums.write_folder_record(tmp, layout.rule, f"{layout.command} (checkpoint {final})")
+            except Exception:
+                written = _bytes_under(tmp)
+                raise
+    except Exception as e:  # torch.save's "[enforce fail at inline_container.cc] ... unexpected pos" on a full disk
+        need = size or written + _tensor_bytes(state)  # without a previous one: what was written and the state
+        if need <= shutil.disk_usage(folder).free:  # the half-written checkpoint is gone: the space before it
+            raise
+        raise _no_space(final, need, "about" if size else "at least") from e
     if keep is not None:
         for old in checkpoints(folder, layout)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _bytes_under(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _tensor_bytes(obj) -> int:
+    """The bytes of the tensors in a nested state (dicts, lists, tuples): about the size of its torch.save file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nelement() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(map(_tensor_bytes, obj.values()))
+    return sum(map(_tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
+
+
+def _no_space(final: Path, need: int, how: str = "about") -> OSError:
+    """The disk-full error of checkpoint ``final`` (OSError ENOSPC naming its folder: npm.cli's one line)."""
+    free = shutil.disk_usage(final.parent).free
+    return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: checkpoint {final.name} needs {how} {need:,} bytes "
+                                 f"({need / 1e6:,.1f} MB), {free:,} are free there", str(final.parent))
 
 
 def load_state(path: str | os.PathLike, layout: Layout) -> dict:

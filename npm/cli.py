@@ -528,8 +528,10 @@ def disk_full_error(exc: BaseException, args: argparse.Namespace) -> str | None:
     if filename is None:
         filename = next((getattr(args, k) for k in _OUTPUTS if getattr(args, k, None)), None) or "an output file"
     filename = os.fsdecode(filename) if isinstance(filename, bytes) else filename
-    return (f"no space left on device while writing {filename} ({detail}); free space or point --out elsewhere; "
-            "finished work is kept")
+    option = next((k for k in _OUTPUTS if getattr(args, k, None) and Path(getattr(args, k)) in
+                   (Path(filename), *Path(filename).parents)), "out")  # the option naming where it was written
+    return (f"no space left on device while writing {filename} ({detail}); free space or point "
+            f"--{option.replace('_', '-')} elsewhere; finished work is kept")
 
 
 def _dangling_link(path: Path) -> Path | None:

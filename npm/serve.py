@@ -48,6 +48,7 @@ from npm.baselines.lm import (
 )
 from npm.densephrases.evaluate import task_question
 from npm.evaluation.systems import Inputs, get
+from npm.io import read_yaml
 from npm.model import locate_checkpoint
 from npm.settings import Settings
 from npm.tasks.registry import resolve_task
@@ -134,15 +135,15 @@ def _need(*paths: str) -> None:
 
 
 def load_config(config: str | Path) -> dict:
-    """The workflow config with the schema's defaults filled in, as ``snakemake`` validates it at start-up."""
-    import yaml
+    """The workflow config with the schema's defaults filled in, as ``snakemake`` validates it at start-up; a YAML
+    syntax error names the file, line and column (npm.io.read_yaml)."""
     from snakemake.utils import validate
 
     path = Path(config)
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist; run from the workflow's working directory or "
                                 "pass --config")
-    cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    cfg = read_yaml(path) or {}
     try:
         validate(cfg, str(SCHEMA), set_default=True)
     except Exception as e:  # snakemake's WorkflowError: the schema's message

@@ -12,6 +12,10 @@ turns every run off as ``none`` does (the test suite's default, tests/conftest.p
 them); upload them later with ``wandb sync results/wandb/offline-run-*``. wandb's console output is silenced to one
 log line per run.
 
+Tracking never stops or holds up a job: an online run that cannot start (no key; no server within ``INIT_TIMEOUT``
+seconds, ``WANDB_INIT_TIMEOUT``) is an offline run instead, a run folder without space no run, an error while
+logging ends the run, and a run file left incomplete (the disk filled up) is named at the end: one warning line each.
+
 ``read_run`` reads an offline run back from its transaction log (``run-<id>.wandb``: LevelDB-log records of wandb's
 ``Record`` protocol buffers), wandb's own format, so that tests and users can check what was logged without a server.
 """
@@ -21,22 +25,29 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import struct
 import zlib
 from pathlib import Path
 
+from npm.edge_errors import first_line
 from npm.options import option
 
 CHOICES = ("wandb", "none")
 PROJECT = "npm-repro"
 DIR = "results"  # runs go to DIR/wandb/ (wandb adds the `wandb` folder)
+FULL = 1 << 20  # bytes: less free space than this where a run file stopped short is "no space left"
+INIT_TIMEOUT = 20.0  # seconds an online run waits for the server before going offline (wandb's: 90; WANDB_INIT_TIMEOUT)
 
 log = logging.getLogger("npm-repro.tracking")
 
 
 class Run:
     """A started wandb run, or a run that records nothing (tracking ``none``, ``WANDB_MODE=disabled``, ranks > 0).
-    A context manager: leaving it finishes the run, marked failed when an exception left it."""
+    A context manager: leaving it finishes the run, marked failed when an exception left it.
+
+    Tracking never stops a job: an error of wandb while logging is one warning line and the run records nothing
+    more; at the end, a run file that does not hold the whole run (a full disk) is one warning line naming it."""
 
     def __init__(self, wandb_run=None):
         self._run = wandb_run
@@ -50,15 +61,27 @@ class Run:
         """The run's folder (``offline-run-<time>-<id>``), None for a run that records nothing."""
         return Path(self._run.settings.sync_dir) if self._run is not None else None
 
+    def _call(self, what: str, *args, **kwargs) -> None:
+        """``what`` (a method of the wandb run, dotted: ``config.update``) called; a failure warns and stops the run."""
+        if self._run is None:
+            return
+        target = self._run
+        for part in what.split("."):
+            target = getattr(target, part)
+        try:
+            target(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - tracking must not kill the job
+            log.warning("wandb: run %s stopped recording (%s failed: %s); the job goes on", self._run.id, what,
+                        first_line(e) or type(e).__name__)
+            self.finish(failed=True, warn=False)
+
     def update(self, **config) -> None:
         """Add ``config`` to the run's config (values known only once the job has started: the run id)."""
-        if self._run is not None:
-            self._run.config.update(config, allow_val_change=True)
+        self._call("config.update", config, allow_val_change=True)
 
     def log(self, step: int | None = None, **metrics) -> None:
         """One row of the run's history at ``step`` (None: the next row); rows logged at the same step merge."""
-        if self._run is not None:
-            self._run.log(metrics, step=step)
+        self._call("log", metrics, step=step)
 
     def log_table(self, name: str, rows) -> None:
         """``rows`` (a pandas DataFrame or a list of dicts, the union of their keys as columns; a list or dict value
@@ -71,22 +94,53 @@ class Run:
         columns = list(dict.fromkeys(k for row in rows for k in row))
         table = wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows],
                             allow_mixed_types=True)
-        self._run.log({name: table})
+        self._call("log", {name: table})
 
-    def finish(self, failed: bool = False) -> None:
-        """Finish the run and stop wandb's service, which writes the run's files: they are complete on return."""
-        if self._run is not None:
-            import wandb
+    def finish(self, failed: bool = False, warn: bool = True) -> None:
+        """Finish the run and stop wandb's service, which writes the run's files: they are complete on return, or
+        (``warn``) one warning line says which run file is not and why."""
+        if self._run is None:
+            return
+        import wandb
 
+        folder, error = Path(self._run.settings.sync_dir), None
+        try:
             self._run.finish(exit_code=1 if failed else 0)
-            self._run = None
             wandb.teardown()
+        except Exception as e:  # noqa: BLE001 - e.g. OSError ENOSPC closing wandb's debug.log
+            error = first_line(e) or type(e).__name__
+        self._run = None
+        problem = incomplete(folder)
+        if warn and (problem or error):
+            log.warning("wandb: %s%s; the job's own outputs are not affected", problem or f"finishing the run in "
+                        f"{folder} failed", f" ({error})" if error and problem is None else "")
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
         self.finish(failed=kind is not None)
+
+
+def incomplete(folder: Path) -> str | None:
+    """Why the run folder's transaction log (``run-<id>.wandb``) does not hold the whole run (missing, cut short, a
+    bad record, no exit record: wandb writes it last), with the free space of its file system; None when it does."""
+    logs = sorted(folder.glob("run-*.wandb"))
+    if not logs:
+        why, where = "missing", folder / "run-*.wandb"
+    else:
+        where = logs[0]
+        try:
+            kinds = {record.WhichOneof("record_type") for record in _records(where)}
+            why = None if "exit" in kinds else "it ends before the run's end"
+        except Exception as e:  # noqa: BLE001 - struct.error, a failed checksum, a protocol buffer error
+            why = (first_line(e) or type(e).__name__).removeprefix(f"{where}: ")
+        if why is None:
+            return None
+        why = f"{where.stat().st_size:,} bytes; {why}"
+    free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    cause = f"no space left on its file system ({free:,} bytes free)" if free < FULL else "a write to it failed"
+    return f"the run file {where} is incomplete ({why}): {cause}"
 
 
 def _cell(value):
@@ -105,23 +159,54 @@ def numbers(record: dict, prefix: str = "") -> dict:
     return out
 
 
-def start(kind: str, name: str, config: dict, tracking: str = "none", group: str | None = None,
-          folder: str | Path = DIR) -> Run:
-    """A run of job ``kind`` (wandb's job_type) named ``name`` with ``config``, in wandb group ``group``; a run that
-    records nothing when ``tracking`` is ``none`` or ``WANDB_MODE`` is ``disabled``."""
-    if tracking not in CHOICES:
-        raise ValueError(f"tracking must be one of {list(CHOICES)}, not {tracking!r} (config `tracking`, --tracking)")
-    mode = os.environ.get("WANDB_MODE", "offline")
-    if tracking == "none" or mode == "disabled":
-        return Run()
+def _init(root: Path, mode: str, kind: str, name: str, config: dict, group: str | None):
+    """``wandb.init`` of a run under ``root``; on failure wandb's state is torn down, so that another try (offline)
+    starts afresh, and the exception raised."""
     import wandb
 
+    timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        return wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), dir=str(root), mode=mode, group=group,
+                          job_type=kind, name=name, config=config, reinit="create_new",
+                          settings=wandb.Settings(silent=True, console="off", disable_git=True, init_timeout=timeout))
+    except BaseException:
+        wandb.teardown()
+        raise
+
+
+def start(kind: str, name: str, config: dict, tracking: str = "none", group: str | None = None,
+          folder: str | Path = DIR, mode: str | None = None) -> Run:
+    """A run of job ``kind`` (wandb's job_type) named ``name`` with ``config``, in wandb group ``group``; a run that
+    records nothing when ``tracking`` is ``none`` or ``WANDB_MODE`` is ``disabled``. ``mode``: wandb's (default
+    ``WANDB_MODE``, else offline). An online run that cannot start (no server within ``INIT_TIMEOUT`` seconds, no
+    key) is an offline run instead, an offline run that cannot start (the folder unwritable) no run: one warning
+    line each, and the job goes on."""
+    if tracking not in CHOICES:
+        raise ValueError(f"tracking must be one of {list(CHOICES)}, not {tracking!r} (config `tracking`, --tracking)")
+    mode = mode or os.environ.get("WANDB_MODE", "offline")
+    if tracking == "none" or mode == "disabled":
+        return Run()
     logging.getLogger("wandb").setLevel(logging.WARNING)  # its INFO lines would fill the job's log
     root = Path(os.environ.get("WANDB_DIR") or folder).resolve()  # wandb's service may run in another directory
-    root.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), dir=str(root), mode=mode, group=group,
-                     job_type=kind, name=name, config=config, reinit="create_new",
-                     settings=wandb.Settings(silent=True, console="off", disable_git=True))
+    free = shutil.disk_usage(next(p for p in (root, *root.parents) if p.exists())).free
+    if free < FULL:  # wandb would write nothing readable, and print a logging traceback per line of its debug.log
+        log.warning("wandb: this job is not tracked: no space left in %s (%s bytes free; a run needs %s); free "
+                    "space there or set WANDB_DIR", root, f"{free:,}", f"{FULL:,}")
+        return Run()
+    try:
+        run = _init(root, mode, kind, name, config, group)
+    except Exception as e:  # noqa: BLE001 - wandb's CommError (no server), UsageError (no key), an OSError, ...
+        if mode != "online":
+            log.warning("wandb: this job is not tracked: no offline run could be started in %s (%s)", root,
+                        first_line(e) or type(e).__name__)
+            return Run()
+        log.warning("wandb: no online run (%s); logging it offline in %s instead: upload it later with `wandb sync "
+                    "%s/offline-run-*`", first_line(e) or type(e).__name__, root / "wandb", root / "wandb")
+        return start(kind, name, config, tracking, group, folder, mode="offline")
+    for handler in logging.getLogger("wandb").handlers:  # the run's debug.log: a failed write (a full disk) prints
+        if isinstance(handler, logging.FileHandler):      # no logging traceback; Run.finish reports the run file
+            handler.handleError = lambda record: None
     where = Path(run.settings.sync_dir)
     if run.settings._offline:
         log.info("wandb: offline run %s (%s, group %s) in %s; upload it with `wandb sync %s`", run.id, kind, group,

@@ -98,13 +98,24 @@ def configfiles(argv: list[str]) -> list[str]:
     return found
 
 
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")  # a word with one of these after --configfile is meant as a config file
+
+
 def check_configfiles(argv: list[str], *more: str) -> None:
-    """Stop with one line at the first config file of the command line that is not a file (a target typed after
-    ``--configfile``, which takes every word after it: Snakemake would end in a traceback) or, of those and of
-    ``more``, the first that is not valid YAML (naming its file, line and column)."""
+    """Stop with one line at the first word of the command line's ``--configfile`` that is not a config file: a
+    missing ``*.yaml`` / ``*.yml`` / ``*.json`` (a typo), or a target typed after ``--configfile``, which takes every
+    word after it (a missing path or a folder: Snakemake would end in a FileNotFoundError traceback; an existing
+    output such as a CSV table, which is no YAML mapping: "Config file must be given as JSON or YAML with keys at top
+    level"); else at the first of those and of ``more`` that is not valid YAML (naming its file, line and column)."""
     for path in configfiles(argv):
-        if not Path(path).is_file():
-            what = "is a folder" if Path(path).is_dir() else "does not exist"
+        meant = Path(path).suffix.lower() in CONFIG_SUFFIXES
+        if not Path(path).exists() and meant:
+            _stop(f"config file {path} (--configfile) does not exist; check its path")
+        what = _not_a_config(path, meant)
+        if what and meant:  # a *.yaml that is no mapping (a list, a bare value, nothing)
+            _stop(f"config file {path} (--configfile) {what.removeprefix('is not one: it ')}; a config file maps keys "
+                  "(sources:, models:, ...) to values")
+        if what:
             _stop(f"snakemake read {path} as a config file (--configfile takes every word after it), and it {what}: "
                   "put the targets before --configfile (snakemake [options] TARGET... --configfile FILE)")
     for path in [*configfiles(argv), *more]:
@@ -113,6 +124,22 @@ def check_configfiles(argv: list[str], *more: str) -> None:
                 read_yaml(path)
             except ValueError as e:
                 _stop(str(e))
+
+
+def _not_a_config(path: str, meant: bool) -> str | None:
+    """Why ``path``, a word after --configfile, is not a config file ("does not exist", "is a folder", "is not one:
+    ..."); None when it is one, or when it is ``meant`` as one (a YAML error is then reported with its line)."""
+    if not Path(path).exists():
+        return "does not exist"
+    if Path(path).is_dir():
+        return "is a folder"
+    try:
+        data = read_yaml(path)
+    except ValueError:
+        return None if meant else "is not one: it is not YAML"
+    if isinstance(data, dict):
+        return None
+    return f"is not one: it holds {'nothing' if data is None else 'no YAML keys at its top level'}"
 
 
 def _stop(message: str) -> None:

@@ -6,6 +6,7 @@ test_faults_workflow.py (the same faults through Snakemake)."""
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -191,13 +192,22 @@ def test_failed_embed_over_a_complete_datastore_leaves_it_usable(tmp_path, corpu
     assert load_datastore(ds).n_rows > 0
 
 
-def _in_small_filesystem(kib: int, folder: Path, command: list[str]) -> subprocess.CompletedProcess:
+def _in_small_filesystem(kib: int, folder: Path, command: list[str],
+                         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``command`` with a ``kib`` KiB tmpfs mounted at ``folder`` (a private mount namespace: unshare as an
-    unprivileged user, or mount directly as root): a real disk-full condition."""
+    unprivileged user, or mount directly as root): a real disk-full condition. ``env``: the command's environment
+    (default: this one with WANDB_MODE=disabled). Skips the test where unshare or mount is not permitted."""
     folder.mkdir(parents=True, exist_ok=True)
-    script = f'mount -t tmpfs -o size={kib}k tmpfs "$1" && shift && exec "$@"'
-    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh", str(folder),
-                           *command], capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    script = f'mount -t tmpfs -o size={kib}k tmpfs "$1" || exit 97; shift && exec "$@"'
+    try:
+        out = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh",
+                              str(folder), *command], capture_output=True, text=True,
+                             env=env or {**os.environ, "WANDB_MODE": "disabled"})
+    except FileNotFoundError:
+        pytest.skip("no unshare on this system: a small file system cannot be mounted")
+    if out.returncode == 97 or out.returncode == 1 and out.stderr.startswith("unshare:"):
+        pytest.skip(f"a small tmpfs cannot be mounted here: {out.stderr.strip()[:200]}")
+    return out
 
 
 def test_disk_full_while_embedding_is_a_message_not_sigbus(tmp_path, corpus):
@@ -210,6 +220,30 @@ def test_disk_full_while_embedding_is_a_message_not_sigbus(tmp_path, corpus):
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("npm-repro embed: error:") and "no space left" in last.lower() and "shard0.f16" in last
+
+
+@pytest.mark.parametrize("kib,where", [(2000, "weights"), (6000, "state"), (20000, "second checkpoint")])
+def test_disk_full_while_writing_a_checkpoint_names_the_folder_and_the_bytes(tmp_path, encoder, kib, where):
+    """Fault: the checkpoint folder's disk fills up while a checkpoint is written. Before: torch.save's "RuntimeError:
+    [enforce fail at inline_container.cc:672] . unexpected pos ..." traceback (the state file), or a line naming --out
+    (the weights). Now: exit 1 with one line naming the run's checkpoint folder and the bytes the checkpoint needs;
+    an earlier checkpoint stays intact and resumable, and no half-written one is left."""
+    shards = write_shard(tmp_path)
+    small = tmp_path / "small"
+    # then, in the same mount namespace (the tmpfs goes with it): what the run folder holds, and `verify` of it
+    after = f'"$@"; rc=$?; ls -A {small}/ckpt/run-*; {BIN / "npm-repro"} verify {small}/ckpt >&2; exit $rc'
+    out = _in_small_filesystem(kib, small, [
+        "sh", "-c", after, "sh", str(BIN / "npm-repro"), "train", "--model", "npm", "--encoder", encoder, "--blocks",
+        shards[0][0], "--masked", shards[0][1], "--out", str(tmp_path / "out"), "--checkpoint-dir", str(small / "ckpt"),
+        "--steps", "4", "--warmup-steps", "1", "--pool", "all", "--checkpoint-every", "2", "--no-resume"])
+    assert out.returncode == 1, (where, out.returncode, out.stderr[-3000:])
+    kept = set(out.stdout.split())
+    assert kept - {"run.json", "train_log.csv", ".lock"} == ({"step-2"} if kib == 20000 else set()), out.stdout
+    assert "MISMATCH" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (line,) = [line for line in out.stderr.splitlines() if line.startswith("npm-repro train: error:")]
+    assert line.startswith(f"npm-repro train: error: no space left on device while writing {small / 'ckpt'}/run-")
+    assert re.search(r"checkpoint step-\d needs (about|at least) [\d,]+ bytes", line), line
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------------ download

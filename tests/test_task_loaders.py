@@ -474,3 +474,24 @@ def test_malformed_row_names_file_and_line(tmp_path, wordpiece_tokenizer, task, 
     write(tmp_path, files)
     with pytest.raises(ValueError, match=re.escape(where)):
         load_all(task, tmp_path, tokenizer=wordpiece_tokenizer)
+
+
+CUT_SHORT = [  # a download or copy cut inside the last record: (task, files, "file:line: " of the cut record)
+    ("agn", {"test.csv": AGN_CSV + '2,Cut,"The download stopped in the mid'}, "test.csv:7: "),
+    ("agn", {"test.csv": AGN_CSV + '2,Cut,"A quoted newline\nthen the cut'}, "test.csv:7: "),
+    ("amazon", {"test.csv": '2,Great CD,"My lovely Pat."\n1,Buyer beware!,"This is a self-pub'}, "test.csv:2: "),
+    ("subj", {"test.csv": '0,fine\n1,"cut inside the quotes'}, "test.csv:2: "),
+    ("yahoo", {"test.jsonl": '{"id": 1, "topic": 0, "question_title": "a", "question_content": "b", '
+                             '"best_answer": "c"}\n{"id": 2, "topic": 0, "question_title": "cut he'}, "test.jsonl:2: "),
+]
+
+
+@pytest.mark.parametrize("task,files,where", CUT_SHORT, ids=[f"{m[0]}-{i}" for i, m in enumerate(CUT_SHORT)])
+def test_a_file_cut_inside_its_last_record_is_refused(tmp_path, task, files, where):
+    """Fault: a task CSV cut inside a quoted field evaluated the rows before the cut and the cut row's text up to the
+    cut (the csv module closes an open quote at the end of the file). Expected: one line naming the file, the line
+    where the cut record starts, and that the file is cut short."""
+    write(tmp_path, files)
+    with pytest.raises(ValueError, match=re.escape(where) + ".*cut short") as err:
+        load_all(task, tmp_path)
+    assert len(str(err.value).splitlines()) == 1

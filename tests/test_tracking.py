@@ -7,6 +7,7 @@ here turns tracking on with WANDB_MODE unset (the default: offline).
 """
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -198,3 +199,75 @@ def test_a_report_logs_its_table_as_a_wandb_table(offline):
     csv = pd.read_csv(out, dtype=str, keep_default_na=False)
     assert got["tables"]["table1"]["columns"] == list(csv.columns)
     assert got["tables"]["table1"]["data"] == csv.values.tolist()
+
+
+# ------------------------------------------------------------------------------------------ faults (issue 41)
+
+def one_warning(caplog) -> str:
+    """The one warning tracking logged (asserted: exactly one, on one line)."""
+    lines = [r.getMessage() for r in caplog.records if r.name == "npm-repro.tracking" and r.levelname == "WARNING"]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    return lines[0]
+
+
+def logged_offline(root, caplog):
+    """Start a run, log one row and finish it; the run is an offline run under results/wandb that reads back."""
+    with caplog.at_level("INFO"), tracking.start("pretrain", "npm", {"lr": 0.001}, tracking="wandb") as run:
+        run.log(1, loss=2.5)
+    (folder,) = runs(root)
+    assert [r["loss"] for r in tracking.read_run(folder)["history"]] == [2.5]
+    return folder
+
+
+@pytest.mark.parametrize("key", [True, False], ids=["unreachable-server", "no-key"])
+def test_an_online_run_that_cannot_start_falls_back_to_offline_with_one_warning(offline, monkeypatch, caplog, key):
+    """Fault: WANDB_MODE=online with the server unreachable (a closed port on 127.0.0.1) waited wandb's 90 s init
+    timeout and then killed the job with a CommError traceback; without an API key, a UsageError traceback. Expected:
+    one warning line saying why and where the offline run goes and how to upload it (`wandb sync`); the run is
+    logged offline and the job goes on. WANDB_INIT_TIMEOUT (wandb's own variable) shortens the wait here."""
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("HOME", str(offline))  # no ~/.netrc key of this machine
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(offline / "wandb-config"))
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    if key:
+        monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    folder = logged_offline(offline, caplog)
+    warning = one_warning(caplog)
+    assert warning.startswith("wandb: no online run (") and ("127.0.0.1:9" in warning if key else "API key" in warning)
+    assert f"wandb sync {offline / 'results' / 'wandb'}/offline-run-*" in warning and folder.name.startswith("offline")
+
+
+JOB = """
+import logging
+logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
+from npm import tracking
+with tracking.start("pretrain", "npm", {"lr": 0.001}, tracking="wandb") as run:
+    for step in range(1, 4):
+        run.log(step, loss=2.5, note="x" * 1_000_000)  # 3 MB of history: more than the file system holds
+print("the job went on")
+"""
+
+
+@pytest.mark.parametrize("kib,fill,pattern", [
+    (64, True, r"wandb: this job is not tracked: no space left in {results} \(0 bytes free; a run needs "),
+    (1600, False, r"wandb: the run file {results}/wandb/offline-run-[^ ]+/run-\w+\.wandb is incomplete \([\d,]+ "
+                  r"bytes; .*\): no space left on its file system")], ids=["full-before", "fills-during-the-run"])
+def test_a_full_disk_under_the_run_folder_is_one_warning_and_the_job_goes_on(offline, kib, fill, pattern):
+    """Fault: results/wandb on a full disk: the job exited 0 leaving a 0-byte run-*.wandb file that cannot be read
+    back (or synced), and said nothing (with a logging traceback per line of wandb's debug.log). Expected: the job
+    goes on (exit 0) and one warning line says that it is not tracked (no space at the start) or that its run file is
+    incomplete (the disk filled up during the run). A real full file system: a tmpfs, filled up before the job or
+    too small for what it logs (skipped where unshare/mount is not permitted)."""
+    import os
+    import sys
+
+    from tests.test_faults import _in_small_filesystem
+
+    results = offline / "results"
+    job = (f"dd if=/dev/zero of={results}/filler bs=1k 2>/dev/null; " if fill else "") + 'exec "$@"'
+    out = _in_small_filesystem(kib, results, ["sh", "-c", job, "sh", sys.executable, "-c", JOB], env=dict(os.environ))
+    assert out.returncode == 0 and "the job went on" in out.stdout, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "Logging error" not in out.stderr, out.stderr[-3000:]
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("WARNING npm-repro.tracking:")]
+    assert len(warnings) == 1, out.stderr[-3000:]
+    assert re.search(pattern.format(results=re.escape(str(results))), warnings[0]), warnings[0]

