@@ -100,7 +100,7 @@ class _Part:
         return self.path.with_name(self.path.name + ".json")
 
     @classmethod
-    def load(cls, out: Path, url: str) -> _Part:
+    def left_by(cls, out: Path, url: str) -> _Part:
         """The part of ``out`` left by an earlier run of ``url``; one from another URL, or without a recorded version
         (an earlier downloader's, or a server that sends no validator), is discarded, with a log line."""
         part = cls(out.with_name(out.name + ".part"), url)
@@ -259,7 +259,7 @@ def download(url: str, out: str | os.PathLike, sha256: str | None = None, timeou
     out = Path(out)
     source = mirrored(url, mirror)
     out.parent.mkdir(parents=True, exist_ok=True)
-    part = _Part.load(out, url)
+    part = _Part.left_by(out, url)
     for attempt in range(tries):
         if attempt:
             delay = backoff * 2 ** (attempt - 1)
