@@ -11,8 +11,11 @@ repository (or of ``NPM_DEMO_ROOT``) and is skipped when its outputs are absent.
 
 from __future__ import annotations
 
+import gzip
 import http.client
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,18 +25,21 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
 import yaml
 
 from npm.serve import COLUMNS, EXAMPLE, MAX_CHARS, load_columns, make_server
+from npm.settings import PageSettings, Settings
 from tests.conftest import WORDPIECE, lee_corpus_lines, require_jvm, save_tiny_bert
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS_LINES = ["Bratislava is the capital of Slovakia, a city on the Danube.",
                 "Vienna is the capital of Austria, upstream of Bratislava on the Danube."]
 EXTRACTIVE = [c for c in COLUMNS if c != "replug"]  # their answers are spans of the passages they show
+DOCS = "data/docs/enwiki.jsonl.gz"  # the corpus's documents with their titles, where the workflow puts them
 
 
 # ------------------------------------------------------------------------------------------------ the workflow dir
@@ -64,9 +70,9 @@ def build_workdir(root: Path) -> None:
 
     blocks = "data/blocks/enwiki/shard0.npz"
     os.makedirs("data/blocks/enwiki")
-    write_jsonl("data/documents/enwiki.jsonl", [{"id": f"doc{i}", "units": [line]} for i, line in
-                                                enumerate(CORPUS_LINES + lee_corpus_lines()[:10])])
-    build_blocks("data/documents/enwiki.jsonl", blocks, WORDPIECE, max_seq_length=64)
+    write_jsonl(DOCS, [{"id": f"doc{i}", "title": line.split(" is ")[0] if i < len(CORPUS_LINES) else f"Lee {i}",
+                        "units": [line]} for i, line in enumerate(CORPUS_LINES + lee_corpus_lines()[:10])])
+    build_blocks(DOCS, blocks, WORDPIECE, max_seq_length=64)
     build_bm25_index(block_documents([blocks]), "data/bm25/enwiki")
     for kind, checkpoint in (("npm", save_tiny_bert("results/models/npm", seed=0)),
                              ("npm_single", save_tiny_bert("released/npm-single", seed=1))):
@@ -127,10 +133,10 @@ def served(workdir, tmp_path_factory):
     stop(proc)
 
 
-def get(url: str, question: str | None = None) -> tuple[int, str]:
-    """Status and body of the page (asked ``question``)."""
-    if question is not None:
-        url += "?" + urllib.parse.urlencode({"q": question})
+def get(url: str, question: str | None = None, **form: str) -> tuple[int, str]:
+    """Status and body of the page (asked ``question``, with the form's other fields ``form``)."""
+    if question is not None or form:
+        url += "?" + urllib.parse.urlencode(({"q": question} if question is not None else {}) | form)
     try:
         with urllib.request.urlopen(url, timeout=120) as r:
             return r.status, r.read().decode("utf-8")
@@ -141,6 +147,62 @@ def get(url: str, question: str | None = None) -> tuple[int, str]:
 def assert_still_serving(url: str) -> None:
     status, body = get(url, EXAMPLE)
     assert status == 200 and body.count("class='answer'") >= len(COLUMNS), body[-2000:]
+
+
+def shown_facts(body: str) -> dict:
+    """The corpus facts the page states (its #corpus paragraph): documents, blocks, tokens and example titles."""
+    corpus = re.search(r"<p class='corpus' id='corpus'>(.*?)</p>", body, re.S)
+    assert corpus, body[:3000]
+    facts = {k: int(re.search(rf"<span id='{k}'>([\d,]+)</span>", corpus[1])[1].replace(",", ""))
+             for k in ("documents", "blocks", "tokens")}
+    return facts | {"titles": re.findall(r"<i>(.*?)</i>", corpus[1]), "text": corpus[1]}
+
+
+def datastore_facts(root: Path, corpus: str = "enwiki") -> dict:
+    """What the NPM datastore of ``corpus`` under ``root`` holds, read from its files here: blocks and tokens from
+    meta.json (checked against its blocks files), documents and every document's title from the blocks files and
+    data/docs/{corpus}.jsonl.gz."""
+    import numpy as np
+
+    meta = json.loads((root / f"data/datastore/npm/{corpus}/meta.json").read_text())
+    documents, blocks, tokens, ids = 0, 0, 0, set()
+    for source in meta["sources"]:
+        with np.load(root / source) as z:
+            documents += len(z["doc_ids"])
+            ids |= set(z["doc_ids"].tolist())
+            blocks += len(z["block_offsets"]) - 1
+            tokens += int(z["block_offsets"][-1])
+    assert (blocks, tokens) == (meta["n_blocks"], meta["n_tokens"])
+    with gzip.open(root / f"data/docs/{corpus}.jsonl.gz", "rt", encoding="utf-8") as f:
+        titles = {d["title"] for d in map(json.loads, f) if d["id"] in ids}
+    return {"documents": documents, "blocks": meta["n_blocks"], "tokens": meta["n_tokens"], "titles": titles}
+
+
+def assert_facts_are_the_datastore_s(body: str, root: Path) -> None:
+    shown, truth = shown_facts(body), datastore_facts(root)
+    assert {k: shown[k] for k in ("documents", "blocks", "tokens")} == \
+        {k: truth[k] for k in ("documents", "blocks", "tokens")}, (shown, truth)
+    assert shown["titles"] and len(shown["titles"]) <= 5 and set(shown["titles"]) <= truth["titles"], shown
+    assert "a question about anything else cannot be answered from them" in shown["text"], shown["text"]
+
+
+def column_html(body: str, name: str) -> str:
+    found = re.search(rf"<section class='system' id='col-{name}'>(.*?)</section>", body, re.S)
+    assert found, (name, body[:3000])
+    return found[1]
+
+
+def top_score(body: str, name: str) -> str:
+    return re.search(r"<span class='score'>[^<]* ([-\d.]+|n/a)</span>", column_html(body, name))[1]
+
+
+def field_value(body: str, key: str) -> str:
+    return re.search(rf"<input id='{key}' name='{key}'[^>]*value=\"([^\"]*)\"", body)[1]
+
+
+def is_phrase(answer: str) -> bool:
+    """A non-empty phrase: a word, not a bare prefix such as "A:" or a list marker alone."""
+    return bool(re.search(r"\w\w", answer)) and not answer.rstrip().endswith(":")
 
 
 # ------------------------------------------------------------------------------------------------ the browser
@@ -224,6 +286,71 @@ def test_serve_binds_loopback_by_default():
 
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.config == "config/config.yaml"
+
+
+def test_the_page_states_what_its_corpus_holds_as_its_datastore_counts_it(served, workdir):
+    """Fault: the page never said which documents it could answer from (the demo's 2,000 of 10,033 leads)."""
+    for question in (None, EXAMPLE):
+        status, body = get(served, question)
+        assert status == 200
+        assert_facts_are_the_datastore_s(body, workdir)
+
+
+def test_the_page_uses_the_readme_settings_with_tau_and_k_as_form_fields(served):
+    """Fault: the page ran NPM at tau 1.0 while the README's examples use 0.1, with no control for it."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    taus = set(re.findall(r"--tau ([\d.]+)", readme)) | set(re.findall(r"open_set_tau=([\d.]+)", readme))
+    assert taus == {f"{PageSettings().open_set_tau:g}"}, taus  # the README's examples' tau is the page's default
+    assert PageSettings().k == Settings().k  # ... and their k (predict's default)
+    status, body = get(served)
+    assert status == 200 and field_value(body, "tau") == "0.1" and field_value(body, "k") == "4096"
+    status, sharp = get(served, EXAMPLE)
+    status_flat, flat = get(served, EXAMPLE, tau="100", k="8")
+    assert status == status_flat == 200
+    assert field_value(flat, "tau") == "100" and field_value(flat, "k") == "8"  # the form keeps what was asked
+    assert top_score(sharp, "npm") != top_score(flat, "npm")  # the temperature reached NPM's softmax
+    assert "<script" not in body
+
+
+@pytest.mark.parametrize(("form", "says"), [
+    ({"tau": "0"}, "The temperature tau must be a number above 0 and at most 100"),
+    ({"tau": "-1"}, "The temperature tau must be a number above 0"),
+    ({"tau": "hot"}, "The temperature tau must be a number"),
+    ({"tau": "1e9"}, "at most 100"),
+    ({"k": "0"}, "k must be a whole number from 1 to 16,384"),
+    ({"k": "2.5"}, "k must be a whole number"),
+    ({"k": "99999"}, "k must be a whole number from 1 to 16,384")])
+def test_a_setting_out_of_range_is_a_message_and_the_server_keeps_serving(served, form, says):
+    status, body = get(served, EXAMPLE, **form)
+    assert status == 400 and says in body and "class='answer'" not in body, body[-1500:]
+    assert_still_serving(served)
+
+
+def test_every_column_says_what_its_score_means(served):
+    """Fault: the columns' scores (about 0.1, about 60, a log-probability) had no legend."""
+    status, body = get(served, EXAMPLE)
+    meaning = {name: re.search(r"<p class='meaning'>score: (.*?)</p>", column_html(body, name))[1] for name in COLUMNS}
+    for name in ("npm", "npm_faiss"):
+        assert "probability of the phrase" in meaning[name] and "tau" in meaning[name], meaning[name]
+    assert "k nearest" in meaning["npm_faiss"] and "BM25 top blocks" in meaning["npm"]
+    assert "probability of the token" in meaning["npm_single"] and "tau" in meaning["npm_single"]
+    assert "inner product" in meaning["densephrases"]
+    assert "mean log-probability" in meaning["replug"] and "mixture" in meaning["replug"]
+
+
+def test_replug_is_asked_as_table_8_asks_nq_and_answers_a_phrase(served):
+    """Fault: the page gave REPLUG the cloze prompt, to which its LM answers "A:" or "A: 1"; Table 8's NQ prompt
+    gets spans."""
+    from npm.baselines.lm import open_set_prompt
+    from npm.tasks.templates import qa_input
+
+    status, body = get(served, EXAMPLE)
+    replug = column_html(body, "replug")
+    asked = open_set_prompt("nq", qa_input("Bratislava is the capital of"))  # the evaluation's NQ prompt
+    assert asked == "Question: Bratislava is the capital of?\nAnswer:"
+    assert f"<p class='asked'>asked as: {html_escape(asked)}</p>" in replug, replug[:1500]
+    answer = re.search(r"<span class='answer'>(.*?)</span>", replug)[1]
+    assert answer and answer != "(empty)", replug[:1500]
 
 
 def test_every_system_answers_with_its_evidence_highlighted_in_the_browser(served, browser, tmp_path):
