@@ -216,16 +216,16 @@ def _npm(config: str, corpus: str, model: str, mode: str, top: int, predictors: 
 
 def npm_score(model: str, mode: str, s: Settings) -> str:
     """What an NPM / NPM-single score is (``npm.inference.phrase.score_spans``, ``aggregate_spans``)."""
-    where = "the stored tokens of the BM25 top blocks" if mode == "restricted" else "the k nearest stored tokens"
+    where = "the BM25 top blocks' stored tokens" if mode == "restricted" else "the k nearest stored tokens"
     if model == "npm_single":
-        return (f"probability of the token: softmax(s / tau) over {where}, s = the similarity of the query vector "
-                "to a token's vector, summed over the token's occurrences (0 to 1)")
+        return (f"probability of the token: softmax(s / tau) over {where}, s = a stored vector's similarity to the "
+                "query vector, summed over the token's occurrences (0 to 1)")
     if s.span_score == "code":
-        return (f"P_start + P_end: two softmaxes at temperature tau over the similarities of {where} to the query's "
+        return (f"P_start + P_end: two softmaxes at temperature tau over {where}, of their similarity to the query's "
                 "start and end vectors, summed over the phrase's occurrences (0 to 2)")
-    return (f"probability of the phrase: softmax over the candidate spans of {where} of exp(s_start / tau) + "
-            "exp(s_end / tau), s = the similarity to the query's start / end vector, summed over the phrase's "
-            "occurrences (0 to 1)")
+    return (f"probability of the phrase: exp(s_start / tau) + exp(s_end / tau) normalised over every candidate span of "
+            f"{where}, s = the similarity to the query's start / end vector, summed over the phrase's occurrences "
+            "(0 to 1)")
 
 
 def _densephrases(cfg: dict, corpus: str, top: int):
