@@ -353,6 +353,14 @@ def corpus_facts(corpus: str, titles: int = 5) -> dict:
             "tokens": int(meta["n_tokens"]), "titles": names}
 
 
+def page_facts(corpus: str) -> dict:
+    """``corpus_facts``, or {"missing": why not} (the page then says what to build)."""
+    try:
+        return corpus_facts(corpus)
+    except (FileNotFoundError, ValueError) as e:
+        return {"missing": str(e)}
+
+
 def load_columns(config: str = "config/config.yaml", corpus: str = "enwiki", top: int = 3,
                  progress=None) -> list[Column]:
     """Every column of the page, each loaded once and warmed up with ``EXAMPLE`` (which opens its indexes), in the
@@ -578,10 +586,7 @@ def serve(config: str = "config/config.yaml", corpus: str = "enwiki", host: str 
                          "or --host") from None
     try:
         columns.extend(load_columns(config, corpus, top))
-        try:
-            facts.update(corpus_facts(corpus))
-        except (FileNotFoundError, ValueError) as e:
-            facts["missing"] = str(e)
+        facts.update(page_facts(corpus))
         ready = sum(c.answer is not None for c in columns)
         url = f"http://{host}:{server.server_address[1]}/"
         print(f"npm-repro serve: {ready} of {len(columns)} systems ready in {time.perf_counter() - t0:.0f} s; serving "
@@ -594,4 +599,4 @@ def serve(config: str = "config/config.yaml", corpus: str = "enwiki", host: str 
 
 
 __all__ = ["COLUMNS", "Column", "ask", "check_question", "corpus_facts", "highlight", "load_columns", "make_server",
-           "page_settings", "render", "serve", "task_input"]
+           "page_facts", "page_settings", "render", "serve", "task_input"]

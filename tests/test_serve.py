@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from npm.serve import COLUMNS, EXAMPLE, MAX_CHARS, load_columns, make_server
+from npm.serve import COLUMNS, EXAMPLE, MAX_CHARS, load_columns, make_server, page_facts
 from npm.settings import PageSettings, Settings
 from tests.conftest import WORDPIECE, lee_corpus_lines, require_jvm, save_tiny_bert
 
@@ -422,7 +422,7 @@ def test_a_question_of_10000_characters_is_a_message_and_the_server_keeps_servin
 def test_a_system_without_its_artefacts_names_the_snakemake_target_in_the_page(workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     columns = load_columns("config/config.yaml", corpus="cc_news", progress=lambda line: None)  # nothing built
-    server = make_server(columns, port=0)
+    server = make_server(columns, port=0, facts=page_facts("cc_news"))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/"
@@ -433,6 +433,8 @@ def test_a_system_without_its_artefacts_names_the_snakemake_target_in_the_page(w
             assert "build it with `snakemake data/datastore/npm_single/cc_news/meta.json`" in body
             assert "build it with `snakemake data/densephrases/dump/pre_batch/cc_news/meta.json`" in body
             assert "build it with `snakemake data/bm25/cc_news`" in body
+            assert ("What the corpus holds is unknown: data/datastore/npm/cc_news/meta.json does not exist; build it "
+                    "with `snakemake data/datastore/npm/cc_news/meta.json`") in body
             assert "Traceback" not in body
     finally:
         server.shutdown()
