@@ -654,3 +654,22 @@ class ReplugSettings(Section):
 
 __all__ += ["DensePhrasesQueryFt", "DensePhrasesSettings", "DensePhrasesTeacher", "DensePhrasesTrain", "LsrSettings",
             "ReplugSettings"]
+
+
+# ---- the web page (``npm-repro serve``, npm.serve): no config key; its form sets these per question.
+
+@dataclass(frozen=True)
+class PageSettings(Section):
+    """The NPM settings the page's form adjusts; the defaults are those of the README's examples (``npm-repro
+    predict --tau 0.1`` with the paper's k), the ranges what the page accepts. Invalid values raise ValueError."""
+
+    TITLE = "web page settings"
+
+    open_set_tau: float = _setting(0.1, "temperature of NPM's and NPM-single's phrase softmax (the README's examples: "
+                                        "0.1; the paper's default, Settings.open_set_tau, is 1)",
+                                   minimum=0, exclusive=True, maximum=100.0)
+    k: int = _setting(Settings.k, "nearest start and end vectors the FAISS column searches (paper 3.3)", minimum=1,
+                      maximum=16384)
+
+
+__all__ += ["PageSettings"]

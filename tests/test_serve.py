@@ -7,12 +7,20 @@ input (empty, no mask, 10,000 characters, HTML and script) is a message in the p
 Without Chromium and chromedriver (Debian: ``apt-get install chromium chromium-driver``) the browser tests are
 skipped; NPM_REQUIRE_BROWSER=1 turns that skip into a failure. ``NPM_SERVE_SCREENSHOT=PATH`` saves the browser
 test's screenshot there too (docs/serve.png was made so). The slow test serves the finished ``make demo`` of the
-repository (or of ``NPM_DEMO_ROOT``) and is skipped when its outputs are absent."""
+repository (or of ``NPM_DEMO_ROOT``), asks it a question whose answer is in the corpus, and is skipped when its
+outputs are absent.
+
+The page states its corpus as its NPM datastore counts it (checked here against the datastore's own files), takes
+NPM's tau and k from its form (the README's values by default; a value out of range is a message), asks REPLUG with
+Table 8's NQ prompt, and says what each column's score means."""
 
 from __future__ import annotations
 
+import gzip
 import http.client
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,18 +30,22 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
 import yaml
 
-from npm.serve import COLUMNS, EXAMPLE, MAX_CHARS, load_columns, make_server
+from npm.serve import COLUMNS, EXAMPLE, MAX_CHARS, load_columns, make_server, page_facts
+from npm.settings import PageSettings, Settings
 from tests.conftest import WORDPIECE, lee_corpus_lines, require_jvm, save_tiny_bert
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS_LINES = ["Bratislava is the capital of Slovakia, a city on the Danube.",
                 "Vienna is the capital of Austria, upstream of Bratislava on the Danube."]
 EXTRACTIVE = [c for c in COLUMNS if c != "replug"]  # their answers are spans of the passages they show
+DOCS = "data/docs/enwiki.jsonl.gz"  # the corpus's documents with their titles, where the workflow puts them
+SERVE = "import sys; del sys.path[0]; from npm.cli import main; sys.exit(main())"  # `npm-repro`, cwd not on the path
 
 
 # ------------------------------------------------------------------------------------------------ the workflow dir
@@ -64,9 +76,9 @@ def build_workdir(root: Path) -> None:
 
     blocks = "data/blocks/enwiki/shard0.npz"
     os.makedirs("data/blocks/enwiki")
-    write_jsonl("data/documents/enwiki.jsonl", [{"id": f"doc{i}", "units": [line]} for i, line in
-                                                enumerate(CORPUS_LINES + lee_corpus_lines()[:10])])
-    build_blocks("data/documents/enwiki.jsonl", blocks, WORDPIECE, max_seq_length=64)
+    write_jsonl(DOCS, [{"id": f"doc{i}", "title": line.split(" is ")[0] if i < len(CORPUS_LINES) else f"Lee {i}",
+                        "units": [line]} for i, line in enumerate(CORPUS_LINES + lee_corpus_lines()[:10])])
+    build_blocks(DOCS, blocks, WORDPIECE, max_seq_length=64)
     build_bm25_index(block_documents([blocks]), "data/bm25/enwiki")
     for kind, checkpoint in (("npm", save_tiny_bert("results/models/npm", seed=0)),
                              ("npm_single", save_tiny_bert("released/npm-single", seed=1))):
@@ -95,9 +107,10 @@ def workdir(tmp_path_factory):
 
 
 def start_server(root: Path, log: Path, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
-    """``npm-repro serve --port 0`` started in ``root`` as a user would; its URL once every system is loaded."""
+    """``npm-repro serve --port 0`` of this code started in ``root`` as a user would (a checkout's own npm/ there is
+    not imported: ``-c`` drops the working directory from the path); its URL once every system is loaded."""
     err = log.open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "npm.cli", "serve", "--port", "0", "--threads", "1"], cwd=root,
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, "serve", "--port", "0", "--threads", "1"], cwd=root,
                             stdout=subprocess.PIPE, stderr=err, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
@@ -127,10 +140,10 @@ def served(workdir, tmp_path_factory):
     stop(proc)
 
 
-def get(url: str, question: str | None = None) -> tuple[int, str]:
-    """Status and body of the page (asked ``question``)."""
-    if question is not None:
-        url += "?" + urllib.parse.urlencode({"q": question})
+def get(url: str, question: str | None = None, **form: str) -> tuple[int, str]:
+    """Status and body of the page (asked ``question``, with the form's other fields ``form``)."""
+    if question is not None or form:
+        url += "?" + urllib.parse.urlencode(({"q": question} if question is not None else {}) | form)
     try:
         with urllib.request.urlopen(url, timeout=120) as r:
             return r.status, r.read().decode("utf-8")
@@ -141,6 +154,62 @@ def get(url: str, question: str | None = None) -> tuple[int, str]:
 def assert_still_serving(url: str) -> None:
     status, body = get(url, EXAMPLE)
     assert status == 200 and body.count("class='answer'") >= len(COLUMNS), body[-2000:]
+
+
+def shown_facts(body: str) -> dict:
+    """The corpus facts the page states (its #corpus paragraph): documents, blocks, tokens and example titles."""
+    corpus = re.search(r"<p class='corpus' id='corpus'>(.*?)</p>", body, re.S)
+    assert corpus, body[:3000]
+    facts = {k: int(re.search(rf"<span id='{k}'>([\d,]+)</span>", corpus[1])[1].replace(",", ""))
+             for k in ("documents", "blocks", "tokens")}
+    return facts | {"titles": re.findall(r"<i>(.*?)</i>", corpus[1]), "text": corpus[1]}
+
+
+def datastore_facts(root: Path, corpus: str = "enwiki") -> dict:
+    """What the NPM datastore of ``corpus`` under ``root`` holds, read from its files here: blocks and tokens from
+    meta.json (checked against its blocks files), documents and every document's title from the blocks files and
+    data/docs/{corpus}.jsonl.gz."""
+    import numpy as np
+
+    meta = json.loads((root / f"data/datastore/npm/{corpus}/meta.json").read_text())
+    documents, blocks, tokens, ids = 0, 0, 0, set()
+    for source in meta["sources"]:
+        with np.load(root / source) as z:
+            documents += len(z["doc_ids"])
+            ids |= set(z["doc_ids"].tolist())
+            blocks += len(z["block_offsets"]) - 1
+            tokens += int(z["block_offsets"][-1])
+    assert (blocks, tokens) == (meta["n_blocks"], meta["n_tokens"])
+    with gzip.open(root / f"data/docs/{corpus}.jsonl.gz", "rt", encoding="utf-8") as f:
+        titles = {d["title"] for d in map(json.loads, f) if d["id"] in ids}
+    return {"documents": documents, "blocks": meta["n_blocks"], "tokens": meta["n_tokens"], "titles": titles}
+
+
+def assert_facts_are_the_datastore_s(body: str, root: Path) -> None:
+    shown, truth = shown_facts(body), datastore_facts(root)
+    assert {k: shown[k] for k in ("documents", "blocks", "tokens")} == \
+        {k: truth[k] for k in ("documents", "blocks", "tokens")}, (shown, truth)
+    assert shown["titles"] and len(shown["titles"]) <= 5 and set(shown["titles"]) <= truth["titles"], shown
+    assert "a question about anything else cannot be answered from them" in shown["text"], shown["text"]
+
+
+def column_html(body: str, name: str) -> str:
+    found = re.search(rf"<section class='system' id='col-{name}'>(.*?)</section>", body, re.S)
+    assert found, (name, body[:3000])
+    return found[1]
+
+
+def top_score(body: str, name: str) -> str:
+    return re.search(r"<span class='score'>[^<]* ([-\d.]+|n/a)</span>", column_html(body, name))[1]
+
+
+def field_value(body: str, key: str) -> str:
+    return re.search(rf"<input id='{key}' name='{key}'[^>]*value=\"([^\"]*)\"", body)[1]
+
+
+def is_phrase(answer: str) -> bool:
+    """A non-empty phrase: a word, not a bare prefix such as "A:" or a list marker alone."""
+    return bool(re.search(r"\w\w", answer)) and not answer.rstrip().endswith(":")
 
 
 # ------------------------------------------------------------------------------------------------ the browser
@@ -226,14 +295,84 @@ def test_serve_binds_loopback_by_default():
     assert args.host == "127.0.0.1" and args.port == 8000 and args.config == "config/config.yaml"
 
 
+def test_the_page_states_what_its_corpus_holds_as_its_datastore_counts_it(served, workdir):
+    """Fault: the page never said which documents it could answer from (the demo's 2,000 of 10,033 leads)."""
+    for question in (None, EXAMPLE):
+        status, body = get(served, question)
+        assert status == 200
+        assert_facts_are_the_datastore_s(body, workdir)
+
+
+def test_the_page_uses_the_readme_settings_with_tau_and_k_as_form_fields(served):
+    """Fault: the page ran NPM at tau 1.0 while the README's examples use 0.1, with no control for it."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    taus = set(re.findall(r"--tau ([\d.]+)", readme)) | set(re.findall(r"open_set_tau=([\d.]+)", readme))
+    assert taus == {f"{PageSettings().open_set_tau:g}"}, taus  # the README's examples' tau is the page's default
+    assert PageSettings().k == Settings().k  # ... and their k (predict's default)
+    stated = re.findall(r"\(tau ([\d.]+), k (\d+);", readme)  # the README's page section
+    assert stated == [(f"{PageSettings().open_set_tau:g}", str(PageSettings().k))], stated
+    status, body = get(served)
+    assert status == 200 and field_value(body, "tau") == "0.1" and field_value(body, "k") == "4096"
+    status, sharp = get(served, EXAMPLE)
+    status_flat, flat = get(served, EXAMPLE, tau="100", k="8")
+    assert status == status_flat == 200
+    assert field_value(flat, "tau") == "100" and field_value(flat, "k") == "8"  # the form keeps what was asked
+    assert top_score(sharp, "npm") != top_score(flat, "npm")  # the temperature reached NPM's softmax
+    assert "<script" not in body
+
+
+@pytest.mark.parametrize(("form", "says"), [
+    ({"tau": "0"}, "The temperature tau must be a number above 0 and at most 100"),
+    ({"tau": "-1"}, "The temperature tau must be a number above 0"),
+    ({"tau": "hot"}, "The temperature tau must be a number"),
+    ({"tau": "1e9"}, "at most 100"),
+    ({"k": "0"}, "k must be a whole number from 1 to 16,384"),
+    ({"k": "2.5"}, "k must be a whole number"),
+    ({"k": "99999"}, "k must be a whole number from 1 to 16,384")])
+def test_a_setting_out_of_range_is_a_message_and_the_server_keeps_serving(served, form, says):
+    status, body = get(served, EXAMPLE, **form)
+    assert status == 400 and says in body and "class='answer'" not in body, body[-1500:]
+    assert_still_serving(served)
+
+
+def test_every_column_says_what_its_score_means(served):
+    """Fault: the columns' scores (about 0.1, about 60, a log-probability) had no legend."""
+    status, body = get(served, EXAMPLE)
+    meaning = {name: re.search(r"<p class='meaning'>score: (.*?)</p>", column_html(body, name))[1] for name in COLUMNS}
+    for name in ("npm", "npm_faiss"):
+        assert "probability of the phrase" in meaning[name] and "tau" in meaning[name], meaning[name]
+    assert "k nearest" in meaning["npm_faiss"] and "BM25 top blocks" in meaning["npm"]
+    assert "probability of the token" in meaning["npm_single"] and "tau" in meaning["npm_single"]
+    assert "inner product" in meaning["densephrases"]
+    assert "mean log-probability" in meaning["replug"] and "mixture" in meaning["replug"]
+
+
+def test_replug_is_asked_as_table_8_asks_nq_and_answers_a_phrase(served):
+    """Fault: the page gave REPLUG the cloze prompt, to which its LM answers "A:" or "A: 1"; Table 8's NQ prompt
+    gets spans."""
+    from npm.baselines.lm import open_set_prompt
+    from npm.tasks.templates import qa_input
+
+    status, body = get(served, EXAMPLE)
+    replug = column_html(body, "replug")
+    asked = open_set_prompt("nq", qa_input("Bratislava is the capital of"))  # the evaluation's NQ prompt
+    assert asked == "Question: Bratislava is the capital of?\nAnswer:"
+    assert f"<p class='asked'>asked as: {html_escape(asked)}</p>" in replug, replug[:1500]
+    answer = re.search(r"<span class='answer'>(.*?)</span>", replug)[1]
+    assert answer and answer != "(empty)", replug[:1500]
+
+
 def test_every_system_answers_with_its_evidence_highlighted_in_the_browser(served, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
     ask_in_browser(browser, served, EXAMPLE)
     shown = columns_in_browser(browser)
     screenshot(browser, tmp_path)
+    assert "a question about anything else cannot be answered" in browser.find_element(By.ID, "corpus").text
     for name in COLUMNS:
         col = shown[name]
         assert not col["missing"], (name, col["missing"])
-        assert col["answers"] and all(a.strip() for a in col["answers"]), (name, col)
+        assert col["answers"] and all(a.strip() for a in col["answers"]) and is_phrase(col["answers"][0]), (name, col)
         assert col["evidence"] and col["time"] and col["time"][0].endswith(" s"), (name, col)
         assert all(s.split()[-1] != "n/a" for s in col["scores"][:1]) or name == "replug", (name, col)
     for name in EXTRACTIVE:  # an extractive answer is a span of its evidence: highlighted there
@@ -283,7 +422,7 @@ def test_a_question_of_10000_characters_is_a_message_and_the_server_keeps_servin
 def test_a_system_without_its_artefacts_names_the_snakemake_target_in_the_page(workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     columns = load_columns("config/config.yaml", corpus="cc_news", progress=lambda line: None)  # nothing built
-    server = make_server(columns, port=0)
+    server = make_server(columns, port=0, facts=page_facts("cc_news"))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/"
@@ -294,33 +433,48 @@ def test_a_system_without_its_artefacts_names_the_snakemake_target_in_the_page(w
             assert "build it with `snakemake data/datastore/npm_single/cc_news/meta.json`" in body
             assert "build it with `snakemake data/densephrases/dump/pre_batch/cc_news/meta.json`" in body
             assert "build it with `snakemake data/bm25/cc_news`" in body
+            assert ("What the corpus holds is unknown: data/datastore/npm/cc_news/meta.json does not exist; build it "
+                    "with `snakemake data/datastore/npm/cc_news/meta.json`") in body
             assert "Traceback" not in body
     finally:
         server.shutdown()
         server.server_close()
 
 
+# A question whose answer is in the demo's corpus (its 2,000 of the 10,033 leads hold "14th Dalai Lama"), and that title
+DEMO_QUESTION = "The 14th Dalai Lama is the highest spiritual leader and head of <mask>."
+DEMO_TITLE = "14th Dalai Lama"
+
+
 @pytest.mark.slow
-def test_the_demo_answers_the_readme_question_in_the_browser(browser, tmp_path):
+def test_the_demo_answers_a_corpus_question_in_the_browser(browser, tmp_path):
+    """After `make demo`: the page states the corpus as its datastore counts it, and every column's top answer to a
+    question whose answer is in the corpus is a phrase (REPLUG's too: Table 8's NQ prompt, not "A:" or "A: 1")."""
+    from selenium.webdriver.common.by import By
+
     root = Path(os.environ.get("NPM_DEMO_ROOT", REPO))
-    needed = ["results/models/npm", "data/datastore/npm/enwiki/meta.json", "data/bm25/enwiki",
-              "results/models/smollm2"]
+    needed = ["results/models/npm", "data/datastore/npm/enwiki/meta.json", "data/datastore/npm_single/enwiki/meta.json",
+              "data/index/npm/enwiki.faiss", "data/bm25/enwiki", "data/docs/enwiki.jsonl.gz",
+              "data/densephrases/dump/pre_batch/enwiki/meta.json", "results/models/smollm2"]
     absent = [p for p in needed if not (root / p).exists()]
     if absent:
         pytest.skip(f"no finished `make demo` in {root} (missing {', '.join(absent)}); run `make demo` first or set "
                     "NPM_DEMO_ROOT")
+    assert DEMO_TITLE in datastore_facts(root)["titles"]  # the question's answer is in the corpus
     proc, url = start_server(root, tmp_path / "serve.log", timeout=900)
     try:
-        ask_in_browser(browser, url, EXAMPLE)
+        ask_in_browser(browser, url, DEMO_QUESTION)
         shown = columns_in_browser(browser)
         screenshot(browser, tmp_path)
+        assert_facts_are_the_datastore_s(get(url)[1], root)
+        assert "cannot be answered" in browser.find_element(By.ID, "corpus").text
+        assert browser.find_element(By.ID, "tau").get_attribute("value") == f"{PageSettings().open_set_tau:g}"
         for name in COLUMNS:
             col = shown[name]
             assert not col["missing"] and col["answers"] and col["evidence"], (name, col)
-            # REPLUG's answer is SmolLM2-135M's text, which need not occur in a passage (the demo's: "A: 1"): its
-            # evidence is highlighted where it does. Every other system answers with a span of its evidence.
-            occurs = any(col["answers"][0].lower() in passage.lower() for passage in col["evidence"])
-            assert col["marks"] or (name == "replug" and not occurs), (name, col)
+            assert is_phrase(col["answers"][0]), (name, col["answers"])
+            if name in EXTRACTIVE:  # a span of its evidence, highlighted there
+                assert col["marks"], (name, col)
     finally:
         stop(proc)
 
