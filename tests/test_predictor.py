@@ -2,6 +2,10 @@
 BM25-restricted and the exact FAISS paths agree when they see the same candidates, surface strings are exact,
 and bad input is a clear error."""
 
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -123,3 +127,24 @@ def test_predict_cli_prints_phrases_and_evidence(world, capsys):
     rc = main(["predict", "--checkpoint", str(root / "model"), "--datastore", str(root / "ds"), "--bm25",
                str(root / "bm25"), "No mask in this query."])
     assert rc == 1 and "no mask" in capsys.readouterr().err
+
+
+def _predict_output(root, *extra) -> str:
+    """stdout and stderr of `npm-repro predict` in a fresh process (the JVM starts once per process)."""
+    out = subprocess.run([sys.executable, "-m", "npm.cli", "predict", "--checkpoint", str(root / "model"),
+                          "--datastore", str(root / "ds"), "--bm25", str(root / "bm25"), "--top", "1", *extra,
+                          "Thessaloniki is the second largest city in <mask>."], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "1. " in out.stdout
+    return out.stdout + out.stderr
+
+
+def test_predict_prints_no_library_chatter_unless_verbose(world):
+    """transformers' "Loading weights" bars and Lucene's INFO lines (java.util.logging: "INFO: Using
+    MemorySegmentIndexInput ...") appear only with --verbose (npm.verbosity)."""
+    root, _ = world
+    quiet = _predict_output(root)
+    assert "Loading weights" not in quiet, quiet
+    assert "org.apache.lucene" not in quiet and not re.search(r"^INFO: ", quiet, re.M), quiet
+    verbose = _predict_output(root, "--verbose")
+    assert "Loading weights" in verbose and "org.apache.lucene" in verbose, verbose[-3000:]

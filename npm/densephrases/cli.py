@@ -180,7 +180,8 @@ def cmd_evaluate(args) -> int:
                                  **open_domain(searcher, questions, args.k, args.max_words, args.refine_factor)}
             if args.refine_factor > 1:  # what the index alone ranks
                 out.setdefault("open_index_only", {})[name] = open_domain(searcher, questions, args.k, args.max_words)
-            log.info("%s: open-domain EM@1 %.1f on %d questions, %.1f queries/s", name, out["open"][name]["em"],
+            log.info("%s: open-domain EM@1 %.1f on %d questions; %.1f questions/s of question encoding and phrase "
+                     "search, model and index load excluded", name, out["open"][name]["em"],
                      out["open"][name]["n"], out["open"][name]["queries_per_s"])
     if len(out) == 1:
         raise ValueError("nothing to evaluate: give --rc, --questions and/or --task")

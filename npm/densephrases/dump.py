@@ -160,7 +160,7 @@ def _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_b
     order = np.argsort(lengths, kind="stable")
     keep = table.word >= 0
     with torch.inference_mode(), autocast(dev, precision):
-        for a in tqdm(range(0, len(order), batch_blocks), desc=desc, disable=not progress or None):
+        for a in tqdm(range(0, len(order), batch_blocks), desc=desc, unit="batch", disable=not progress or None):
             batch = order[a:a + batch_blocks]
             ids, att = pad_blocks(arrays["input_ids"], offsets, batch, int(max(1, lengths[batch].max())))
             h = model.phrase_vectors(torch.as_tensor(ids, device=dev), torch.as_tensor(att, device=dev))

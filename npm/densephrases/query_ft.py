@@ -103,7 +103,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     run = run or tracking.Run()
     run.update(dev_em_before=before)
     step = 0  # optimizer steps so far (the run's x axis)
-    bar = tqdm(total=epochs * n_batches, desc="query-side fine-tuning", disable=not progress or None)
+    bar = tqdm(total=epochs * n_batches, desc="query-side fine-tuning", unit="step", disable=not progress or None)
     for epoch in range(epochs):
         t0 = time.perf_counter()
         model.query_start.train()

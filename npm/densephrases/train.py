@@ -269,7 +269,8 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run |
             load_tokenizer(cfg.encoder).save_pretrained(tmp)
 
         teacher.train()
-        bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases teacher", disable=not progress or None)
+        bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases teacher", unit="step",
+                   disable=not progress or None)
         for epoch in range(start_epoch, cfg.epochs):
             for rows_b in _batches(n, cfg.batch_size, cfg.seed, epoch):
                 t0 = time.perf_counter()
@@ -351,7 +352,7 @@ def train_densephrases(cfg: PhraseTrainConfig, progress: bool = True, run: track
         optimizer, scheduler = _optimizer(model.parameters(), cfg.lr, steps)
         rows = [] if state is None else _restore(state, optimizer, scheduler)
         model.train()
-        bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases", disable=not progress or None)
+        bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases", unit="step", disable=not progress or None)
         for epoch in range(start_epoch, cfg.epochs):
             pre = cfg.negatives == "pre_batch" and epoch >= cfg.epochs - cfg.pre_batch_epochs
             queue = PreBatchQueue(cfg.pre_batch) if pre else None  # a new, empty queue every epoch

@@ -13,7 +13,8 @@ from npm import threads, tracking
 from npm.evaluation.harness import evaluate_tasks
 from npm.evaluation.systems import NEGATIVE_CONTROLS, SYSTEMS, Inputs
 from npm.io import dumps_json
-from npm.options import DEVICE, TASKS_ROOT, THREADS, Command, option, section
+from npm.options import COMMAND_VERBOSE, DEVICE, TASKS_ROOT, THREADS, Command, option, section
+from npm.verbosity import set_library_output
 
 TABLE_KEYS = ("metric", "score", "ci95", "stderr", "n", "corpus", "queries_per_s", "seconds")  # the run's table
 
@@ -25,6 +26,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if given is not None and len(given) != n:
             raise SystemExit(f"npm-repro evaluate: {n} task(s) but {len(given)} --{name} path(s): give one per task, "
                              "in the order of --task")
+    set_library_output(args.verbose)
     threads.set_threads(args.threads)
     inputs = Inputs(checkpoint=args.checkpoint, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25,
                     blocks=args.blocks, encoder=args.encoder, phrase_dump=args.phrase_dump,
@@ -76,7 +78,7 @@ COMMANDS = (
             TASKS_ROOT,
             option("--n-samples", type=settings_module.nonneg_int,
                    help="examples per task (default: the registry's; 0 = all)"),
-            DEVICE, THREADS,
+            DEVICE, THREADS, COMMAND_VERBOSE,
             option("--negative-control", choices=NEGATIVE_CONTROLS,
                    help="shuffled_vectors: every datastore vector read for another token's (seeded); a working NPM "
                         "then scores like chance and `npm-repro check` FAILs (docs/expected-numbers.md)"),

@@ -269,7 +269,8 @@ def _run_task(spec: Task, entry, scorer, inputs: Inputs, settings: Settings, n_s
     metrics.update(scorer.info)
     metrics.update(output.metrics)
     metrics["threads"], metrics["torch_threads"] = _threads()
-    log.info("%s/%s: %s = %.2f [%.2f, %.2f] (n = %d, %.2f examples/s)", spec.name, entry.name, spec.metric,
+    log.info("%s/%s: %s = %.2f [%.2f, %.2f] (n = %d; %.2f examples/s answered: encoding, retrieval and scoring, "
+             "model and index load excluded)", spec.name, entry.name, spec.metric,
              metrics["score"], *metrics["ci95"], metrics["n"], metrics["queries_per_s"] or 0.0)
     return metrics, records
 

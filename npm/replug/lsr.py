@@ -287,7 +287,7 @@ def _train(cfg: LsrConfig, root: Path, progress: bool, run: tracking.Run) -> dic
         with open(run_dir / "train_log.csv", newline="") as f:
             rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
     run.update(run_id=run_id, run_folder=str(run_dir), start_step=step)
-    bar = tqdm(total=cfg.steps, initial=step, desc="REPLUG LSR", disable=not progress or None)
+    bar = tqdm(total=cfg.steps, initial=step, desc="REPLUG LSR", unit="step", disable=not progress or None)
     while step < cfg.steps:
         t0 = time.perf_counter()
         batch = [queries[(step * cfg.batch_size + i) % len(queries)] for i in range(cfg.batch_size)]

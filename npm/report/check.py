@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npm.evaluation.systems import SYSTEMS
-from npm.io import atomic_path, read_yaml
+from npm.io import atomic_path, read_yaml, write_summary
 from npm.report.tables import TEMPLAMA_TASKS, load_paper_values, paper_cells, short_model_name
 from npm.tasks.registry import load_registry
 
@@ -70,6 +70,11 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return self.state == OK
+
+    def record(self) -> dict:
+        """The verdict as one row of the saved table (:func:`save`)."""
+        return {"cell": self.cell, "state": self.state, "score": self.score, "band": [self.low, self.high],
+                "expected": self.expected, "problem": self.problem}
 
     def line(self) -> str:
         found = f"{self.score:6.2f}" if self.score is not None else "     -"
@@ -146,6 +151,22 @@ def summary(verdicts: list[Verdict]) -> str:
     """``N OK, M FAIL, K not run of T cells``."""
     counts = {state: sum(v.state == state for v in verdicts) for state in (OK, FAIL, NOT_RUN)}
     return f"{counts[OK]} OK, {counts[FAIL]} FAIL, {counts[NOT_RUN]} not run of {len(verdicts)} cells"
+
+
+def verdicts_path(expected: str | os.PathLike, metrics_root: str | os.PathLike) -> Path:
+    """Where a check's verdicts are saved unless ``--out`` says: ``check/{expected file's stem}.json`` beside the
+    metrics root (``results/metrics`` -> ``results/check/embedded.json``; the negative control's
+    ``results/control/metrics`` -> ``results/control/check/embedded.json``, so it never replaces the real check's)."""
+    return Path(metrics_root).parent / "check" / f"{Path(expected).stem}.json"
+
+
+def save(verdicts: list[Verdict], path: str | os.PathLike, expected: Expected, metrics_root: str | os.PathLike,
+         config: dict) -> None:
+    """Write the verdicts (one row per cell, the summary line) with their provenance (``config``: the command's
+    arguments; git commit, versions: ``npm.io.provenance``) to ``path``, atomically: a failed write leaves the
+    previous file whole."""
+    write_summary(path, {"expected_file": str(expected.path), "metrics_root": str(metrics_root),
+                         "summary": summary(verdicts), "cells": [v.record() for v in verdicts]}, config=config)
 
 
 # ------------------------------------------------------------------------------------------------ embedded bands

@@ -61,8 +61,9 @@ def _report(args: argparse.Namespace, run: tracking.Run) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """Print OK / FAIL / not run per cell of the expected-numbers file for ``args.metrics_root`` and a summary; exit
-    1 when a cell fails (not with ``--report-only``). ``--record``: write the expected-numbers file from the metrics
+    """Print OK / FAIL / not run per cell of the expected-numbers file for ``args.metrics_root`` and a summary, and
+    save them (``--out``, :func:`npm.report.check.verdicts_path`); exit 1 when a cell fails (not with
+    ``--report-only``). ``--record``: write the expected-numbers file from the metrics
     instead; ``--record-paper``: regenerate the paper file's cells from the paper's numbers."""
     if args.paper and args.expected:
         raise ValueError("give --paper or --expected FILE, not both")
@@ -88,6 +89,10 @@ def run_check(args: argparse.Namespace) -> int:
     for v in verdicts:
         print(v.line())
     print(f"{check.summary(verdicts)} ({path} against {args.metrics_root})")
+    args.out = args.out or check.verdicts_path(path, args.metrics_root)  # named by an error writing it (npm.cli)
+    check.save(verdicts, args.out, expected, args.metrics_root,
+               {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"})
+    print(f"verdicts -> {args.out}")
     failed = sum(v.state == check.FAIL for v in verdicts)
     if args.expect_fail:
         missing = [v.cell for v in verdicts if v.problem]
@@ -133,7 +138,8 @@ CHECK = Command(
     "check", "OK / FAIL per evaluation cell against an expected-numbers file (exit 1 on any FAIL)", run_check,
     description="Compare every cell (task/run) of an expected-numbers file with the metrics files of a run: OK when "
                 "the score lies in the cell's band, FAIL otherwise, and a cell without metrics is a FAIL or, in a "
-                "file that says `missing: not_run` (the paper's), \"not run\". Exit status 1 on any FAIL. "
+                "file that says `missing: not_run` (the paper's), \"not run\". The verdicts are printed and saved "
+                "with their provenance (--out). Exit status 1 on any FAIL. "
                 "docs/expected-numbers.md says where the bands come from.",
     options=(
         option("--expected", type=Path, default=None, metavar="YAML",
@@ -145,6 +151,9 @@ CHECK = Command(
         option("--metrics-root", type=Path, default=Path("results/metrics"), metavar="DIR",
                help="folder of the run's metrics files, {task}/{run}.json"),
         option("--runs", nargs="+", metavar="RUN", help="check only the cells of these runs (e.g. npm)"),
+        option("--out", type=Path, default=None, metavar="JSON",
+               help="where the verdicts are saved, with provenance (None = check/STEM.json beside --metrics-root, "
+                    "STEM the expected file's: results/check/embedded.json)"),
         option("--expect-fail", action="store_true", help="a negative control: exit 1 unless some cell FAILs"),
         option("--report-only", action="store_true",
                help="exit 0 even when cells FAIL (the printed verdicts are the result, as in rule check_paper); a "

@@ -519,7 +519,9 @@ def table4(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
                 "Device": rec["device"],
             })
     notes = ["The paper timed one Quadro GP100 GPU; ours ran on the device shown, so only the ratios between rows "
-             "compare.", "#Q/sec is empty where the run was too short to time."]
+             "compare.", "#Q/sec: examples answered per second by the evaluation (query encoding, retrieval and "
+             "scoring; loading the model and indexes excluded), the rate `npm-repro evaluate` logs as examples/s; "
+             "empty where the run was too short to time."]
     return Table("table4", "Table 4: inference speed", columns, rows, notes + footer(scores.reset_index()),
                  md_digits={"#Q/sec": 2, "#Q/sec (paper)": 2})
 

@@ -416,7 +416,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     split = dict(rank=rank, world=world, lines_per_rank=t.lines_per_rank, accumulate=t.accumulate)
     order = data.order(t.seed, epoch, **split)
     losses = []
-    bar = tqdm(total=t.steps, initial=step, desc=f"train {cfg.model}", disable=rank != 0 or None)
+    bar = tqdm(total=t.steps, initial=step, desc=f"train {cfg.model}", unit="step", disable=rank != 0 or None)
     while step < t.steps:
         if cursor >= len(order):  # an epoch's order holds whole steps (BatchLines.order)
             epoch, cursor = epoch + 1, 0
