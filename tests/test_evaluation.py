@@ -304,3 +304,18 @@ def test_negative_control_decouples_vectors_from_tokens(world, tmp_path):
     assert np.array_equal(shuffled.ds.vectors(shuffled.ds.index_rows(rows)), plain.ds.vectors(rows))
     with pytest.raises(ValueError, match="reads no datastore"):
         run_evaluation("sst2", "mlm", world["model"], [], tasks_root=tmp_path, control="shuffled_vectors")
+
+
+def test_subsets_and_groups_carry_their_bootstrap_standard_error():
+    """Every mean over examples a table shows has its ±: UHN / Hard (``subsets_stderr``) and each LAMA bucket /
+    language (``groups_stderr``), from the same seeded bootstrap as the task's ``stderr``."""
+    from npm.tasks.metrics import bootstrap
+
+    ex = [{"id": str(i), "input": f"q{i} <mask>.", "answers": ["Paris"], "bucket": b, "group": b,
+           "is_uhn": i in (0, 1, 3), "is_hard": None} for i, b in enumerate([1, 1, 1, 2, 2])]
+    correct = [1.0, 0.0, 1.0, 0.0, 1.0]
+    m = task_metrics("lama_trex", "npm", ex, correct)
+    assert m["groups_stderr"]["1"] == pytest.approx(100.0 * bootstrap([1.0, 0.0, 1.0])["stderr"])
+    assert m["groups_stderr"]["2"] == pytest.approx(100.0 * bootstrap([0.0, 1.0])["stderr"])
+    uhn = bootstrap([1.0, 0.0, 0.0], [1, 1, 2], "macro")["stderr"]
+    assert m["subsets_stderr"] == {"uhn": pytest.approx(100.0 * uhn), "hard": None}

@@ -44,7 +44,8 @@ def task_metrics(task: Task | str, system: str, examples: Sequence[dict], correc
                  average: str | None = None) -> dict:
     """The metrics record of one task (paper-map §5.2): the score in percent, micro or macro over the examples'
     ``group`` (LAMA n-gram buckets, translation languages), its bootstrap standard error and 95 % interval
-    (``npm.tasks.metrics.bootstrap``), per-group scores, and LAMA's UHN / Hard subsets.
+    (``npm.tasks.metrics.bootstrap``), per-group scores, and LAMA's UHN / Hard subsets, each of these with its own
+    bootstrap standard error (``groups_stderr``, ``subsets_stderr``: every mean a table shows has its ±).
     ``average`` overrides the registry's."""
     task = resolve_task(task)
     if len(correct) != len(examples):
@@ -69,15 +70,18 @@ def task_metrics(task: Task | str, system: str, examples: Sequence[dict], correc
         for g, c in zip(groups, correct, strict=True):
             per_group.setdefault(g, []).append(c)
         metrics["groups"] = {str(g): 100.0 * float(np.mean(v)) for g, v in per_group.items()}
+        metrics["groups_stderr"] = {str(g): 100.0 * bootstrap(v)["stderr"] for g, v in per_group.items()}
     if task.template == "lama":
-        metrics["subsets"] = {}
+        metrics["subsets"], metrics["subsets_stderr"] = {}, {}
         for name, key in (("uhn", "is_uhn"), ("hard", "is_hard")):
             keep = [i for i, ex in enumerate(examples) if ex.get(key)]
             if not keep:  # no such subset (Google-RE has no Hard list) or none sampled
-                metrics["subsets"][name] = None
+                metrics["subsets"][name] = metrics["subsets_stderr"][name] = None
                 continue
             sub_groups = [groups[i] for i in keep] if average == "macro" else None
-            metrics["subsets"][name] = _percent([correct[i] for i in keep], sub_groups, average)
+            sub_correct = [correct[i] for i in keep]
+            metrics["subsets"][name] = _percent(sub_correct, sub_groups, average)
+            metrics["subsets_stderr"][name] = 100.0 * bootstrap(sub_correct, sub_groups, average)["stderr"]
             metrics["subsets"][f"n_{name}"] = len(keep)
     return metrics
 
