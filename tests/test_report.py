@@ -171,7 +171,7 @@ def test_table3_lm_row_joins_without_and_with_bm25_and_languages(tmp_path):
     assert table.row("npm_single")["zh"] is None
     csv_path, _ = tables.write_table(table, tmp_path / "table3.csv")
     header = next(csv.reader(open(csv_path, encoding="utf-8")))
-    assert header[-4:] == ["ko", "ko (paper)", "zh", "zh (paper)"]
+    assert header[-6:] == ["ko", "ko ±", "ko (paper)", "zh", "zh ±", "zh (paper)"]
 
 
 # ------------------------------------------------------------------------------------------------ Table 4
@@ -381,3 +381,109 @@ def test_the_footer_names_the_paper_vs_code_settings_the_metrics_were_computed_w
     assert "tau_twice true, span_score code, passages 3" in line
     assert "mlm_max_length null (1 files) / 256 (1 files)" in line  # files in path order: mlm, npm
     assert "embedding_precision fp32, faiss_metric code" in line
+
+
+# ------------------------------------------------------------------------------------------------ footers (issue 45)
+
+def every_table(root: Path) -> dict[str, tables.Table]:
+    """Tables 1, 2, 3, 4 and 8 from small metrics files with every field (± on the score, its groups and subsets);
+    the files of Table 4 are those of Tables 1 and 8, as in the workflow (rule table4 reads the same metrics)."""
+    se = {"stderr": 2.5, "ci95": [1.0, 9.0]}
+    lama = {"subsets": {"uhn": 25.0, "hard": 20.0, "n_uhn": 40, "n_hard": 30},
+            "subsets_stderr": {"uhn": 3.5, "hard": 4.5}}
+    langs = {"groups": {"ko": 15.0, "zh": 25.0}, "groups_stderr": {"ko": 5.0, "zh": 6.0}}
+    t1 = [write_metrics(root, t, s, v, **se) for t, s, v in (("agn", "npm", 70.0), ("subj", "npm", 75.0),
+                                                               ("agn", "lm", 40.0), ("subj", "lm", 50.0))]
+    t2 = [write_metrics(root, "templama_unchanged", "npm", 18.0, corpus="enwiki", _at=True, **se),
+          write_metrics(root, "templama_unchanged", "npm", 19.0, corpus="enwiki_2022", **se),
+          write_metrics(root, "templama_changed", "npm", 3.0, corpus="enwiki", _at=True, **se),
+          write_metrics(root, "templama_changed", "npm", 17.0, corpus="enwiki_2022", **se),
+          write_metrics(root, "templama_unchanged", "lm", 2.0, corpus=None, **se),
+          write_metrics(root, "templama_changed", "lm", 1.0, corpus=None, **se)]
+    t3 = [write_metrics(root, "entity_translation", "lm", 1.0, corpus=None, **se, **langs),
+          write_metrics(root, "entity_translation", "bm25_lm", 20.0, **se, **langs),
+          write_metrics(root, "entity_translation", "npm", 50.0, **se, **langs)]
+    t8 = [write_metrics(root, "lama_trex", "npm", 30.0, **se, **lama),
+          write_metrics(root, "lama_google_re", "npm", 20.0, **se, **lama),
+          *[write_metrics(root, t, "npm", 8.0, **se) for t in ("kamel", "triviaqa", "nq")],
+          write_metrics(root, "nq", "lm", 1.5, corpus=None, **se),
+          write_metrics(root, "nq", "densephrases", 85.0, n=40, retrieval="faiss", **se)]
+    t4 = [t1[1], t8[4], t8[5], t8[6]]
+    return {"table1": tables.table1(t1), "table2": tables.table2(t2), "table3": tables.table3(t3),
+            "table4": tables.table4(t4), "table8": tables.table8(t8)}
+
+
+def explained_columns(table: tables.Table) -> set[str]:
+    """The headers the footer's "Columns:" line explains (each written in bold before its explanation)."""
+    import re
+
+    lines = [n for n in table.notes if n.startswith("Columns:")]
+    assert len(lines) == 1, f"{table.name}: one 'Columns:' line expected in the footer, got {len(lines)}"
+    return set(re.findall(r"\*\*(.+?)\*\*", lines[0]))
+
+
+def test_every_column_of_every_table_is_explained_in_its_footer(tmp_path):
+    for name, table in every_table(tmp_path).items():
+        missing = [c for c in table.columns if c not in explained_columns(table)]
+        assert not missing, f"{name}: columns not explained in the footer: {missing}"
+        _, md_path = tables.write_table(table, tmp_path / "out" / f"{name}.csv")
+        assert next(n for n in table.notes if n.startswith("Columns:")) in md_path.read_text(encoding="utf-8")
+
+
+# The columns whose numbers are means over examples (the paper's averages over tasks are means of such means).
+MEANS = {"table1": ["AGN", "Subj", "Avg"],
+         "table2": ["Unchanged", "Changed", "AVG", "unchanged_outdated", "unchanged_updated", "changed_outdated",
+                    "changed_updated"],
+         "table3": ["w/o BM25", "w/ BM25", "ko", "zh"], "table4": ["Acc"],
+         "table8": [label for label, *_ in tables.TABLE8_COLUMNS]}
+
+
+def test_every_mean_over_examples_is_shown_with_its_standard_error(tmp_path):
+    for name, table in every_table(tmp_path).items():
+        _, md_path = tables.write_table(table, tmp_path / "out" / f"{name}.csv")
+        lines = md_path.read_text(encoding="utf-8").splitlines()
+        header = [c.strip() for c in lines[2].strip("|").split(" | ")]
+        for line in lines[4:4 + len(table.rows)]:
+            cells = dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")), strict=True))
+            for column in MEANS[name]:
+                if cells[column]:
+                    assert " ± " in cells[column], f"{name} {column}: {cells[column]!r} has no ±"
+        assert any(n.startswith("± = bootstrap standard error") for n in table.notes)
+    t2 = every_table(tmp_path / "again")["table2"]
+    _, md_path = tables.write_table(t2, tmp_path / "t2.csv")
+    assert "| 18.0 ± 2.5→19.0 ± 2.5 |" in md_path.read_text(encoding="utf-8")
+
+
+def test_densephrases_rows_say_they_are_in_distribution_and_why_n_differs(tmp_path):
+    """DensePhrases is trained on questions of the knowledge tasks' own templates: every table with its row says so,
+    and that its own table (results/tables/densephrases.md) answers all of each task's examples, not this sample."""
+    made = every_table(tmp_path)
+    note = tables.SYSTEMS["densephrases"].note
+    assert "in-distribution" in note and "not zero-shot" in note and "densephrases.md" in note
+    assert note in made["table8"].notes and note in made["table4"].notes
+    assert not any(note == n for n in made["table1"].notes)
+
+
+def test_table3_shared_row_is_labelled_with_both_systems(tmp_path):
+    row = every_table(tmp_path)["table3"].row("lm")
+    assert row["System"] == "LM (SmolLM2-135M) / BM25 + LM (SmolLM2-135M)"
+
+
+def test_a_system_and_task_in_two_tables_has_the_same_number(tmp_path):
+    """The number of one (system, task) is the same in every table that shows it (same metrics file)."""
+    made = every_table(tmp_path)
+    seen: dict[tuple[str, str], dict[str, float]] = {}
+    for row in made["table1"].rows:
+        for task, label in tables.CLOSED_SET_TASKS.items():
+            if row.get(label) is not None:
+                seen.setdefault((row["_system"], task), {})["table1"] = row[label]
+    for row in made["table8"].rows:
+        for label, task, subset, _ in tables.TABLE8_COLUMNS:
+            if subset is None and row.get(label) is not None:
+                seen.setdefault((row["_system"], task), {})["table8"] = row[label]
+    for row in made["table4"].rows:
+        seen.setdefault((row["_system"], row["Task"]), {})["table4"] = row["Acc"]
+    shared = {key: values for key, values in seen.items() if len(values) > 1}
+    assert {("npm", "subj"), ("npm", "nq"), ("lm", "nq")} <= set(shared)
+    for key, values in shared.items():
+        assert len(set(values.values())) == 1, f"{key}: {values}"

@@ -81,6 +81,7 @@ class System:
     lm_label: str | None = None  # the row label with the decoder's name, "{lm}" standing for it
     options: Mapping = field(default_factory=dict)  # fixed arguments of the scorer
     retriever_encoder: str = "npm"  # the dense retriever's encoder: the NPM model, or "replug_lsr" (LSR-trained)
+    note: str | None = None  # what every table with its row says about it (npm.report.tables.system_notes)
 
     def needs(self, closed: bool, retriever: str = "bm25") -> tuple[str, ...]:
         """The artefacts one task family needs; REPLUG-style retrieval with ``retriever="dense"`` reads the blocks
@@ -158,7 +159,13 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            options={"retrieval": True, "ensemble": True, "retriever": "dense"}, retriever_encoder="replug_lsr"),
     System("densephrases", "DensePhrases", "DensePhrases (Lee et al. 2021): the top phrase of the corpus's phrase "
            "index for the input asked as a question (config densephrases)", model="densephrases", closed=None,
-           open=("phrase_dump", "phrase_index"), load=_densephrases),
+           open=("phrase_dump", "phrase_index"), load=_densephrases,
+           note="DensePhrases is trained on question answering about the knowledge tasks' own relations (the "
+           "embedded route: reading comprehension on questions generated per relation, query-side fine-tuning on "
+           "cloze questions in LAMA T-REx's templates, other subjects than the evaluation's; the paper's route: NQ "
+           "and SQuAD), so its numbers are in-distribution, not zero-shot like NPM's and the other rows'. Its own "
+           "table (results/tables/densephrases.md) asks all of each task's questions, this table the seeded sample "
+           "of evaluation.max_examples (n above): the same model's numbers differ between the two by that sampling."),
 )}
 
 

@@ -13,7 +13,8 @@
 One row per number: ``source, task, system, run, model, corpus, retrieval, metric, subset, group, k`` tell the rows
 apart (``run``: the file's name, ``npm@enwiki_p10``, or ``{variant}/{index}`` for DensePhrases; ``subset``: a LAMA
 subset or a DensePhrases setting such as ``teacher`` / ``index_only``; ``group``: one group of ``groups``; ``k``:
-REPLUG's documents), then ``value, stderr, ci_low, ci_high, n`` and ``commit`` (the metrics' provenance git
+REPLUG's documents), then ``value, stderr`` (a subset's or group's own from ``subsets_stderr`` / ``groups_stderr``),
+``ci_low, ci_high, n`` and ``commit`` (the metrics' provenance git
 commit), ``parameters``, ``corpus_tokens``, ``device`` and ``file``. A field a file lacks is empty (None / NaN).
 The tables (``npm.report.tables``) pivot the same rows (:func:`metrics_frame`). ``npm.report.results``
 (:mod:`npm.report.collect`) gathers them from every file under a folder::
@@ -72,11 +73,14 @@ def metrics_rows(rec: dict, source: str = "metrics") -> list[dict]:
     rows = [{**base, "value": rec["score"], "stderr": _num(rec.get("stderr")), "ci_low": _num(ci[0]),
              "ci_high": _num(ci[1]), "n": rec["n"]}]
     subsets = rec.get("subsets") if isinstance(rec.get("subsets"), dict) else {}
+    subsets_se = rec.get("subsets_stderr") if isinstance(rec.get("subsets_stderr"), dict) else {}
     for name, value in subsets.items():
         if not name.startswith("n_"):
-            rows.append({**base, "subset": name, "value": _num(value), "n": subsets.get(f"n_{name}")})
+            rows.append({**base, "subset": name, "value": _num(value), "stderr": _num(subsets_se.get(name)),
+                         "n": subsets.get(f"n_{name}")})
+    groups_se = rec.get("groups_stderr") if isinstance(rec.get("groups_stderr"), dict) else {}
     for group, value in (rec.get("groups") or {}).items():
-        rows.append({**base, "group": str(group), "value": _num(value)})
+        rows.append({**base, "group": str(group), "value": _num(value), "stderr": _num(groups_se.get(str(group)))})
     if "queries_per_s" in rec:
         rows.append({**base, "metric": "queries_per_s", "value": _num(rec["queries_per_s"]), "n": rec["n"]})
     return rows

@@ -62,6 +62,68 @@ TABLE8_COLUMNS = (
     ("NQ", "nq", None, "nq"),
 )
 
+PAPER = " (paper)"  # the suffix of a column holding the paper's number beside ours
+# What each column of the tables holds: the footer's "Columns:" line (:func:`columns_note`) explains every header from
+# here, never by prose per table. A key "table/column" holds where one header means something else in one table;
+# "X (paper)" is explained with X (PAPER_DOC). A column this mapping lacks is an error, not an unexplained header.
+COLUMN_DOCS = {
+    "System": "our system (its registry label; a decoder baseline with its LM's name)",
+    "table3/System": "our system; one row joins a system without BM25 and the same LM with BM25 (both names)",
+    "Task": "the task of the row's metrics file",
+    "Paper row": "the paper's row beside ours (paper_values.yaml `mapping`; empty: none)",
+    "#Params (M)": "our model's parameters in millions (retrieval indexes and corpora excluded)",
+    **{label: "accuracy (%) on the task (n in the last line)" for label in CLOSED_SET_TASKS.values()},
+    "Avg": "mean of the row's task columns (empty where one is missing); its ± from theirs, tasks taken as independent",
+    "Unchanged": "EM (%) on TempLAMA's facts that did not change between 2019 and 2022 (a→b: see below)",
+    "Changed": "EM (%) on TempLAMA's facts that changed between 2019 and 2022 (a→b: see below)",
+    "AVG": "mean of Unchanged and Changed on the updated corpus; its ± from theirs, the two taken as independent",
+    **{f"{key}_{when}": f"{label} EM (%) on the {when} corpus alone, the {when} side of the a→b cell"
+       for label, key in (("Unchanged", "unchanged"), ("Changed", "changed")) for when in ("outdated", "updated")},
+    "w/o BM25": "EM (%) without retrieval, macro over the languages",
+    "w/ BM25": "EM (%) with the top BM25 passages of the translation corpus, macro over the languages",
+    "FAISS": "✓ = dense retrieval over a FAISS index",
+    "Sparse": "✓ = sparse (BM25) retrieval",
+    "Corpus": "the reference corpus the row's run answered from (empty: none)",
+    "table8/Corpus": "✓ = the system answers from a reference corpus (retrieval); empty = from its parameters alone",
+    "|C| (M tokens)": "tokens of that corpus, millions",
+    "|C| (paper, M tokens)": "the paper's corpus for the Paper row, millions of tokens",
+    "Acc": "the task's score (%) in that run: accuracy (closed set) or EM (open set)",
+    "#Q/sec": "examples answered per second (query encoding, retrieval, scoring; loading excluded)",
+    "Device": "where the run answered (its speed is only comparable between rows of one device)",
+    "T-REx All": "EM (%) on LAMA T-REx, macro over the 1/2/3/4+ n-gram buckets of the answer",
+    "T-REx UHN": "the same on LAMA-UHN's T-REx facts (answer not guessable from the subject's name)",
+    "T-REx Hard": "the same on T-REx's hard subset (hard.txt)",
+    "G-RE All": "EM (%) on LAMA Google-RE, macro over the n-gram buckets",
+    "G-RE UHN": "the same on LAMA-UHN's Google-RE facts",
+    "KML": "EM (%) on KAMEL",
+    "TQA": "EM (%) on TriviaQA",
+    "NQ": "EM (%) on Natural Questions",
+}
+PAPER_DOC = "the paper's number for the column before it, in the Paper row (empty or –: the paper has none)"
+LANGUAGE_DOC = "EM (%) on that language's examples (ISO 639-1 code) of the run the row's languages come from"
+
+
+def columns_note(table: str, columns: Sequence[str], languages: Sequence[str] = (),
+                 docs: Mapping[str, str] = COLUMN_DOCS) -> str:
+    """The footer line explaining every column, from ``docs`` (a table of another module passes its own mapping):
+    each header in bold, headers with the same explanation joined ("**AGN** / **SST-2**: accuracy ..."), the paper's
+    columns last. ``languages``: Table 3's per-language columns."""
+    groups: dict[str, list[str]] = {}
+    for column in columns:
+        doc = docs.get(f"{table}/{column}", docs.get(column))
+        if doc is None and column.endswith(PAPER) and column.removesuffix(PAPER) in columns:
+            continue  # "X (paper)": explained last, with X
+        doc = LANGUAGE_DOC if doc is None and column in languages else doc
+        if doc is None:
+            raise KeyError(f"{table}: column {column!r} has no explanation (npm.report.tables.COLUMN_DOCS or the "
+                           "table's own mapping)")
+        groups.setdefault(doc, []).append(column)
+    paper = [c for c in columns if c.endswith(PAPER) and c.removesuffix(PAPER) in columns and c not in docs]
+    if paper:
+        groups[PAPER_DOC] = paper
+    return "Columns: " + "; ".join(" / ".join(f"**{c}**" for c in cols) + f": {doc}" for doc, cols in groups.items()) \
+        + "."
+
 
 # ------------------------------------------------------------------------------------------------ values and tables
 
@@ -291,7 +353,13 @@ def footer(scores) -> list[str]:
             parts.append(f"{task} " + ", ".join(f"{int(n):,} ({', '.join(s)})" for n, s in ns.items()))
     note = settings_note(scores)
     return ([f"Metrics from git commit(s): {', '.join(commits)}."] + ([note] if note else [])
-            + [f"Examples per task (n): {'; '.join(parts)}."])
+            + [f"Examples per task (n): {'; '.join(parts)}."] + system_notes(scores["system"]))
+
+
+def system_notes(systems: Iterable[str]) -> list[str]:
+    """The registry's ``note`` of each system with a row (e.g. DensePhrases' in-distribution training), display
+    order: every table where the row appears says it."""
+    return [SYSTEMS[s].note for s in ordered_systems(systems) if s in SYSTEMS and SYSTEMS[s].note]
 
 
 def _paper_row(paper: Mapping, table: str, key: str) -> str | None:
@@ -310,6 +378,14 @@ def _mean(values: Sequence[float | None]) -> float | None:
     if not values or any(v is None for v in values):
         return None
     return sum(values) / len(values)
+
+
+def _mean_stderr(stderrs: Sequence[float | None]) -> float | None:
+    """The standard error of the mean of independent numbers with these standard errors (an average over tasks: their
+    examples are disjoint); None where one is missing."""
+    if not stderrs or any(v is None for v in stderrs):
+        return None
+    return math.sqrt(sum(v * v for v in stderrs)) / len(stderrs)
 
 
 # ------------------------------------------------------------------------------------------------ Table 1
@@ -347,15 +423,16 @@ def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
             row[f"{label} (paper)"] = paper_vals.get(t)
             ours.append(row[label])
             theirs.append(paper_vals.get(t))
-        row["Avg"] = _mean(ours)
+        row["Avg"], row["Avg ±"] = _mean(ours), _mean_stderr([row[f"{CLOSED_SET_TASKS[t]} ±"] for t in tasks])
         row["Avg (paper)"] = (paper_vals.get("avg") if len(tasks) == len(CLOSED_SET_TASKS) else _mean(theirs)) \
             if paper_vals else None
         rows.append(row)
-    notes = [f"Avg over the {len(tasks)} task(s) shown; empty where a system lacks one.", STDERR_NOTE]
+    notes = [columns_note("table1", columns), f"Avg over the {len(tasks)} task(s) shown; empty where a system lacks "
+             "one.", STDERR_NOTE]
     if len(tasks) != len(CLOSED_SET_TASKS):
         notes.append("Avg (paper) is the mean of the paper row's cells over the tasks shown, not the paper's Avg.")
     return Table("table1", "Table 1: zero-shot closed-set accuracy (%)", columns, rows, notes + footer(scores),
-                 stderr=tuple(CLOSED_SET_TASKS[t] for t in tasks))
+                 stderr=(*(CLOSED_SET_TASKS[t] for t in tasks), "Avg"))
 
 
 # ------------------------------------------------------------------------------------------------ Table 2
@@ -406,17 +483,21 @@ def table2(paths: Iterable[str | os.PathLike], outdated_corpus: str = "enwiki", 
             if system in retrieving:
                 both = (row[f"{key}_outdated"], row[f"{key}_updated"])
                 row[label] = Arrow(*both) if any(v is not None for v in both) else None
+                row[f"{label} ±"] = Arrow(row[f"{key}_outdated ±"], row[f"{key}_updated ±"])
             else:
-                row[label] = row[f"{key}_updated"]
+                row[label], row[f"{label} ±"] = row[f"{key}_updated"], row[f"{key}_updated ±"]
             row[f"{label} (paper)"] = _pair(paper_vals.get(key))
         row["AVG"] = _mean([row["unchanged_updated"], row["changed_updated"]])
+        row["AVG ±"] = _mean_stderr([row["unchanged_updated ±"], row["changed_updated ±"]])
         row["AVG (paper)"] = paper_vals.get("avg")
         rows.append(row)
-    notes = [f"a→b: EM on the outdated corpus ({outdated_corpus}) → on the task's updated (2022) corpus; – = not "
+    notes = [columns_note("table2", columns),
+             f"a→b: EM on the outdated corpus ({outdated_corpus}) → on the task's updated (2022) corpus; – = not "
              "evaluated. AVG = mean of Unchanged and Changed on the updated corpus.",
              "Systems without retrieval have one number (no corpus).", STDERR_NOTE]
     return Table("table2", "Table 2: TempLAMA exact match (%)", columns, rows, notes + footer(scores),
-                 stderr=("unchanged_outdated", "unchanged_updated", "changed_outdated", "changed_updated"))
+                 stderr=("Unchanged", "Changed", "AVG", "unchanged_outdated", "unchanged_updated", "changed_outdated",
+                         "changed_updated"))
 
 
 # ------------------------------------------------------------------------------------------------ Table 3
@@ -451,9 +532,10 @@ def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
                          column=[table3_column(r) for r in frame["retrieval"]])
     scores = _scores(frame)
     cell = {what: scores.pivot(index="row", columns="column", values=what)
-            for what in ("value", "system", "model", "parameters")}
+            for what in ("value", "stderr", "system", "model", "parameters")}
     groups = frame[frame["group"].notna()]
     by_lang = groups.pivot(index=["row", "column"], columns="group", values="value")
+    by_lang_se = groups.pivot(index=["row", "column"], columns="group", values="stderr")
     langs = sorted(set(groups["group"]))
     columns = ["System", "Paper row", "#Params (M)", "w/o BM25", "w/o BM25 (paper)", "w/ BM25", "w/ BM25 (paper)"]
     for lang in langs:
@@ -468,21 +550,26 @@ def table3(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
         params = next((p for p in (_cell(cell["parameters"], key, c) for c in w_first) if p is not None), None)
         paper_name = next((p for p in (_paper_row(paper, "table3", s) for s in systems) if p), None)
         paper_vals = _paper_vals(paper, "table3", paper_name)
-        row = {"_system": key, "System": display_name(key, model), "Paper row": paper_name,
+        # a shared row names each of its systems (LM / BM25 + LM), w/o BM25 first: the label says what each column ran
+        label = " / ".join(display_name(s, _cell(cell["model"], key, c)) for c in reversed(w_first)
+                           if (s := _cell(cell["system"], key, c))) if len(systems) > 1 else display_name(key, model)
+        row = {"_system": key, "System": label, "Paper row": paper_name,
                "#Params (M)": params / 1e6 if params is not None else None,
-               "w/o BM25": _cell(cell["value"], key, "w/o BM25"),
                "w/o BM25 (paper)": paper_vals.get(TABLE3_COLUMNS["w/o BM25"]),
-               "w/ BM25": _cell(cell["value"], key, "w/ BM25"),
                "w/ BM25 (paper)": paper_vals.get(TABLE3_COLUMNS["w/ BM25"])}
+        for column in TABLE3_COLUMNS:
+            row[column], row[f"{column} ±"] = _cell(cell["value"], key, column), _cell(cell["stderr"], key, column)
         source = next(c for c in w_first if (key, c) in slots)
         per_lang = paper["table10_npm"] if paper_name == "NPM" else {}
         for lang in langs:
-            row[lang] = _cell(by_lang, (key, source), lang)
+            row[lang], row[f"{lang} ±"] = _cell(by_lang, (key, source), lang), _cell(by_lang_se, (key, source), lang)
             row[f"{lang} (paper)"] = per_lang.get(lang)
         rows.append(row)
-    notes = ["LM and BM25 + LM share a row (w/o / w/ BM25); per-language EM is of the w/ BM25 run where there is "
-             "one. Paper per-language numbers: NPM's Table 10."]
-    return Table("table3", "Table 3: entity translation exact match (%)", columns, rows, notes + footer(scores))
+    notes = [columns_note("table3", columns, languages=langs),
+             "LM and BM25 + LM share a row (w/o / w/ BM25); per-language EM is of the w/ BM25 run where there is "
+             "one. Paper per-language numbers: NPM's Table 10.", STDERR_NOTE]
+    return Table("table3", "Table 3: entity translation exact match (%)", columns, rows, notes + footer(scores),
+                 stderr=(*TABLE3_COLUMNS, *langs))
 
 
 # ------------------------------------------------------------------------------------------------ Table 4
@@ -514,16 +601,17 @@ def table4(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
                 "Sparse": rec["retrieval"] == "bm25", "Sparse (paper)": pv.get("sparse") if pv else None,
                 "Corpus": rec["corpus"], "|C| (M tokens)": tokens / 1e6 if tokens is not None else None,
                 "|C| (paper, M tokens)": pv["corpus_tokens"] / 1e6 if pv.get("corpus_tokens") else None,
-                "Acc": rec["value"], "Acc (paper)": pv.get("acc"),
+                "Acc": rec["value"], "Acc ±": rec["stderr"], "Acc (paper)": pv.get("acc"),
                 "#Q/sec": _plain(qps.get((system, task))), "#Q/sec (paper)": pv.get("queries_per_s"),
                 "Device": rec["device"],
             })
-    notes = ["The paper timed one Quadro GP100 GPU; ours ran on the device shown, so only the ratios between rows "
+    notes = [columns_note("table4", columns), STDERR_NOTE,
+             "The paper timed one Quadro GP100 GPU; ours ran on the device shown, so only the ratios between rows "
              "compare.", "#Q/sec: examples answered per second by the evaluation (query encoding, retrieval and "
              "scoring; loading the model and indexes excluded), the rate `npm-repro evaluate` logs as examples/s; "
              "empty where the run was too short to time."]
     return Table("table4", "Table 4: inference speed", columns, rows, notes + footer(scores.reset_index()),
-                 md_digits={"#Q/sec": 2, "#Q/sec (paper)": 2})
+                 md_digits={"#Q/sec": 2, "#Q/sec (paper)": 2}, stderr=("Acc",))
 
 
 # ------------------------------------------------------------------------------------------------ Table 8
@@ -544,6 +632,7 @@ def table8(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
     score = scores.pivot(index="system", columns="task", values="value")
     stderr = scores.pivot(index="system", columns="task", values="stderr")
     subsets = frame[frame["subset"].notna()].pivot(index="system", columns=["task", "subset"], values="value")
+    subsets_se = frame[frame["subset"].notna()].pivot(index="system", columns=["task", "subset"], values="stderr")
     with_corpus = set(scores.loc[scores["corpus"].notna(), "system"])
     about = _about(frame)
     columns = ["System", "Paper row", "#Params (M)", "Corpus"]
@@ -559,13 +648,15 @@ def table8(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
             if subset is None:
                 row[label], row[f"{label} ±"] = _cell(score, system, task), _cell(stderr, system, task)
             else:
-                row[label] = _cell(subsets, system, (task, subset))
+                row[label], row[f"{label} ±"] = (_cell(subsets, system, (task, subset)),
+                                                 _cell(subsets_se, system, (task, subset)))
             row[f"{label} (paper)"] = pv.get(key)
         rows.append(row)
-    notes = ["LAMA columns are macro over the 1/2/3/4+ n-gram buckets; UHN / Hard are the same average over the "
+    notes = [columns_note("table8", columns),
+             "LAMA columns are macro over the 1/2/3/4+ n-gram buckets; UHN / Hard are the same average over the "
              "filtered subsets (empty where a subset has no example).", STDERR_NOTE]
     return Table("table8", "Table 8: open-set exact match (%)", columns, rows, notes + footer(scores),
-                 stderr=tuple(label for label, _, subset, _ in TABLE8_COLUMNS if subset is None))
+                 stderr=tuple(label for label, *_ in TABLE8_COLUMNS))
 
 
 # ------------------------------------------------------------------------------------------------ paper cells
@@ -640,6 +731,19 @@ def format_cell(value, digits: int) -> str:
     return str(value)
 
 
+def with_stderr(value, stderr, digits: int) -> str:
+    """A Markdown cell: "score ± se" (1 decimal for the se); an "a→b" cell with an Arrow of standard errors gives each
+    side its own ("18.0 ± 2.5→19.0 ± 2.4"); without a standard error the plain cell."""
+    if isinstance(value, Arrow) and isinstance(stderr, Arrow):
+        def side(v, se):
+            return "–" if v is None else with_stderr(v, se, digits)
+
+        return f"{side(value.before, stderr.before)}→{side(value.after, stderr.after)}"
+    text = format_cell(value, digits)
+    return f"{text} ± {format_cell(stderr, 1)}" if text and stderr is not None and not isinstance(stderr, Arrow) \
+        else text
+
+
 def table_frame(table: Table, digits: int = 2):
     """The table's CSV columns as a pandas DataFrame of cell texts (:func:`format_cell`, ``digits`` decimals)."""
     import pandas as pd
@@ -669,9 +773,8 @@ def write_markdown(table: Table, path: str | os.PathLike) -> Path:
     for row in table.rows:
         cells = []
         for c in table.columns:
-            text = format_cell(row.get(c), table.md_digits.get(c, 1))
-            if c in table.stderr and row.get(f"{c} ±") is not None and text:
-                text += f" ± {format_cell(row[f'{c} ±'], 1)}"
+            text = with_stderr(row.get(c), row.get(f"{c} ±") if c in table.stderr else None,
+                               table.md_digits.get(c, 1))
             cells.append(esc(text))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
