@@ -202,6 +202,9 @@ def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
     alone = densephrases_table([p for p in paths if "in_batch" not in str(p)])  # the demo: one trained variant
     assert {r["Column"] for r in alone.rows if r["Part"] == "negatives"} == {"EM {p}", "EM D_small"}
     assert main(["report", "densephrases", "--metrics", *map(str, paths), "--out", str(tmp_path / "t.csv")]) == 0
+    columns = next(n for n in table.notes if n.startswith("Columns:"))
+    assert all(f"**{c}**" in columns for c in table.columns) and columns in (tmp_path / "t.md").read_text()
+    assert any("seeded sample of evaluation.max_examples" in n for n in table.notes)  # why Table 8's EM differs
     assert len(list(csv.DictReader(open(tmp_path / "t.csv")))) == len(table.rows)
     with pytest.raises(FileNotFoundError, match="densephrases evaluate"):
         densephrases_table([tmp_path / "eval" / "none" / "Flat.json"])

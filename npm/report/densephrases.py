@@ -31,7 +31,7 @@ import pandas as pd
 
 from npm.io import read_json
 from npm.report.frame import densephrases_frame, plain
-from npm.report.tables import Table
+from npm.report.tables import Table, columns_note
 
 NEGATIVES = {"none": "none", "in_batch": "in-batch", "pre_batch": "+ pre-batch"}
 PAPER_RC = {"DensePhrases": (78.3, 86.3), "teacher (cross-attention)": (85.7, 92.2)}
@@ -39,6 +39,13 @@ PAPER_NEGATIVES = {"none": (70.4, 35.3), "in_batch": (70.3, 54.2), "pre_batch": 
 PAPER_QFT = {"nq": (28.9, 40.9), "triviaqa": (31.9, 50.7)}
 PAPER_CPU_QPS = 13.6
 COLUMNS = ["Part", "Row", "Column", "Ours", "±", "Paper", "Note"]
+# What each column holds: the footer's "Columns:" line (npm.report.tables.columns_note).
+COLUMN_DOCS = {"Part": "which of the DensePhrases paper's tables the row follows",
+               "Row": "the model, negatives setting, fine-tuning stage or FAISS index of the row",
+               "Column": "the measure (EM / F1 in %, EM@1 per task, bytes, seconds, queries/s)",
+               "Ours": "our number", "±": "binomial standard error of an EM (empty for other measures)",
+               "Paper": "Lee et al. 2021's number for the same row and measure (empty: none)",
+               "Note": "how ours was measured (n, passages, re-ranking)"}
 _RC = "`npm-repro densephrases evaluate --rc`, rule densephrases_evaluate_rc"
 _OPEN = "`npm-repro densephrases evaluate --questions / --task`, rule densephrases_evaluate"
 # The metrics the table shows, per part of a results file (a part may be absent: not evaluated), and the step that
@@ -183,7 +190,11 @@ def densephrases_table(paths: list[str | os.PathLike]) -> Table:
                   "Note": "mean over the tasks; paper: 1,000 NQ questions over all of Wikipedia"}]
         rows += _open_rows("index", factory, runs[run], files[run])
         rows += _open_rows("index", factory, runs[run], files[run], subset="index_only", suffix=" (index only)")
-    notes = ["Ours: the embedded default unless the config says otherwise (see results/config.yaml); ± = binomial "
+    notes = [columns_note("densephrases", COLUMNS, docs=COLUMN_DOCS),
+             "EM@1 asks all of each task's questions (n in Note); the knowledge tables' DensePhrases row (Table 8) "
+             "answers the seeded sample of evaluation.max_examples of them, so the same model's numbers differ "
+             "between the two by that sampling.",
+             "Ours: the embedded default unless the config says otherwise (see results/config.yaml); ± = binomial "
              "standard error of EM. Paper: Lee et al. 2021, Tables 1, 2, 6 and 7 (SQuAD / NQ over all of Wikipedia, "
              "so not the same data: compare the shapes, not the values)."]
     return Table(name="densephrases", title="DensePhrases: reading comprehension, negatives, query-side "
