@@ -198,6 +198,11 @@ def test_eval_lm_cli_writes_rows_table_and_figure(tmp_path):
     for name in ("t.csv", "t.md", "f.pdf", "f.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "+ REPLUG" in (tmp_path / "t.md").read_text()
+    from npm.replug.report import lm_table
+
+    table = lm_table(out)
+    columns = next(n for n in table.notes if n.startswith("Columns:"))
+    assert all(f"**{c}**" in columns for c in table.columns) and columns in (tmp_path / "t.md").read_text()
     assert cli_main(args + ["--k", "4"]) == 1  # 4 retrieved + 4 random documents need 8 blocks; the corpus has 6
     assert json.loads(out.read_text()) == results  # the failed run left the good output alone
     (tmp_path / "empty.jsonl").write_text('{"id": "x", "title": "X", "text": " "}\n')

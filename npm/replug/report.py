@@ -13,12 +13,25 @@ import os
 
 from npm.report.figures import _pyplot, save_figure
 from npm.report.frame import lm_eval_frame, load_lm_eval, plain
-from npm.report.tables import Table
+from npm.report.tables import Table, columns_note
 
 # Shi et al. 2023, Table 1, GPT-2 Small (117M): Pile bits per byte; REPLUG ensembles 10 documents.
 PAPER_GPT2_SMALL = {"lm": (1.33, None), "replug": (1.26, 5.3), "replug_lsr": (1.21, 9.0)}
 NAMES = {"lm": "LM", "replug": "+ REPLUG", "replug_lsr": "+ REPLUG LSR", "random_docs": "+ random documents",
          "concat": "+ documents concatenated"}
+
+
+COLUMNS = ["System", "k", "Bits/byte", "95% interval", "Gain %", "Gain % interval", "Perplexity", "Bits/byte (paper)",
+           "Gain % (paper)"]
+# What each column holds: the footer's "Columns:" line (npm.report.tables.columns_note).
+COLUMN_DOCS = {"System": "the plain LM, or the LM with retrieved (REPLUG, REPLUG LSR) or random documents",
+               "k": "documents per window (0: none)",
+               "Bits/byte": "the LM's negative log2-likelihood of the texts per UTF-8 byte, lower is better",
+               "95% interval": "of Bits/byte, over resampled texts",
+               "Gain %": "relative drop of Bits/byte against the plain LM",
+               "Gain % interval": "of Gain %, paired over resampled texts",
+               "Perplexity": "per LM token", "Bits/byte (paper)": "REPLUG paper's GPT-2 Small row (Pile)",
+               "Gain % (paper)": "its gain over GPT-2 Small alone"}
 
 
 def lm_table(path: str | os.PathLike) -> Table:
@@ -46,14 +59,14 @@ def lm_table(path: str | os.PathLike) -> Table:
                                          if k else None),
                      "Perplexity": get("value", "perplexity"), "Bits/byte (paper)": paper_bpb,
                      "Gain % (paper)": paper_gain})
-    notes = [f"LM {results['lm']}; retriever {results['retriever']} over {results.get('corpus') or 'the corpus'} "
+    notes = [columns_note("replug_lm", COLUMNS, docs=COLUMN_DOCS),
+             f"LM {results['lm']}; retriever {results['retriever']} over {results.get('corpus') or 'the corpus'} "
              f"({results['corpus_blocks']} blocks); {results['n_texts']} texts, {results['n_bytes']} bytes, "
              f"{results['n_windows']} windows.",
              "Intervals: 95 % over 1,000 seeded resamples of the texts. Paper: REPLUG Table 1, GPT-2 Small (117M) on "
              "the Pile with 10 documents (REPLUG and REPLUG LSR), shown beside our largest k."]
     return Table(name="replug_lm", title="REPLUG language modelling: bits per byte (lower is better)",
-                 columns=["System", "k", "Bits/byte", "95% interval", "Gain %", "Gain % interval", "Perplexity",
-                          "Bits/byte (paper)", "Gain % (paper)"], rows=rows, notes=notes,
+                 columns=COLUMNS, rows=rows, notes=notes,
                  md_digits={"Bits/byte": 4, "Bits/byte (paper)": 2, "Gain %": 2})
 
 
