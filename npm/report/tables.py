@@ -48,7 +48,8 @@ LAMA_TASKS = ("lama_trex", "lama_google_re")
 
 REQUIRED_FIELDS = ("task", "system", "metric", "score", "n")
 STDERR_NOTE = ("± = bootstrap standard error over the examples (1,000 seeded resamples; metrics `stderr`, 95 % "
-               "interval `ci95`): differences within about two of them are noise.")
+               "interval `ci95`): differences within about two of them are noise. A mean shown without ± comes from "
+               "a metrics file written before that standard error was recorded: re-run its evaluation.")
 
 # Table 8 columns: (label, task, subset or None for the task's score, paper key).
 TABLE8_COLUMNS = (
