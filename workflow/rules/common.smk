@@ -3,6 +3,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -29,9 +30,17 @@ from npm.settings import (
 )
 from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
+from npm import progress
 from npm.io import package_release, resolve_package_path
 from npm.model import locate_checkpoint
 from npm.tasks.fetch import COMPLETE as TASK_COMPLETE
+
+# The long jobs (pretrain, embed_shard, the evaluations, DensePhrases' training, dump and evaluation, REPLUG's LSR
+# and LM evaluation) write their bars to their log and, with TERMINAL before the log redirection
+# (`... {TERMINAL} > {log} 2>&1`), one progress line every 30 s (step / total, rate, ETA) to Snakemake's terminal:
+# TERMINAL keeps Snakemake's stderr open as descriptor 3, and the variable tells the job so (npm.progress).
+os.environ[progress.FD_ENV] = str(progress.TERMINAL_FD)
+TERMINAL = f"{progress.TERMINAL_FD}>&2"
 
 # config `models`: trained here or released checkpoints (the decoder and DensePhrases have their own sections)
 TRAINABLE = [m for m in SYSTEM_MODELS if m not in ("lm", "densephrases")]
