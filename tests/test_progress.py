@@ -69,3 +69,14 @@ def test_every_long_rule_passes_the_terminal_before_redirecting_to_its_log():
             shell = body if "shell:" in body else (RULES / "evaluate.smk").read_text()
             assert "{TERMINAL} > {log} 2>&1" in shell, rule
     assert "{TERMINAL} > {log} 2>&1" in (RULES / "evaluate.smk").read_text()  # EVALUATE_SHELL, every evaluation
+
+
+def test_the_readme_shows_the_line_a_job_prints():
+    """The README's demo section shows a progress line in the format :func:`npm.progress.summary_line` writes."""
+    readme = (RULES.parents[1] / "README.md").read_text(encoding="utf-8")
+    shown = re.search(r"^(progress train npm: .*)$", readme, flags=re.M).group(1)
+    numbers = re.match(r"progress train npm: (\d+)/(\d+) step \(\d+%\), ([0-9.]+) step/s", shown).groups()
+    n, total, rate = map(float, numbers)
+    line = progress.summary_line({"n": n, "total": total, "unit": "step", "elapsed": n / rate, "rate": rate,
+                                  "prefix": "train npm", "unit_scale": False, "unit_divisor": 1000, "initial": 0})
+    assert line == shown
