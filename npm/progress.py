@@ -6,10 +6,10 @@ the tqdm bar goes to stderr (the log) as before, and when the job was given a te
 :data:`SUMMARY_EVERY_S` seconds and one at the end go there too (none for a bar done sooner), e.g.
 ``progress train npm: 120/1000 step (12%), 3.41 step/s, ETA 04:18``.
 
-The terminal stream is a file descriptor the rule keeps open before it redirects the job's output (the ``3>&2`` of
-common.smk's ``TERMINAL``), named by the environment variable :data:`FD_ENV`. :func:`claim_terminal` takes it when a
-command starts (npm.cli.main) and removes the variable, so a process the job starts never mistakes another file for
-it; a descriptor the process opened itself (not inherited) is never taken.
+The terminal stream is a file descriptor that every job's shell opens on Snakemake's stderr before the rule redirects
+the job's output (:data:`SHELL_PREFIX`, common.smk), named by the environment variable :data:`FD_ENV`.
+:func:`claim_terminal` takes it when a command starts (npm.cli.main) and removes the variable, so a process the job
+starts never mistakes another file for it; a descriptor the process opened itself (not inherited) is never taken.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import IO
 from tqdm import tqdm
 
 FD_ENV = "NPM_PROGRESS_FD"  # the descriptor number of the terminal stream; set by the workflow (common.smk)
-TERMINAL_FD = 3  # the descriptor the workflow's rules open on Snakemake's stderr (common.smk: TERMINAL)
+TERMINAL_FD = 3  # the descriptor the workflow's job shells open on Snakemake's stderr
+SHELL_PREFIX = f"exec {TERMINAL_FD}>&2; "  # the workflow's shell prefix (common.smk), before the rule's command
 SUMMARY_EVERY_S = 30.0  # seconds between two progress lines on the terminal
 LOG_EVERY_S = 10.0  # the least seconds between two redraws of a bar that goes to a log file (not a terminal)
 
@@ -41,7 +42,7 @@ def claim_terminal() -> None:
             return
         os.set_inheritable(fd, False)
         _terminal = os.fdopen(fd, "w", buffering=1, closefd=False)
-    except OSError:  # not open: a rule without TERMINAL, or a process started without it
+    except OSError:  # not open: a process started without it (a subprocess of the job)
         _terminal = None
 
 

@@ -1,5 +1,5 @@
-"""A workflow job's progress reaches Snakemake's terminal (npm.progress): the long rules redirect the job's output
-to their log, and pass Snakemake's stderr as descriptor 3 (common.smk TERMINAL) for its one-line summaries."""
+"""A workflow job's progress reaches Snakemake's terminal (npm.progress): the rules redirect the job's output to
+their log, and the job's shell keeps Snakemake's stderr as descriptor 3 (common.smk's shell prefix) for its lines."""
 
 import os
 import re
@@ -13,11 +13,7 @@ from tests.conftest import save_tiny_bert
 from tests.test_training import write_shard
 
 BIN = Path(sys.executable).parent
-RULES = Path(__file__).resolve().parents[1] / "workflow" / "rules"
-LONG_RULES = {"pretrain.smk": ["pretrain"], "corpus.smk": ["embed_shard"],
-              "densephrases.smk": ["densephrases_train_teacher", "densephrases_train", "densephrases_dump",
-                                   "densephrases_query_ft", "densephrases_evaluate_rc", "densephrases_evaluate"],
-              "replug.smk": ["replug_train_lsr", "replug_eval_lm"]}
+ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"progress train npm: (\d+)/4 step \(\d+%\), [0-9.e+-]+ step/s, (ETA \d\d:\d\d|done in \d\d:\d\d)")
 
 
@@ -35,8 +31,8 @@ def test_a_training_job_prints_progress_lines_to_the_terminal_and_its_bars_to_it
     # a line at every step rather than every 30 s, so that 4 steps show them
     job = [sys.executable, "-c", "import sys; from npm import cli, progress; progress.SUMMARY_EVERY_S = 0;"
            " sys.exit(cli.main(sys.argv[1:]))", *train]
-    # the pretrain rule's shell: `... {TERMINAL} > {log} 2>&1`, with the variable common.smk sets
-    shell = f"{shlex.join(job)} {progress.TERMINAL_FD}>&2 > {shlex.quote(str(log))} 2>&1"
+    # the pretrain rule's shell: common.smk's prefix, then `... > {log} 2>&1`, with the variable common.smk sets
+    shell = f"set -euo pipefail; {progress.SHELL_PREFIX}{shlex.join(job)} > {shlex.quote(str(log))} 2>&1"
     done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True,
                           env={**os.environ, progress.FD_ENV: str(progress.TERMINAL_FD)})
     assert done.returncode == 0, log.read_text()
@@ -61,19 +57,32 @@ def test_without_the_workflow_s_descriptor_a_job_prints_no_progress_lines(tmp_pa
         assert done.returncode == 0 and done.stdout == "None\n", done.stderr
 
 
-def test_every_long_rule_passes_the_terminal_before_redirecting_to_its_log():
-    for name, rules in LONG_RULES.items():
-        text = (RULES / name).read_text()
-        for rule in rules:
-            body = re.search(rf"(?ms)^rule {rule}:\n(.*?)(?=^\S|\Z)", text).group(1)
-            shell = body if "shell:" in body else (RULES / "evaluate.smk").read_text()
-            assert "{TERMINAL} > {log} 2>&1" in shell, rule
-    assert "{TERMINAL} > {log} 2>&1" in (RULES / "evaluate.smk").read_text()  # EVALUATE_SHELL, every evaluation
+def test_the_workflow_opens_the_terminal_descriptor_in_every_job_s_shell(tmp_path):
+    """Snakemake's own parse of the Snakefile: every job's shell starts with bash's strict mode and the prefix that
+    keeps Snakemake's stderr as descriptor 3, and the jobs inherit the variable naming it."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings, StorageSettings
+    from snakemake.shell import shell
+
+    cwd, environ, prefix = os.getcwd(), dict(os.environ), shell._process_prefix
+    try:
+        with SnakemakeApi(OutputSettings(quiet=None)) as api:
+            workflow = api.workflow(resource_settings=ResourceSettings(cores=1), config_settings=ConfigSettings(),
+                                    storage_settings=StorageSettings(), snakefile=ROOT / "Snakefile",
+                                    workdir=tmp_path)._workflow  # parse only
+            assert "pretrain" in {rule.name for rule in workflow.rules}
+            assert shell._process_prefix == "set -euo pipefail; " + progress.SHELL_PREFIX
+            assert os.environ[progress.FD_ENV] == str(progress.TERMINAL_FD)
+    finally:
+        shell._process_prefix = prefix
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def test_the_readme_shows_the_line_a_job_prints():
     """The README's demo section shows a progress line in the format :func:`npm.progress.summary_line` writes."""
-    readme = (RULES.parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     shown = re.search(r"^(progress train npm: .*)$", readme, flags=re.M).group(1)
     numbers = re.match(r"progress train npm: (\d+)/(\d+) step \(\d+%\), ([0-9.]+) step/s", shown).groups()
     n, total, rate = map(float, numbers)

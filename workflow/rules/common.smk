@@ -35,12 +35,12 @@ from npm.io import package_release, resolve_package_path
 from npm.model import locate_checkpoint
 from npm.tasks.fetch import COMPLETE as TASK_COMPLETE
 
-# The long jobs (pretrain, embed_shard, the evaluations, DensePhrases' training, dump and evaluation, REPLUG's LSR
-# and LM evaluation) write their bars to their log and, with TERMINAL before the log redirection
-# (`... {TERMINAL} > {log} 2>&1`), one progress line every 30 s (step / total, rate, ETA) to Snakemake's terminal:
-# TERMINAL keeps Snakemake's stderr open as descriptor 3, and the variable tells the job so (npm.progress).
+# Every job writes its output to its log (`> {log} 2>&1`); its shell first keeps Snakemake's stderr open as
+# descriptor 3 (progress.SHELL_PREFIX, after Snakemake's own bash prefix), and the variable tells the job so: a long
+# job's bar (pretraining, embedding, evaluation, DensePhrases, REPLUG) then also writes one progress line every 30 s
+# (step / total, rate, ETA) to Snakemake's terminal (npm.progress). The rules' commands stay as they are.
 os.environ[progress.FD_ENV] = str(progress.TERMINAL_FD)
-TERMINAL = f"{progress.TERMINAL_FD}>&2"
+shell.prefix("set -euo pipefail; " + progress.SHELL_PREFIX)
 
 # config `models`: trained here or released checkpoints (the decoder and DensePhrases have their own sections)
 TRAINABLE = [m for m in SYSTEM_MODELS if m not in ("lm", "densephrases")]

@@ -61,7 +61,7 @@ rule embed_shard:
         out=datastore_dir,
         settings=to_args(config["datastore"], DatastoreSettings, "embed --step shard"),
     shell:
-        "npm-repro embed --step shard --shard {wildcards.shard} --out {params.out} {params.settings} {TERMINAL} > {log} 2>&1"
+        "npm-repro embed --step shard --shard {wildcards.shard} --out {params.out} {params.settings} > {log} 2>&1"
 
 
 rule slice_shard:

@@ -85,7 +85,7 @@ rule densephrases_train_teacher:
     shell:
         "npm-repro densephrases train-teacher --encoder {params.encoder:q} --train {input.train} --out {output}"
         " --checkpoint-dir results/checkpoints/densephrases_teacher {params.teacher} {params.settings}"
-        " --seed {params.seed} {params.tracking} {TERMINAL} > {log} 2>&1"
+        " --seed {params.seed} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_filter:
@@ -143,7 +143,7 @@ rule densephrases_train:
     shell:
         "npm-repro densephrases train --encoder {params.encoder:q} --train {input.train} {params.teacher}"
         " --out {output} --checkpoint-dir results/checkpoints/densephrases {params.train} {params.settings}"
-        " --seed {params.seed} {params.tracking} {TERMINAL} > {log} 2>&1"
+        " --seed {params.seed} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_dump:
@@ -172,7 +172,7 @@ rule densephrases_dump:
         settings=lambda wc: dp_args("dump"),
     shell:
         "npm-repro densephrases dump --checkpoint {input.model} --blocks {input.blocks} --out {params.folder}"
-        " --shard {wildcards.shard} {params.settings} {TERMINAL} > {log} 2>&1"
+        " --shard {wildcards.shard} {params.settings} > {log} 2>&1"
 
 
 rule densephrases_combine:
@@ -257,7 +257,7 @@ rule densephrases_query_ft:
     shell:
         "npm-repro densephrases query-ft --checkpoint {input.model} --dump {params.dump} --index {input.index}"
         " --train {input.train} {params.dev} --out {output} {params.query_ft} --max-words {params.max_words}"
-        " {params.settings} --seed {params.seed} {params.tracking} {TERMINAL} > {log} 2>&1"
+        " {params.settings} --seed {params.seed} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_evaluate_rc:
@@ -291,7 +291,7 @@ rule densephrases_evaluate_rc:
         settings=lambda wc: dp_args("evaluate"),
     shell:
         "npm-repro densephrases evaluate --checkpoint {input.model} --rc {input.rc} {params.pool} {params.teacher}"
-        " {params.settings} --out {output} {params.tracking} {TERMINAL} > {log} 2>&1"
+        " {params.settings} --out {output} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_evaluate:
@@ -323,7 +323,7 @@ rule densephrases_evaluate:
     shell:
         "npm-repro densephrases evaluate --checkpoint {input.model} --dump {params.dump} --index {input.index}"
         " --task {params.tasks} --tasks-root data/tasks {params.search} {params.settings}"
-        " --out {output} {params.tracking} {TERMINAL} > {log} 2>&1"
+        " --out {output} {params.tracking} > {log} 2>&1"
 
 
 rule densephrases_report:

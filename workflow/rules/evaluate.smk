@@ -20,7 +20,7 @@ rule convert_smollm2:
 EVALUATE_SHELL = (
     "npm-repro evaluate --task {params.tasks} --system {params.system} {params.args} {params.n}"
     " {params.settings} --tokenizer {params.tokenizer:q} --threads {threads}"
-    " --predictions {output.predictions} --metrics {output.metrics} {params.tracking} {TERMINAL} > {log} 2>&1"
+    " --predictions {output.predictions} --metrics {output.metrics} {params.tracking} > {log} 2>&1"
 )
 
 # The evaluations that the tables and figures read run in groups: one job per system and set of artefacts answers

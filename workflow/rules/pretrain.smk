@@ -35,4 +35,4 @@ rule pretrain:
         "{params.launcher} train --model {wildcards.model} --encoder {params.encoder:q}"
         " --tokenizer {params.tokenizer:q} --blocks {input.blocks} --masked {input.masked}"
         " --out {output} --checkpoint-dir results/checkpoints/{wildcards.model} {params.settings}"
-        " --summary results/checkpoints/{wildcards.model}/summary.json {params.tracking} {TERMINAL} > {log} 2>&1"
+        " --summary results/checkpoints/{wildcards.model}/summary.json {params.tracking} > {log} 2>&1"

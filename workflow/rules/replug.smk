@@ -87,7 +87,7 @@ rule replug_train_lsr:
         "npm-repro replug train-lsr --encoder {params.encoder:q} --lm {params.lm:q} --blocks {input.blocks}"
         " --queries {input.queries} --out {output} --checkpoint-dir results/checkpoints/replug_lsr"
         " {params.lsr} {params.settings} --seed {params.seed}"
-        " --threads {threads} {params.tracking} {TERMINAL} > {log} 2>&1"
+        " --threads {threads} {params.tracking} > {log} 2>&1"
 
 
 rule replug_eval_lm:
@@ -122,7 +122,7 @@ rule replug_eval_lm:
         "npm-repro replug eval-lm --lm {params.lm:q} --texts {input.texts} --blocks {input.blocks}"
         " --corpus {params.corpus} --retriever dense --encoder {params.encoder:q} --lsr-encoder {input.lsr}"
         " --k {params.k} {params.settings} --seed {params.seed} --threads {threads} --out {output}"
-        " {params.tracking} {TERMINAL} > {log} 2>&1"
+        " {params.tracking} > {log} 2>&1"
 
 
 rule replug_report:
