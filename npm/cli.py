@@ -19,7 +19,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from npm import threads, tracking
+from npm import progress, threads, tracking
 from npm.checksums import verify_paths
 from npm.data import mirror
 from npm.data.batches import build_batches
@@ -585,6 +585,7 @@ def _fail(args: argparse.Namespace, message: str, exc: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    progress.claim_terminal()  # before anything opens a file: the descriptor the workflow passed (npm.progress)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -72,6 +72,7 @@ from npm.io import (
     write_json,
 )
 from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
+from npm.progress import bar as progress_bar
 
 PIPELINE_BATCHES = 4  # batches prepared ahead, and batches on their way to the shard file (``_embed_rows``)
 SYNC_BYTES = 1 << 26  # the writer flushes the shard file to disk after every this many bytes of vectors
@@ -549,10 +550,8 @@ def _embed_one(root: Path, plan: dict, arrays: dict, k: int, encoder: _Encoder, 
 
 
 def _progress(total: int, name: str, progress: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="tok", unit_scale=True, desc=f"embed {name}", disable=not progress, mininterval=5,
-                smoothing=0.1)
+    return progress_bar(total=total, unit="tok", unit_scale=True, desc=f"embed {name}", show=progress, disable=False,
+                        mininterval=5, smoothing=0.1)
 
 
 @_locked("out_dir", shard="k")  # before the encoder loads: a second job is refused at once

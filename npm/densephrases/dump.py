@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.faiss_index import build_faiss_index
@@ -45,6 +44,7 @@ from npm.densephrases.search import PhraseTokens
 from npm.fingerprint import corpus_fingerprint, file_fingerprint, model_fingerprint
 from npm.io import atomic_dir, atomic_path, read_json, write_json
 from npm.model import autocast, effective_precision, torch_device
+from npm.progress import bar as progress_bar
 
 COLUMNS = ("token", *(f.name for f in fields(PhraseTokens)))  # one .npy per column of a shard's token table
 OFFSETS = {"token": "token_offset", "passage": "passage_offset", "segment": "segment_offset"}  # local -> global ids
@@ -160,7 +160,7 @@ def _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_b
     order = np.argsort(lengths, kind="stable")
     keep = table.word >= 0
     with torch.inference_mode(), autocast(dev, precision):
-        for a in tqdm(range(0, len(order), batch_blocks), desc=desc, unit="batch", disable=not progress or None):
+        for a in progress_bar(range(0, len(order), batch_blocks), desc=desc, unit="batch", show=progress):
             batch = order[a:a + batch_blocks]
             ids, att = pad_blocks(arrays["input_ids"], offsets, batch, int(max(1, lengths[batch].max())))
             h = model.phrase_vectors(torch.as_tensor(ids, device=dev), torch.as_tensor(att, device=dev))

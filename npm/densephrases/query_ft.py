@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from npm import tracking
 from npm.densephrases.evaluate import open_domain
 from npm.densephrases.search import search
 from npm.densephrases.searcher import PhraseSearcher
 from npm.io import atomic_dir, write_json
+from npm.progress import bar as progress_bar
 from npm.tasks.metrics import exact_match
 
 log = logging.getLogger("npm-repro.densephrases")
@@ -103,7 +103,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     run = run or tracking.Run()
     run.update(dev_em_before=before)
     step = 0  # optimizer steps so far (the run's x axis)
-    bar = tqdm(total=epochs * n_batches, desc="query-side fine-tuning", unit="step", disable=not progress or None)
+    bar = progress_bar(total=epochs * n_batches, desc="query-side fine-tuning", unit="step", show=progress)
     for epoch in range(epochs):
         t0 = time.perf_counter()
         model.query_start.train()

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from npm import checkpoints, tracking
 from npm.densephrases.features import rc_features, teacher_inputs
@@ -50,6 +49,7 @@ from npm.densephrases.rc import read_squad
 from npm.fingerprint import file_fingerprint, model_fingerprint
 from npm.io import atomic_dir, folder_lock, write_json
 from npm.model import autocast, effective_precision, load_tokenizer, model_path, torch_device
+from npm.progress import bar as progress_bar
 
 log = logging.getLogger("npm-repro.densephrases")
 NEGATIVES = ("none", "in_batch", "pre_batch")
@@ -269,8 +269,8 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run |
             load_tokenizer(cfg.encoder).save_pretrained(tmp)
 
         teacher.train()
-        bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases teacher", unit="step",
-                   disable=not progress or None)
+        bar = progress_bar(total=steps, initial=len(rows), desc="DensePhrases teacher", unit="step",
+                            show=progress)
         for epoch in range(start_epoch, cfg.epochs):
             for rows_b in _batches(n, cfg.batch_size, cfg.seed, epoch):
                 t0 = time.perf_counter()
@@ -352,7 +352,7 @@ def train_densephrases(cfg: PhraseTrainConfig, progress: bool = True, run: track
         optimizer, scheduler = _optimizer(model.parameters(), cfg.lr, steps)
         rows = [] if state is None else _restore(state, optimizer, scheduler)
         model.train()
-        bar = tqdm(total=steps, initial=len(rows), desc="DensePhrases", unit="step", disable=not progress or None)
+        bar = progress_bar(total=steps, initial=len(rows), desc="DensePhrases", unit="step", show=progress)
         for epoch in range(start_epoch, cfg.epochs):
             pre = cfg.negatives == "pre_batch" and epoch >= cfg.epochs - cfg.pre_batch_epochs
             queue = PreBatchQueue(cfg.pre_batch) if pre else None  # a new, empty queue every epoch

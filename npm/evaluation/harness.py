@@ -27,6 +27,7 @@ import numpy as np
 from npm.evaluation.systems import Inputs, Output, get
 from npm.io import check_finite, write_jsonl, write_summary
 from npm.model import load_tokenizer
+from npm.progress import bar as progress_bar
 from npm.settings import Settings
 from npm.tasks.metrics import aggregate, bootstrap, exact_match, translation_prediction
 from npm.tasks.registry import SEED, Task, resolve_task, task_examples
@@ -248,8 +249,6 @@ def evaluate_tasks(tasks: Sequence[str | Task], system: str, inputs: Inputs, set
 def _run_task(spec: Task, entry, scorer, inputs: Inputs, settings: Settings, n_samples: int | None,
               tokenizer: str | None) -> tuple[dict, list[dict]]:
     """One task through a loaded scorer: sample, answer, score, time. Returns (metrics, predictions records)."""
-    from tqdm import tqdm
-
 
     folder = Path(inputs.tasks_root) / spec.name
     examples = task_examples(spec.name, folder, tokenizer=_bucket_tokenizer(spec, tokenizer, scorer, entry),
@@ -260,7 +259,8 @@ def _run_task(spec: Task, entry, scorer, inputs: Inputs, settings: Settings, n_s
              inputs.checkpoint, scorer.info.get("corpus"))
     run = scorer.closed_set if spec.closed else scorer.open_set
     t0 = time.perf_counter()
-    with tqdm(total=len(examples), desc=f"{spec.name}/{entry.name}", unit="ex", mininterval=5) as bar:
+    with progress_bar(total=len(examples), desc=f"{spec.name}/{entry.name}", unit="ex", disable=False,
+                      mininterval=5) as bar:
         output = Output(**run(spec, examples, progress=bar.update))
     seconds = time.perf_counter() - t0
     # inference.translation_cut: every system's answer (all), or only the decoders' (the original code)

@@ -28,10 +28,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from npm.baselines.lm import target_logprobs
 from npm.baselines.replug import mix_logprobs, mixture_weights
+from npm.progress import bar as progress_bar
 
 
 def windows(n_tokens: int, context_len: int, pred_len: int) -> list[tuple[int, int, int]]:
@@ -89,7 +89,7 @@ def score_texts(model, tokenizer, texts: Sequence[str],
     concat: dict[int, list] = {k: [] for k in concat_ks}
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     plan = [(i, w) for i, ids in enumerate(encoded) for w in windows(len(ids), context_len, pred_len)]
-    for g, (i, (c, a, e)) in enumerate(tqdm(plan, desc="REPLUG LM eval", unit="window", disable=not progress or None)):
+    for g, (i, (c, a, e)) in enumerate(progress_bar(plan, desc="REPLUG LM eval", unit="window", show=progress)):
         ids = encoded[i]
         context, target = [bos] + ids[c:a], ids[a:e]
         n = len(target)

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from npm import checkpoints, tracking
 from npm.baselines.decoder import BlockTexts
@@ -43,6 +42,7 @@ from npm.data.blocks import load_blocks, pad_blocks
 from npm.fingerprint import file_fingerprint, model_fingerprint
 from npm.io import atomic_dir, folder_lock, read_jsonl, write_json
 from npm.model import encode, load_encoder, load_tokenizer
+from npm.progress import bar as progress_bar
 from npm.replug.lm_eval import begin_token
 
 log = logging.getLogger("npm-repro.replug.lsr")
@@ -287,7 +287,7 @@ def _train(cfg: LsrConfig, root: Path, progress: bool, run: tracking.Run) -> dic
         with open(run_dir / "train_log.csv", newline="") as f:
             rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
     run.update(run_id=run_id, run_folder=str(run_dir), start_step=step)
-    bar = tqdm(total=cfg.steps, initial=step, desc="REPLUG LSR", unit="step", disable=not progress or None)
+    bar = progress_bar(total=cfg.steps, initial=step, desc="REPLUG LSR", unit="step", show=progress)
     while step < cfg.steps:
         t0 = time.perf_counter()
         batch = [queries[(step * cfg.batch_size + i) % len(queries)] for i in range(cfg.batch_size)]

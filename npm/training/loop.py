@@ -45,11 +45,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 import npm.checksums as checksums
-from npm import checkpoints, tracking
+from npm import checkpoints, progress, tracking
 from npm.fingerprint import file_fingerprint, model_fingerprint, tokenizer_fingerprint
 from npm.io import atomic_dir, folder_lock, write_summary
 from npm.model import (
@@ -416,7 +415,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     split = dict(rank=rank, world=world, lines_per_rank=t.lines_per_rank, accumulate=t.accumulate)
     order = data.order(t.seed, epoch, **split)
     losses = []
-    bar = tqdm(total=t.steps, initial=step, desc=f"train {cfg.model}", unit="step", disable=rank != 0 or None)
+    bar = progress.bar(total=t.steps, initial=step, desc=f"train {cfg.model}", unit="step", show=rank == 0)
     while step < t.steps:
         if cursor >= len(order):  # an epoch's order holds whole steps (BatchLines.order)
             epoch, cursor = epoch + 1, 0

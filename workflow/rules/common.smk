@@ -3,6 +3,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -29,9 +30,17 @@ from npm.settings import (
 )
 from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
+from npm import progress
 from npm.io import package_release, resolve_package_path
 from npm.model import locate_checkpoint
 from npm.tasks.fetch import COMPLETE as TASK_COMPLETE
+
+# Every job writes its output to its log (`> {log} 2>&1`); its shell first keeps Snakemake's stderr open as
+# descriptor 3 (progress.SHELL_PREFIX, after Snakemake's own bash prefix), and the variable tells the job so: a long
+# job's bar (pretraining, embedding, evaluation, DensePhrases, REPLUG) then also writes one progress line every 30 s
+# (step / total, rate, ETA) to Snakemake's terminal (npm.progress). The rules' commands stay as they are.
+os.environ[progress.FD_ENV] = str(progress.TERMINAL_FD)
+shell.prefix("set -euo pipefail; " + progress.SHELL_PREFIX)
 
 # config `models`: trained here or released checkpoints (the decoder and DensePhrases have their own sections)
 TRAINABLE = [m for m in SYSTEM_MODELS if m not in ("lm", "densephrases")]
