@@ -99,15 +99,19 @@ def _paper_points(paper: Mapping, table: str, keys: Sequence[str], full: bool) -
 
 def separate_labels(fig, labels: Sequence) -> list[tuple[str, tuple[float, float, float, float]]]:
     """Move text labels (annotations in offset points) apart so that no two overlap, and return each label's text
-    and final box ``(x0, y0, x1, y1)`` in display coordinates. Deterministic: in the given order, a label whose box
-    (matplotlib's renderer) meets a box already placed is tried one label height lower, then higher, then two lower,
-    ... and stays at the first place that meets none (4 n + 1 places for n labels: each placed box blocks at most 3,
-    so one is always free); a figure of the same points always gets the same placement."""
+    and final box ``(x0, y0, x1, y1)`` in display coordinates. A label that would run past its axes' right edge goes
+    to the left of its point. Deterministic: in the given order, a label whose box (matplotlib's renderer) meets a
+    box already placed is tried one label height lower, then higher, then two lower, ... and stays at the first place
+    that meets none (4 n + 1 places for n labels: each placed box blocks at most 3, so one is always free); a figure
+    of the same points always gets the same placement."""
     fig.canvas.draw()  # fixes the axes' limits, so boxes are final
     renderer = fig.canvas.get_renderer()
     placed, out = [], []
     for label in labels:
         x, y = label.xyann
+        if label.get_window_extent(renderer).x1 > label.axes.bbox.x1:  # past the right edge: left of the point
+            label.set_horizontalalignment("right")
+            x = -x
         step = label.get_window_extent(renderer).height * 72.0 / fig.dpi + 1.0  # a label height in points, + 1
         for i in range(4 * len(labels) + 1):
             label.xyann = (x, y + step * ((i + 1) // 2) * (-1 if i % 2 else 1))
