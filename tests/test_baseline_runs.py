@@ -228,18 +228,23 @@ def test_vote_weighs_answers_by_retrieval_and_answer_probability():
         vote(["a"], [0.5, 0.5], [0.0])
 
 
+def manual_logprob(model, tok, prompt, word):
+    """log P(word | prompt), fully recomputed without padding: the word's tokens are the last of the sequence."""
+    p = [tok.bos_token_id] + tok(prompt, add_special_tokens=False)["input_ids"]
+    w = tok(word, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=torch.tensor([p + w])).logits[0].double(), -1)
+    return sum(float(lp[len(p) - 1 + j, t]) for j, t in enumerate(w))
+
+
 def test_lm_pmi_is_the_manual_pmi(world, tmp_path):
     _, plain, _ = run(world, "sst2", "lm", tmp_path / "a")
     metrics, pmi, _ = run(world, "sst2", "lm_pmi", tmp_path / "b")
     model, tok = load_causal_lm(world["lm"])
     words = LABEL_WORDS["sst2"]
 
-    def logprob(prompt, word):  # full recomputation, no padding
-        p = [tok.bos_token_id] + tok(prompt, add_special_tokens=False)["input_ids"]
-        w = tok(word, add_special_tokens=False)["input_ids"]
-        with torch.no_grad():
-            lp = torch.log_softmax(model(input_ids=torch.tensor([p + w])).logits[0].double(), -1)
-        return sum(float(lp[len(p) - 1 + j, t]) for j, t in enumerate(w))
+    def logprob(prompt, word):
+        return manual_logprob(model, tok, prompt, word)
 
     domain = np.array([logprob(DOMAIN_PREMISES["sst2"], w) for w in words])
     assert np.allclose(metrics["domain_logprobs"], domain, atol=1e-5)
@@ -252,6 +257,22 @@ def test_lm_pmi_is_the_manual_pmi(world, tmp_path):
     # The random LM puts ~13 nats more prior mass on " great" than on " terrible" whatever the review says; PMI
     # divides that prior out, which changes the ranking of some examples.
     assert [a["prediction"] for a in plain] != [b["prediction"] for b in pmi]
+
+
+def test_rte_decoders_score_the_label_word_last_in_shi_et_al_form(world, tmp_path):
+    """Table 1's decoder rows on RTE (NPM's template puts the hypothesis after the mask): the prompt is Shi et al.
+    (2022)'s "{premise}\\n question: {hypothesis} true or false?\\n answer:", the scored continuation is the label
+    word (" true" / " false") at its end, and PMI divides out its domain premise "true or false?\\n answer:"."""
+    _, (plain,), saved = run(world, "rte", "lm", tmp_path / "a")
+    metrics, (pmi,), _ = run(world, "rte", "lm_pmi", tmp_path / "b")
+    assert plain["input"] == "It rains, right?<mask>, it is wet."  # NPM's template, unchanged
+    assert plain["prompt"] == pmi["prompt"] == "It rains.\n question: It is wet. true or false?\n answer:"
+    assert saved["label_words"] == [" true", " false"] and metrics["domain_premise"] == DOMAIN_PREMISES["rte"]
+    model, tok = load_causal_lm(world["lm"])
+    manual = np.array([manual_logprob(model, tok, plain["prompt"], w) for w in (" true", " false")])
+    domain = np.array([manual_logprob(model, tok, DOMAIN_PREMISES["rte"], w) for w in (" true", " false")])
+    assert np.allclose(plain["scores"], manual, atol=1e-5) and np.allclose(pmi["scores"], manual - domain, atol=1e-5)
+    assert plain["label"] == 0 and plain["prediction"] == int(np.argmax(manual))
 
 
 def test_entity_translation_cut_at_punctuation_and_macro_over_languages(world, tmp_path):
@@ -308,8 +329,6 @@ def test_errors_are_clear(world, tmp_path):
         run(world, "nq", "replug", tmp_path, retriever="dense")
     with pytest.raises(ValueError, match="passages must be >= 1"):
         run(world, "nq", "bm25_lm", tmp_path, passages=0)
-    with pytest.raises(ValueError, match="left-to-right"):
-        run(world, "rte", "lm", tmp_path)
     with pytest.raises(FileNotFoundError, match="task folder"):
         run(world, "triviaqa", "lm", tmp_path)
     with pytest.raises(KeyError, match="unknown task"):

@@ -110,7 +110,7 @@ def test_paper_file_is_generated_from_paper_values_and_up_to_date(tmp_path):
     assert npm["band"] == [round(74.5 - half, 2), round(74.5 + half, 2)] == [72.94, 76.06]
     assert cells["sst2/npm_single"]["expected"] == 86.8  # NPM-single: the two cells the paper gives
     assert "yahoo/npm_single" not in cells  # null in the paper
-    assert "rte/lm" not in cells and "rte/mlm" in cells  # a left-to-right LM cannot score RTE
+    assert cells["rte/lm"]["expected"] == 53.1 and cells["rte/lm_pmi"]["expected"] == 54.2  # RTE's causal form
     assert cells["templama_changed/npm@enwiki"]["expected"] == 2.9 and cells["templama_changed/npm"]["expected"] == 17.5
     assert cells["lama_trex/npm#uhn"]["expected"] == 29.0 and cells["lama_trex/lm"]["model"] == "opt-2.7b"
     assert cells["entity_translation/bm25_lm"]["expected"] == 22.3 and "entity_translation/npm_faiss" not in cells
@@ -178,13 +178,13 @@ def test_paper_check_ok_fail_not_run_and_exit_status(tmp_path, capsys):
                      "lama_trex/npm#hard": "FAIL", "agn/lm": "OK"}
     assert "not run agn/mlm" in out and "is a run of mlm; the paper's row is roberta-large" in out
     assert "not run yahoo/npm" in out and "no metrics file" in out
-    assert "4 OK, 2 FAIL, 68 not run of 74 cells" in out
+    assert "4 OK, 2 FAIL, 70 not run of 76 cells" in out
 
     assert main([*argv, "--report-only"]) == 0 and "2 FAIL" in capsys.readouterr().out
     (runs / "sst2" / "npm.json").unlink()
     _metrics(runs, "lama_trex", "npm", 34.0, n=2983, subsets={"uhn": 28.5, "hard": 32.0}, model="facebook/npm")
     assert main(argv) == 0  # only OK and not run: exit 0
-    assert "5 OK, 0 FAIL, 69 not run of 74 cells" in capsys.readouterr().out
+    assert "5 OK, 0 FAIL, 71 not run of 76 cells" in capsys.readouterr().out
     assert main([*argv, "--runs", "npm"]) == 0 and "4 OK, 0 FAIL, 16 not run of 20 cells" in capsys.readouterr().out
 
 

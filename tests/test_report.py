@@ -273,6 +273,43 @@ def test_figure6_draws_complete_systems_and_names_missing_tasks(tmp_path):
     assert_pdf_png(out)
 
 
+def test_figure6_labels_of_close_points_never_overlap(tmp_path):
+    """NPM and NPM-single at nearly the same point, and the paper's BM25 + OPT / GPT-3 points at 19x and 37x (within
+    a point of each other on NQ + KAMEL): every label's box, in display coordinates, meets no other."""
+    files = [write_metrics(tmp_path, "nq", "npm", 9.0), write_metrics(tmp_path, "kamel", "npm", 11.0),
+             write_metrics(tmp_path, "nq", "npm_single", 9.2), write_metrics(tmp_path, "kamel", "npm_single", 11.0),
+             write_metrics(tmp_path, "agn", "npm", 70.0), write_metrics(tmp_path, "agn", "npm_single", 70.5)]
+    drawn = figures.figure6(files, tmp_path / "figure6.pdf")
+    for panel in ("closed", "open"):
+        labels = drawn[panel]["labels"]
+        names = [name for name, _ in labels]
+        assert {"NPM", "NPM-single"} <= set(names)
+        for i, (a, (ax0, ay0, ax1, ay1)) in enumerate(labels):
+            for b, (bx0, by0, bx1, by1) in labels[i + 1:]:
+                assert ax1 <= bx0 or bx1 <= ax0 or ay1 <= by0 or by1 <= ay0, f"{panel}: {a!r} overlaps {b!r}"
+    assert {"BM25 + OPT 6.7B", "BM25 + GPT-3 6.7B", "BM25 + OPT 13B"} <= {n for n, _ in drawn["open"]["labels"]}
+
+
+def test_every_workflow_table1_cell_gives_the_decoder_rows_an_average_and_a_figure6_point(tmp_path):
+    """The metrics files the workflow asks Table 1 for (every closed-set system on every task it applies to, as
+    workflow/rules/common.smk's `metrics`) include RTE for LM and LM + PMI (their causal form, Shi et al. 2022): both
+    rows have all nine cells and an average, and Figure 6 draws them (none "not drawn (missing tasks)")."""
+    from npm.evaluation.systems import SYSTEMS, names
+    from npm.tasks.registry import load_registry
+
+    registry = load_registry()
+    files = [write_metrics(tmp_path, task, system, 50.0 + i, corpus=None if system in ("lm", "lm_pmi") else "enwiki")
+             for i, task in enumerate(tables.CLOSED_SET_TASKS) for system in names(closed=True)
+             if SYSTEMS[system].applies(True, registry[task].template)]
+    table = tables.table1(files)
+    for system in ("lm", "lm_pmi"):
+        row = table.row(system)
+        assert row["RTE"] == 58.0 and row["Avg"] == pytest.approx(54.0)
+    drawn = figures.figure6(files, tmp_path / "figure6.pdf")
+    assert drawn["closed"]["missing"] == {}
+    assert {"lm", "lm_pmi", "npm", "npm_single", "mlm"} == set(drawn["closed"]["ours"])
+
+
 def test_figure7_one_line_per_task_over_corpus_fractions(tmp_path):
     files = []
     for frac, tokens in ((5, 50_000), (25, 250_000), (100, 1_000_000)):

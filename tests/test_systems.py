@@ -86,8 +86,8 @@ def test_every_system_names_a_known_model_and_artefacts():
     assert SYSTEMS["replug_lsr"].needs(False, "bm25") == ("encoder", "blocks")  # always its own dense retriever
 
 
-def test_left_to_right_systems_skip_templates_with_text_after_the_mask():
-    assert not SYSTEMS["lm"].applies(True, "rte") and not SYSTEMS["lm_pmi"].applies(True, "rte")
+def test_left_to_right_systems_answer_every_closed_set_template_in_its_causal_form():
+    assert SYSTEMS["lm"].applies(True, "rte") and SYSTEMS["lm_pmi"].applies(True, "rte")  # Shi et al. 2022's form
     assert SYSTEMS["lm"].applies(True, "sst2") and SYSTEMS["npm"].applies(True, "rte")
     assert not SYSTEMS["mlm"].applies(False, "lama")
 

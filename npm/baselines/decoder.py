@@ -8,7 +8,9 @@ docs/paper-map.md §6, §R2.1-§R2.2). ``DecoderScorer`` answers one task for ``
   with softmax(retrieval score / ``replug_temperature``) and decoded greedily over the mixture (REPLUG 3.2,
   ``npm.baselines.replug``). The paper mixes with softmax of the raw scores (temperature 1);
   ``inference.replug_ensemble: vote`` swaps the mixture for the authors' QA answer vote (``replug_vote``);
-* closed set, ``lm``: log P(label word | prompt) (``npm.baselines.pmi.label_logprobs``), argmax;
+* closed set, ``lm``: log P(label word | prompt) (``npm.baselines.pmi.label_logprobs``), argmax; the prompt is the
+  text before the mask, or the task's causal form with the label word last (RTE: Shi et al. 2022,
+  ``npm.tasks.templates.CAUSAL_TEMPLATES``, label words " true" / " false");
 * closed set, ``lm_pmi``: domain-conditional PMI log P(y | x) - log P(y | domain premise) (Holtzman et al. 2021).
 
 Retrieval: the corpus's pyserini BM25 index (docid = global block id) over its blocks files in global order, whose
@@ -39,7 +41,7 @@ from npm.data.blocks import block_text, load_blocks
 from npm.datastore.bm25 import Bm25Searcher, block_slice, bm25_query, marked_texts, unit_markers
 from npm.fingerprint import CorpusHasher
 from npm.model import autocast, effective_precision, torch_device
-from npm.tasks.templates import LABEL_WORDS
+from npm.tasks.templates import causal_label_words
 
 log = logging.getLogger("npm-repro.baselines")
 
@@ -206,20 +208,20 @@ class DecoderScorer:
 
     def _closed_set(self, task, examples, progress=None):
         s = self.settings
-        words = list(LABEL_WORDS[task.template])
+        words = list(causal_label_words(task.template))
         metrics: dict = {"label_words": words, "max_new_tokens": None, "skip_blank_lines": None}
         domain = None
         if self.options.get("pmi"):
             premise = DOMAIN_PREMISES.get(task.template)
             if premise is None:
                 raise ValueError(f"task {task.name}: no domain premise for PMI (npm.baselines.pmi.DOMAIN_PREMISES "
-                                 f"has {sorted(DOMAIN_PREMISES)}); its template puts text after the mask")
+                                 f"has {sorted(DOMAIN_PREMISES)})")
             domain = label_logprobs(self.model, self.tokenizer, [premise], words)[0]
             metrics.update(domain_premise=premise, domain_logprobs=[float(x) for x in domain])
         prompts = []
         for ex in examples:
             try:
-                prompts.append(causal_prompt(ex["input"]))
+                prompts.append(ex.get("causal_input") or causal_prompt(ex["input"]))
             except ValueError as e:
                 raise ValueError(f"task {task.name}, example {ex['id']}: {e}; a causal LM cannot score this "
                                  "template left to right (choose another task)") from None

@@ -11,7 +11,8 @@ the original NPM repo ships no PMI code, paper-map §6). Re-implemented from the
 
 The prompt for a causal LM is the NPM closed-set template's text before the mask (:func:`causal_prompt`).
 Templates with text after the mask (RTE: "{premise}, right?<mask>, {hypothesis}.") are not meaningful under this
-left-to-right scoring and are rejected by :func:`causal_prompt`.
+left-to-right scoring and are rejected by :func:`causal_prompt`; RTE has its own causal form with the label word
+last instead (``npm.tasks.templates.CAUSAL_TEMPLATES``, Shi et al. 2022), whose domain premise is below.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import torch
 from npm.baselines.lm import MAX_LENGTH, encode_prompt, model_device
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
-# Domain premises: the template text that follows the example (npm.tasks.templates.CLOSED_SET_TEMPLATES).
+# Domain premises: the template text that follows the example (npm.tasks.templates.CLOSED_SET_TEMPLATES; for RTE its
+# causal form, CAUSAL_TEMPLATES: Shi et al. 2022's uncond_premise " true or false?\n answer:", bare as the others).
 DOMAIN_PREMISES = {
     "agn": "The text topic is about", "yahoo": "The text topic is about", "subj": "This is a",
     "sst2": "It was", "mr": "It was", "rt": "It was", "cr": "It was", "amazon": "It was",
+    "rte": "true or false?\n answer:",
 }
 
 

@@ -132,7 +132,8 @@ def check_inputs(task: Task, system, inputs: Inputs, settings: Settings) -> None
     needs = system.needs(task.closed, settings.retriever)
     if not system.applies(task.closed, task.template):
         raise ValueError(f"system {system.name} cannot answer task {task.name}: its template puts text after the "
-                         "mask, which a left-to-right LM cannot score")
+                         "mask and has no causal form (npm.tasks.templates.CAUSAL_TEMPLATES), so a left-to-right LM "
+                         "cannot score it")
     if not inputs.checkpoint:
         raise ValueError(f"system {system.name} needs its {system.model} checkpoint (--checkpoint)")
     for name in ("datastore", "faiss", "bm25", "blocks"):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
-from npm.tasks.templates import mask_at_end
+from npm.tasks.templates import has_causal_form
 
 # Corpus artefacts a system can need, as the workflow builds them per (model, corpus) or per corpus.
 ARTEFACTS = ("datastore", "faiss", "bm25", "blocks", "encoder", "phrase_dump", "phrase_index")
@@ -77,7 +77,7 @@ class System:
     closed: tuple[str, ...] | None  # artefacts a closed-set task needs; None = not applicable
     open: tuple[str, ...] | None  # artefacts an open-set task needs; None = not applicable
     load: Callable  # (system, Inputs, Settings) -> scorer
-    left_to_right: bool = False  # scores what follows the prompt: templates with text after the mask do not apply
+    left_to_right: bool = False  # scores what follows the prompt: a closed-set template needs its causal form
     lm_label: str | None = None  # the row label with the decoder's name, "{lm}" standing for it
     options: Mapping = field(default_factory=dict)  # fixed arguments of the scorer
     retriever_encoder: str = "npm"  # the dense retriever's encoder: the NPM model, or "replug_lsr" (LSR-trained)
@@ -102,7 +102,7 @@ class System:
     def applies(self, closed: bool, template: str) -> bool:
         """Whether the system answers a task of this family and template."""
         needs = self.closed if closed else self.open
-        return needs is not None and not (self.left_to_right and closed and not mask_at_end(template))
+        return needs is not None and not (self.left_to_right and closed and not has_causal_form(template))
 
     def display_name(self, lm: str | None = None) -> str:
         return self.lm_label.format(lm=lm) if lm and self.lm_label else self.label

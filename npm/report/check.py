@@ -234,7 +234,7 @@ def _rule(rule, path: Path) -> dict:
 def paper_expected(rule: Mapping, path: Path, paper: Mapping | None = None,
                    registry: Mapping | None = None) -> dict[str, dict]:
     """The cells of the paper expected-numbers file: every paper number of ``npm.report.tables.paper_cells`` whose
-    metrics cell our system can produce (registry ``applies``: a left-to-right LM has no RTE), with its band =
+    metrics cell our system can produce (registry ``applies``), with its band =
     expected ± :func:`tolerance` (``rule`` n of ``task#subset`` or ``task``, floor, z) or the override's tolerance,
     clipped to [0, 100], and the ``model`` of the paper row where ``rule.models`` names one."""
     rule = _rule(rule, path)

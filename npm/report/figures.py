@@ -2,7 +2,8 @@
 
 * ``figure6``: average accuracy / EM against the number of parameters (log x), one panel for the Table 1 tasks
   (closed set) and one for the Table 8 tasks (open set, the "All" column of each); our systems filled and labelled,
-  the paper's rows hollow at #Params x 354M (RoBERTa-large = 1.0x).
+  the paper's rows hollow at #Params x 354M (RoBERTa-large = 1.0x); labels that would overlap are moved apart
+  (``separate_labels``).
 * ``figure7``: the corpus-size ablation (paper 6.4): score against the reference corpus size in tokens (log x),
   one line per task, for one system on the ``enwiki_pNN`` corpora; the paper's 100% (Table 8) values are hollow
   anchors at 810M tokens.
@@ -96,10 +97,37 @@ def _paper_points(paper: Mapping, table: str, keys: Sequence[str], full: bool) -
     return out
 
 
+def separate_labels(fig, labels: Sequence) -> list[tuple[str, tuple[float, float, float, float]]]:
+    """Move text labels (annotations in offset points) apart so that no two overlap, and return each label's text
+    and final box ``(x0, y0, x1, y1)`` in display coordinates. A label that would run past its axes' right edge goes
+    to the left of its point. Deterministic: in the given order, a label whose box (matplotlib's renderer) meets a
+    box already placed is tried one label height lower, then higher, then two lower, ... and stays at the first place
+    that meets none (4 n + 1 places for n labels: each placed box blocks at most 3, so one is always free); a figure
+    of the same points always gets the same placement."""
+    fig.canvas.draw()  # fixes the axes' limits, so boxes are final
+    renderer = fig.canvas.get_renderer()
+    placed, out = [], []
+    for label in labels:
+        x, y = label.xyann
+        if label.get_window_extent(renderer).x1 > label.axes.bbox.x1:  # past the right edge: left of the point
+            label.set_horizontalalignment("right")
+            x = -x
+        step = label.get_window_extent(renderer).height * 72.0 / fig.dpi + 1.0  # a label height in points, + 1
+        for i in range(4 * len(labels) + 1):
+            label.xyann = (x, y + step * ((i + 1) // 2) * (-1 if i % 2 else 1))
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+        placed.append(box)
+        out.append((label.get_text(), (box.x0, box.y0, box.x1, box.y1)))
+    return out
+
+
 def figure6(paths: Iterable[str | os.PathLike], out: str | os.PathLike, paper: Mapping | None = None) -> dict:
     """Paper Figure 6: average score against parameters (log x). Left: the Table 1 tasks present in the files
     (accuracy); right: the Table 8 tasks present (EM, the LAMA "All" scores). A system is drawn in a panel only if
-    it has every one of the panel's tasks; the others are named under the panel. Needs ``parameters``."""
+    it has every one of the panel's tasks; the others are named under the panel. Needs ``parameters``. Returns per
+    panel its tasks, points (ours, the paper's), missing systems and ``labels`` (``separate_labels``)."""
     paper = paper or load_paper_values()
     records = load_metrics(paths, tasks=(*CLOSED_SET_TASKS, *KNOWLEDGE_TASKS), what="figure6",
                            require=("parameters",))
@@ -117,7 +145,7 @@ def figure6(paths: Iterable[str | os.PathLike], out: str | os.PathLike, paper: M
         models.setdefault(rec["system"], rec.get("model"))
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    drawn = {}
+    drawn, labels = {}, []
     for ax, (key, title, table, tasks, paper_key) in zip(axes, panels, strict=True):
         points, missing = _panel_points(records, tasks)
         full = table == "table1" and len(tasks) == len(CLOSED_SET_TASKS)
@@ -132,11 +160,12 @@ def figure6(paths: Iterable[str | os.PathLike], out: str | os.PathLike, paper: M
             continue
         for name, (x, y) in theirs.items():
             ax.scatter([x], [y], facecolors="none", edgecolors="grey", s=40, zorder=2)
-            ax.annotate(name, (x, y), fontsize=6, color="grey", xytext=(3, -8), textcoords="offset points")
+            labels.append((key, 1, ax.annotate(name, (x, y), fontsize=6, color="grey", xytext=(3, -8),
+                                               textcoords="offset points")))
         for system, (x, y) in points.items():
             ax.scatter([x], [y], s=50, zorder=3, label=display_name(system, models.get(system)))
-            ax.annotate(display_name(system, models.get(system)), (x, y), fontsize=7, xytext=(4, 4),
-                        textcoords="offset points")
+            labels.append((key, 0, ax.annotate(display_name(system, models.get(system)), (x, y), fontsize=7,
+                                               xytext=(4, 4), textcoords="offset points")))
         ax.scatter([], [], facecolors="none", edgecolors="grey", label="paper (hollow)")
         ax.legend(fontsize=7, loc="best")
         ax.grid(True, which="both", alpha=0.3)
@@ -148,6 +177,10 @@ def figure6(paths: Iterable[str | os.PathLike], out: str | os.PathLike, paper: M
         ax.text(0.0, -0.2, note, transform=ax.transAxes, fontsize=7, va="top", wrap=True)
     fig.suptitle("Average score vs. number of parameters (filled: ours; hollow: the paper at #Params x 354M)",
                  fontsize=10)
+    labels.sort(key=lambda item: item[1])  # ours keep their place; the paper's move out of their way
+    boxes = separate_labels(fig, [label for _, _, label in labels])
+    for key in drawn:
+        drawn[key]["labels"] = [box for (panel, _, _), box in zip(labels, boxes, strict=True) if panel == key]
     save_figure(fig, out)
     return drawn
 

@@ -41,6 +41,7 @@ from npm.tasks.templates import (
     CLOSED_SET_TEMPLATES,
     LABEL_WORDS,
     YAHOO_TOPICS,
+    causal_text,
     closed_set_text,
     fuzzy_json_words,
     fuzzy_txt_words,
@@ -480,6 +481,9 @@ def load_task_records(task: Task, folder: str | os.PathLike) -> list[dict]:
 def _example(task: Task, rec: dict) -> dict:
     if task.closed:
         out = {"id": rec["id"], "input": closed_set_text(task.template, rec), "label": rec["label"]}
+        causal = causal_text(task.template, rec)  # the decoders' prompt where it is not the text before the mask
+        if causal is not None:
+            out["causal_input"] = causal
     else:
         out = {"id": rec["id"], "input": rec["input"], "answers": list(rec["answers"])}
         for key in ("relation", "is_uhn", "is_hard", "lang"):

@@ -8,6 +8,12 @@ their leading space, in label-id order. Record fields (names chosen here, the lo
 them): agn ``title``/``description``; yahoo ``question_title``/``question_content``/``best_answer``; rte
 ``sentence1``/``sentence2`` (GLUE); subj, sst2, mr, rt, cr ``text``; amazon ``title``/``content``.
 
+Causal-LM form (the decoder rows of Table 1, ``lm`` and ``lm_pmi``): a left-to-right LM scores the label word as the
+continuation of a prompt, so the label must come last. ``causal_text`` gives that prompt: the NPM text before its
+mask for the templates that end with the mask, and for RTE, whose NPM template puts the hypothesis after the mask,
+the prompt of Shi et al. (2022, kNN-Prompt; from Holtzman et al. 2021), where the paper's GPT-2 / GPT-3 rows come
+from, with its label words ``CAUSAL_LABEL_WORDS["rte"]`` (" true", " false").
+
 Open set (paper-map §5.1): LAMA, KAMEL, NQ/TriviaQA and entity-translation inputs, and ``is_question``.
 
 Fuzzy verbalizers (paper-map §4.2 notes, §9 item 28): the .txt format (one line per label, words joined by ", ",
@@ -128,9 +134,38 @@ class _AnyField(dict):
 
 def mask_at_end(template: str) -> bool:
     """Whether a closed-set template ends with its mask (only "." after it): a causal LM can then score the label
-    words left to right. RTE's "{premise}, right?<mask>, {hypothesis}." cannot."""
+    words left to right. RTE's "{premise}, right?<mask>, {hypothesis}." cannot (it has ``CAUSAL_TEMPLATES``)."""
     after = closed_set_text(template, _AnyField()).partition(MASK_PLACEHOLDER)[2]
     return after.strip() in ("", ".")
+
+
+def _rte_causal(r: Mapping) -> str:
+    # Shi et al. (2022, kNN-Prompt) for RTE, as Holtzman et al. (2021): " {premise}\n question: {hypothesis} true or
+    # false?\n answer:" + " true" / " false"; the leading space dropped, as every other prompt here starts bare.
+    return f"{r['sentence1'].strip()}\n question: {r['sentence2'].strip()} true or false?\n answer:"
+
+
+# Templates whose NPM form has text after the mask get a causal-LM form with the label word last (Shi et al. 2022).
+CAUSAL_TEMPLATES: dict[str, Callable[[Mapping], str]] = {"rte": _rte_causal}
+CAUSAL_LABEL_WORDS: dict[str, tuple[str, ...]] = {"rte": (" true", " false")}  # label-id order: entailment first
+
+
+def has_causal_form(template: str) -> bool:
+    """Whether a left-to-right LM can score this closed-set template: it ends with its mask, or has a causal form."""
+    return template in CAUSAL_TEMPLATES or mask_at_end(template)
+
+
+def causal_text(template: str, record: Mapping) -> str | None:
+    """The causal-LM prompt of one closed-set record when ``template`` has its own causal form (RTE), else None: the
+    decoders then score the NPM text before its mask (``npm.baselines.pmi.causal_prompt``)."""
+    form = CAUSAL_TEMPLATES.get(template)
+    return None if form is None else form(record)
+
+
+def causal_label_words(template: str) -> tuple[str, ...]:
+    """The label words a causal LM scores after ``causal_text`` (label-id order): the causal form's own, else
+    ``LABEL_WORDS``."""
+    return CAUSAL_LABEL_WORDS.get(template, LABEL_WORDS[template])
 
 
 # ------------------------------------------------------------------------------------------------ open set

@@ -705,8 +705,8 @@ def n_samples_arg():
 
 def metrics(tasks, systems, corpus=None, control=False):
     """Metrics files of every (task, system) pair the system can answer (registry `applies`: a left-to-right LM
-    cannot score RTE, whose template has text after the mask); `corpus` selects the {system}@{corpus} evaluations,
-    `control` the negative control's (results/control/metrics)."""
+    scores a closed-set task in its causal form, the label word last); `corpus` selects the {system}@{corpus}
+    evaluations, `control` the negative control's (results/control/metrics)."""
     suffix = f"@{corpus}" if corpus else ""
     root = "results/control/metrics" if control else "results/metrics"
     return [
