@@ -209,6 +209,7 @@ def test_check_saves_its_verdicts_beside_the_metrics_root(tmp_path, capsys):
     out = capsys.readouterr().out
     saved_path = tmp_path / "results" / "check" / "bands.json"
     assert f"verdicts -> {saved_path}" in out
+    assert out.strip().splitlines()[-1].startswith("2 OK, 0 FAIL, 0 not run of 2 cells")  # the summary stays last
     saved = json.loads(saved_path.read_text())
     assert saved["summary"] == "2 OK, 0 FAIL, 0 not run of 2 cells" and saved["expected_file"] == str(expected)
     assert saved["metrics_root"] == str(runs) and saved["provenance"]["git_commit"]

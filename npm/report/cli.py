@@ -88,11 +88,11 @@ def run_check(args: argparse.Namespace) -> int:
     verdicts = check.check(expected, args.metrics_root)
     for v in verdicts:
         print(v.line())
-    print(f"{check.summary(verdicts)} ({path} against {args.metrics_root})")
     args.out = args.out or check.verdicts_path(path, args.metrics_root)  # named by an error writing it (npm.cli)
     check.save(verdicts, args.out, expected, args.metrics_root,
                {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"})
     print(f"verdicts -> {args.out}")
+    print(f"{check.summary(verdicts)} ({path} against {args.metrics_root})")  # last: the line a reader looks at
     failed = sum(v.state == check.FAIL for v in verdicts)
     if args.expect_fail:
         missing = [v.cell for v in verdicts if v.problem]
