@@ -836,7 +836,7 @@ def test_the_import_check_catches_a_module_that_only_arrives_through_another_pac
     assert undeclared_imports([source], {"numpy", "threadpoolctl", "huggingface-hub"}) == []
 
 
-def test_building_the_package_warns_of_nothing_deprecated(tmp_path):
+def test_building_and_installing_the_package_warns_of_nothing(tmp_path):
     """`make install` builds npm-repro from pyproject.toml: setuptools must find nothing deprecated in it (it warned
     three times per install that `project.license` as a TOML table is deprecated). Built here without isolation, on
     this venv's setuptools, so that it runs offline; [build-system] must allow that version."""
@@ -852,3 +852,10 @@ def test_building_the_package_warns_of_nothing_deprecated(tmp_path):
                          env=os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "deprecat" not in (out.stdout + out.stderr).lower(), out.stdout + out.stderr
+    # `make install` is an editable install: setuptools printed a boxed "Editable installation. Please be careful
+    # with folders in your working directory ..." notice for a top-level package it had to find by itself.
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                          "--prefix", str(tmp_path / "prefix"), "-e", str(source)], capture_output=True, text=True,
+                         env=os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Warning" not in out.stdout + out.stderr, out.stdout + out.stderr
