@@ -87,3 +87,58 @@ def test_job_times_are_stated_in_the_timings_file_only():
     line = next(x for x in expected.splitlines() if "benchmarks/label_knn.py" in x and "#" in x)
     assert not re.search(r"\d+ (s|min)\b", line), line
     assert '"seconds": seconds' in (ROOT / "benchmarks" / "label_knn.py").read_text()  # the file has its time
+
+
+# Every time or rate the README states, and where it is checked: a new one fails here until it has a check.
+README_TIMES = re.compile(r"(\d[\d.,]*(?:-\d[\d.]*)?) ?(s|ms|min|minutes|seconds|hours|H100-hours|V100-hours|"
+                          r"questions/s|queries/s|tokens/s|step/s)\b")
+CHECKED_README_TIMES = {
+    "25-50 minutes": "test_the_readme_s_demo_time_is_the_range_of_the_measured_runs",
+    "30 s": "test_settings_the_readme_states_are_the_code_s",
+    "1.21 step/s": "test_settings_the_readme_states_are_the_code_s",  # the example progress line
+    "11 H100-hours": "test_the_released_route_s_embedding_cost_follows_paper_scale_s",
+    "50 H100-hours": "test_the_full_route_s_pretraining_cost_is_paper_scale_s_measurement",
+    "46 V100-hours": "test_the_released_route_s_embedding_cost_follows_paper_scale_s",
+    "2 H100-hours": "test_the_released_route_s_embedding_cost_follows_paper_scale_s",
+    "35 s": "test_the_readme_s_embedding_time_is_the_demo_s_measurement",
+    "20 s": "test_settings_the_readme_states_are_the_code_s",
+    "13.6 questions/s": "the DensePhrases paper's number, not a run of ours",
+    "151 queries/s": "test_the_readme_s_speeds_are_the_predict_benchmark_s",
+    "38 queries/s": "test_the_readme_s_speeds_are_the_predict_benchmark_s",
+}
+
+
+def test_every_time_the_readme_states_is_checked():
+    """A time or rate in the README goes stale silently unless a test holds it to a measurement or the code."""
+    stated = {" ".join(m.groups()) for m in README_TIMES.finditer(README)}
+    assert stated <= set(CHECKED_README_TIMES), sorted(stated - set(CHECKED_README_TIMES))
+    for claim, check in CHECKED_README_TIMES.items():
+        assert claim in stated, f"{claim!r} is no longer in the README: drop it from CHECKED_README_TIMES"
+        assert not check.startswith("test_") or check in globals(), check
+
+
+def test_settings_the_readme_states_are_the_code_s():
+    from npm.progress import SUMMARY_EVERY_S
+    from npm.tracking import INIT_TIMEOUT
+
+    assert f"every {SUMMARY_EVERY_S:.0f} s, one line per" in README
+    assert f"no answer from the server within {INIT_TIMEOUT:.0f} s" in README
+    example = re.search(r"```text\n(progress train npm: .*)\n```", README)
+    assert example and re.fullmatch(r"progress train npm: \d+/300 step \(\d+%\), [0-9.]+ step/s, ETA \d\d:\d\d",
+                                    example.group(1)), "the README's example progress line has the format of one"
+
+
+def test_the_released_route_s_embedding_cost_follows_paper_scale_s():
+    """The README's released-route embedding cost is two models' worth of docs/paper-scale.md's per-model figures
+    (NPM and NPM-single each embed their datastores), and fp16's from its measured rate."""
+    per_model_v100 = float(re.search(r"Per model: .*?\*\*≈ ([0-9.]+) V100-h\*\*", PAPER_SCALE).group(1))
+    per_model_fp32 = float(re.search(r"so ≈ ([0-9.]+) H100-hours per model, an estimate", PAPER_SCALE).group(1))
+    rate = float(re.search(r"\*\*0\.6 H100-hours\*\* \| (\d+)k tokens/s", PAPER_SCALE).group(1)) * 1e3
+    assert f"about {round(2 * per_model_v100)} V100-hours of embedding" in README
+    fp32 = round(2 * per_model_fp32)
+    assert f"about {fp32} H100-hours of embedding" in README and f"(`datastore.precision: fp32`) about {fp32} " \
+        f"H100-hours" in README
+    tokens, stated_rate = re.search(r"takes about \d+ H100-hours at the rate measured on one H100, ([0-9.]+)B tokens "
+                                    r"at (\d+)k tokens/s", README).groups()
+    assert abs(int(stated_rate) * 1e3 - rate) / rate < 0.05
+    assert f"takes about {round(float(tokens) * 1e9 / rate / 3600)} H100-hours" in README
