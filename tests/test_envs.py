@@ -855,6 +855,7 @@ def test_building_and_installing_the_package_warns_of_nothing(tmp_path):
     # `make install` is an editable install: setuptools printed a boxed "Editable installation. Please be careful
     # with folders in your working directory ..." notice for a top-level package it had to find by itself.
     out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                          "--ignore-installed",  # else pip first uninstalls this venv's own npm-repro
                           "--prefix", str(tmp_path / "prefix"), "-e", str(source)], capture_output=True, text=True,
                          env=os.environ | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
