@@ -182,6 +182,22 @@ class WriteDigest:
         return {"sha256": h.hexdigest(), "kind": PARTS, "part_bytes": self.part_bytes}
 
 
+class HashingWriter:
+    """A file object open for writing whose ``write`` also feeds a sha256 ``WriteDigest`` (``digest``): for a
+    library that writes a whole file in one pass through a file object or a callback (``torch.save`` of a
+    checkpoint's state, ``faiss.write_index``), so the file's sha256 is taken from the bytes as they go out."""
+
+    def __init__(self, file):
+        self.file, self.digest = file, WriteDigest(SHA256)
+
+    def write(self, data) -> int:
+        self.digest.update(self.file.tell(), data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
 def cache_folder() -> Path:
     """The user's cache folder of npm-repro, ``$XDG_CACHE_HOME/npm-repro`` (default ``~/.cache/npm-repro``): where the
     digests of ``cached_digest`` live (``fingerprints/``, one small JSON per hashed file or model folder, named by the
@@ -229,11 +245,13 @@ def folder_files(folder: str | os.PathLike, skip: Iterable[str] = ()) -> list[st
                   if p.is_file() and p.name not in skip and not p.name.endswith(MODEL_FINGERPRINT_CACHE))
 
 
-def folder_record(folder: str | os.PathLike, rule: str, command: str, skip: Iterable[str] = ()) -> dict:
-    """Entries of every file under ``folder`` (``folder_files``), hashed uncached: ``folder`` is a build folder about
-    to be renamed."""
-    folder = Path(folder)
-    return {name: entry(folder / name, rule, command, cached=False) for name in folder_files(folder, skip)}
+def folder_record(folder: str | os.PathLike, rule: str, command: str, skip: Iterable[str] = (),
+                  written: dict[str, WriteDigest] | None = None) -> dict:
+    """Entries of every file under ``folder`` (``folder_files``), uncached: ``folder`` is a build folder about to be
+    renamed. A file of ``written`` (relative name: the digest its writer took) is not read; the others are hashed."""
+    folder, written = Path(folder), written or {}
+    return {name: entry(folder / name, rule, command, cached=False, written=written.get(name))
+            for name in folder_files(folder, skip)}
 
 
 def write_sidecar(path: str | os.PathLike, rule: str, command: str) -> dict:
@@ -244,9 +262,11 @@ def write_sidecar(path: str | os.PathLike, rule: str, command: str) -> dict:
     return record
 
 
-def write_folder_record(folder: str | os.PathLike, rule: str, command: str) -> dict:
-    """Record the checksums of every file of ``folder`` (a build folder) in ``folder/sha256.json``."""
-    record = folder_record(folder, rule, command)
+def write_folder_record(folder: str | os.PathLike, rule: str, command: str,
+                        written: dict[str, WriteDigest] | None = None) -> dict:
+    """Record the checksums of every file of ``folder`` (a build folder) in ``folder/sha256.json`` (``written``: as
+    ``folder_record``)."""
+    record = folder_record(folder, rule, command, written=written)
     write_json(Path(folder) / FOLDER_RECORD, {KEY: record})
     return record
 

@@ -198,3 +198,26 @@ def test_a_faiss_index_is_hashed_as_it_is_written(world, tmp_path, monkeypatch):
     assert record["checksums"]["flat.faiss"]["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
     assert "kind" not in record["checksums"]["flat.faiss"]
     load_faiss_index(out, datastore=ds)
+
+
+def test_a_checkpoints_state_is_hashed_as_torch_save_writes_it(tmp_path, monkeypatch):
+    """The state file (optimiser and all: the largest file of a checkpoint) is hashed from the bytes torch.save
+    writes; only the model's files, written by save_pretrained in one go, are hashed from the folder. The checkpoint
+    is still found, and a changed state byte still sets it aside."""
+    import torch
+
+    from npm import checkpoints
+
+    layout = checkpoints.Layout(prefix="step", state_file="state.pt", rule="test", command="pytest")
+    calls = []
+    real = checksums.file_fingerprint
+    monkeypatch.setattr(checksums, "file_fingerprint", lambda p, *a: calls.append(Path(p).name) or real(p, *a))
+    write = lambda tmp: torch.save({"w": torch.ones(3)}, tmp / "weights.pt")  # noqa: E731
+    final = checkpoints.save(tmp_path, 1, {"step": 1, "m": torch.arange(1000.0)}, layout, write)
+    assert calls == ["weights.pt"]
+    recorded = json.loads((final / "sha256.json").read_text())["checksums"]["state.pt"]
+    assert recorded["sha256"] == hashlib.sha256((final / "state.pt").read_bytes()).hexdigest()
+    read = lambda ckpt: torch.load(ckpt / "weights.pt", weights_only=True)  # noqa: E731
+    assert checkpoints.latest(tmp_path, layout, read)[1]["step"] == 1
+    _flip(final / "state.pt", -100)
+    assert checkpoints.latest(tmp_path, layout, read) is None

@@ -677,16 +677,12 @@ def _write_index(index, path: Path) -> checksums.WriteDigest:
     of it in RAM (``faiss.serialize_index``)."""
     import faiss
 
-    digest = checksums.WriteDigest(checksums.SHA256)
     with open(path, "wb") as f:
-        def write(data: bytes) -> int:
-            digest.update(f.tell(), data)
-            return f.write(data)
-
-        writer = faiss.PyCallbackIOWriter(write)
+        sink = checksums.HashingWriter(f)
+        writer = faiss.PyCallbackIOWriter(sink.write)
         faiss.write_index(index, writer)
-        del writer  # flushed before the file closes
-    return digest
+        del writer  # done with the file before it closes
+    return sink.digest
 
 
 def index_vectors(vectors: np.ndarray, factory: str = "Flat", metric: str = "ip", train_sample: int = 1_000_000,
