@@ -6,14 +6,15 @@ Builds blocks from the embedded default's real Wikipedia leads (ovos-skill-wiki-
 * bare forward: the encoder alone over exactly the batches the embedder runs (same blocks, same order, same
   padding), inputs prepared on the device beforehand;
 * loop: ``embed_corpus``'s embedding loop (its ``seconds_embedding``: padding, host-device copies, encoder, fp16
-  selection, memmap writes, done markers), the encoder already loaded;
+  selection, positioned writes, the shard's checksum taken from the rows as they are written (parts-sha256,
+  ``npm.checksums.WriteDigest``), done markers), the encoder already loaded;
 * end to end: the whole ``embed_corpus`` call into a fresh temporary datastore (plan, model fingerprint, tokenizer
   and encoder loading, the loop, ``meta.json``), the fingerprint's cache filled beforehand as a workflow's plan job
   leaves it for its shard jobs;
 
 bare and embedding alternated ``--repeat`` times (the machine may be shared: a busy spell then hits both). Reports
 tokens/s of each (real tokens, padding excluded), the medians' ratios loop/bare (target >= 0.9) and end-to-end/bare
-(target >= 0.8), the padding fraction of the batches, bytes per corpus token of the vectors and of everything else,
+(target >= 0.8), both with checksums on (``shard_checksum``: the kind recorded for the shard), the padding fraction of the batches, bytes per corpus token of the vectors and of everything else,
 ``load_datastore`` seconds, peak RSS, and with --open-set one run with stop words dropped (its rows per token).
 Writes results/benchmarks/embed-<device>.json atomically. It measures; it asserts nothing.
 
@@ -129,6 +130,7 @@ def measure(encoder: str, n_blocks: int, batch_blocks: int, device: str, precisi
         start = time.perf_counter()
         ds = load_datastore(tmp / f"ds{repeat - 1}", expected_model=encoder)
         load_seconds = time.perf_counter() - start
+        shard_checksum = ds.meta["checksums"]["embeddings/shard0.f16"].get("kind", "sha256")
     bare_tps = float(np.median([n_tokens / t for t in bare]))
     loop_tps = float(np.median([r["tokens_per_s"] for r in runs]))
     end_tps = float(np.median([n_tokens / r["seconds"] for r in runs]))
@@ -138,7 +140,7 @@ def measure(encoder: str, n_blocks: int, batch_blocks: int, device: str, precisi
         "repeat": repeat, "padding_fraction": round(1 - n_tokens / padded, 4),
         "bare_tokens_per_s": round(bare_tps, 1), "loop_tokens_per_s": round(loop_tps, 1),
         "end_to_end_tokens_per_s": round(end_tps, 1), "loop_vs_bare": round(loop_tps / bare_tps, 3),
-        "end_to_end_vs_bare": round(end_tps / bare_tps, 3),
+        "end_to_end_vs_bare": round(end_tps / bare_tps, 3), "shard_checksum": shard_checksum,
         "seconds": {"bare": [round(t, 3) for t in bare], "loop": [r["seconds_embedding"] for r in runs],
                     "end_to_end": [r["seconds"] for r in runs]},
         "rows_per_token": last["rows_per_token"], "bytes_per_token_vectors": last["bytes_per_token_vectors"],

@@ -10,7 +10,8 @@ The trainer holds ``npm.io.folder_lock`` on ``root`` while it trains (one writer
 
 Checkpoint: a folder ``<prefix>-<N>`` (N the step or the epoch; ``Layout``) holding the model (the trainer's
 ``write_model``: ``save_pretrained`` or its own), ``state_file`` (``torch.save`` of a plain dict: optimiser,
-scheduler, ``rng_state()``, data position, ...) and ``sha256.json`` (``npm.checksums``), built under a temporary
+scheduler, ``rng_state()``, data position, ...; its sha256 taken as ``torch.save`` writes it, the model's files
+hashed once written) and ``sha256.json`` (``npm.checksums``), built under a temporary
 name and renamed (``npm.io.atomic_dir``), so a job killed mid-write (SIGTERM, kill -9) leaves the previous checkpoint
 intact. ``latest`` returns the newest one that reads back and matches its checksums; one that does not is set aside
 as ``<prefix>-<N>.corrupt-<time>`` and the previous one tried. ``restore_rng`` puts back the torch (CPU, CUDA) and
@@ -124,8 +125,11 @@ def save(folder: str | os.PathLike, n: int, state: dict, layout: Layout, write_m
             tmp.mkdir()
             try:
                 write_model(tmp)
-                torch.save(state, tmp / layout.state_file)
-                checksums.write_folder_record(tmp, layout.rule, f"{layout.command} (checkpoint {final})")
+                with open(tmp / layout.state_file, "wb") as f:  # hashed as written: the state is the largest file
+                    sink = checksums.HashingWriter(f)
+                    torch.save(state, sink)
+                checksums.write_folder_record(tmp, layout.rule, f"{layout.command} (checkpoint {final})",
+                                              written={layout.state_file: sink.digest})
             except Exception:
                 written = _bytes_under(tmp)
                 raise

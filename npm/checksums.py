@@ -15,6 +15,13 @@ a record is read as before: checksums catch a changed file, they do not refuse a
 A sidecar's record (``X.sha256.json``, a FAISS index's ``X.json``) belongs to the file it sits beside: copied or
 renamed with its file, its one entry still applies (``own_record``). ``npm-repro verify`` (``verify_paths``) fails
 on anything it cannot check: a missing path, a file without a record, an empty or unreadable record.
+
+Digest kinds (an entry's ``kind``; none: ``sha256``): ``sha256``, the file's sha256, and ``parts-sha256`` (issue 43),
+the sha256 of the sha256 digests of the file's consecutive ``part_bytes``-long parts (the last may be shorter), in
+file order. The second is computed while a file is written in any order (``WriteDigest``: a datastore shard's rows
+land sorted by block length, not in row order), so its writer hashes the bytes it has in memory and never reads the
+file back; a reader recomputes either kind from the file (``file_fingerprint``). Writers pass their ``WriteDigest`` to
+``entry``.
 """
 
 from __future__ import annotations
@@ -35,32 +42,63 @@ LOCK_SUFFIX = ".lock"  # npm.io.folder_lock's files: `verify` lists them as lock
 KEY = "checksums"  # the key of a record inside an artefact's JSON
 SIDECAR_SUFFIX = ".sha256.json"  # the record of file X: X.sha256.json
 FOLDER_RECORD = "sha256.json"  # the record of a folder's files, inside it
+SHA256, PARTS = "sha256", "parts-sha256"  # the digest kinds (module docstring); an entry without "kind": SHA256
+# parts-sha256's part size: 32 KiB hashes at 0.93 of one sha256 over the whole file (per-call overhead), and bounds
+# what a WriteDigest holds for a part whose bytes came out of order (about half a part per document of a datastore)
+PART_BYTES = 1 << 15
 
 
 # ------------------------------------------------------------------------------------- hashing, cached
 
 
-def file_fingerprint(path: str | os.PathLike) -> str:
-    """sha256 of the bytes of ``path``."""
+def file_fingerprint(path: str | os.PathLike, part_bytes: int | None = None) -> str:
+    """The sha256 of the bytes of ``path`` or, given ``part_bytes``, their parts-sha256 (module docstring): every
+    digest a reader computes from a file's bytes is computed here."""
     h = hashlib.sha256()
+    step = CHUNK_BYTES if part_bytes is None else max(1, CHUNK_BYTES // part_bytes) * part_bytes
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            h.update(chunk)
+        while chunk := f.read(step):
+            if part_bytes is None:
+                h.update(chunk)
+            else:
+                view = memoryview(chunk)
+                for a in range(0, len(view), part_bytes):
+                    h.update(hashlib.sha256(view[a:a + part_bytes]).digest())
     return h.hexdigest()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """``file_fingerprint(path)``, cached (``cached_digest``): hashed again only when the file changed."""
-    path = Path(path)
-    return cached_digest([path], path, lambda files: file_fingerprint(files[0]))
+def file_sha256(path: str | os.PathLike, recorded: dict | None = None) -> str:
+    """``path``'s digest of the kind of entry ``recorded`` (default: sha256), cached (``cached_digest``): hashed again
+    only when the file changed. A ValueError for a kind this version does not know."""
+    path, part_bytes = Path(path), _kind(recorded or {})[1]
+    return cached_digest([path], path, lambda files: file_fingerprint(files[0], part_bytes),
+                         _cache_kind(recorded or {}))
 
 
-def cached_digest(files: Sequence[Path], where: Path, compute: Callable[[Sequence[Path]], str]) -> str:
-    """``compute(files)``, or the value cached for ``where`` (a folder or a file) when every file's name, size,
-    mtime_ns, ctime_ns and inode are those it was computed for (``_stat_key``): any change to a file (or a copy)
-    computes it again. The cache changes how fast, never what, the value is (npm.fingerprint.model_fingerprint uses
-    it for a model's weights)."""
-    key, at = _stat_key(files), str(where.resolve())
+def _kind(recorded: dict) -> tuple[str, int | None]:
+    """(kind, part_bytes) of a record entry; a ValueError for a kind this version does not know."""
+    kind = recorded.get("kind", SHA256)
+    if kind == SHA256:
+        return kind, None
+    if kind == PARTS and isinstance(recorded.get("part_bytes"), int) and recorded["part_bytes"] > 0:
+        return kind, recorded["part_bytes"]
+    raise ValueError(f"checksum kind {kind!r} (part_bytes {recorded.get('part_bytes')!r}) is not one this version of "
+                     f"npm-repro computes ({SHA256}, {PARTS})")
+
+
+def _cache_kind(recorded: dict) -> str | None:
+    """The ``kind`` under which ``cached_digest`` keeps a file's digest of the kind of entry ``recorded``."""
+    kind, part_bytes = _kind(recorded)
+    return None if kind == SHA256 else f"{kind}/{part_bytes}"
+
+
+def cached_digest(files: Sequence[Path], where: Path, compute: Callable[[Sequence[Path]], str],
+                  kind: str | None = None) -> str:
+    """``compute(files)``, or the value cached for ``where`` (a folder or a file) and ``kind`` (a digest kind other
+    than the default's, cached apart) when every file's name, size, mtime_ns, ctime_ns and inode are those it was
+    computed for (``_stat_key``): any change to a file (or a copy) computes it again. The cache changes how fast,
+    never what, the value is (npm.fingerprint.model_fingerprint uses it for a model's weights)."""
+    key, at = _stat_key(files), str(where.resolve()) + ("" if kind is None else f" [{kind}]")
     cache = cache_folder() / "fingerprints" / f"{hashlib.sha256(at.encode()).hexdigest()}.json"
     try:
         cached = json.loads(cache.read_text(encoding="utf-8"))
@@ -75,6 +113,97 @@ def cached_digest(files: Sequence[Path], where: Path, compute: Callable[[Sequenc
         except OSError:  # a read-only or full cache folder: the next call only hashes again
             pass
     return value
+
+
+class WriteDigest:
+    """The digest of a file computed from the bytes its writer has in memory, as it writes them: ``update(offset,
+    data)`` for each write (each byte once). Kind ``PARTS`` (parts of ``PART_BYTES``): the writes in any order (a part
+    is hashed when its bytes are all in: at once when one write covers it; a piece that comes before the bytes
+    preceding it in its part is held until they come); kind ``SHA256``: the writes in file order (a FAISS index
+    streamed by ``faiss.write_index``). One thread feeds it; ``entry(..., written=digest)`` records it."""
+
+    def __init__(self, kind: str = PARTS):
+        if kind not in (SHA256, PARTS):
+            raise ValueError(f"unknown checksum kind {kind!r}")
+        self.part_bytes = PART_BYTES if kind == PARTS else None
+        self.size, self.whole, self._fed = 0, hashlib.sha256(), 0
+        self.digests, self.done = bytearray(), bytearray()  # 32 bytes, and 1 once taken, per part: ~1/1000 of a file
+        self.open: dict[int, list] = {}  # part number -> [sha256 so far, bytes fed, {offset in part: bytes held}]
+
+    def update(self, offset: int, data) -> None:
+        """Bytes ``data`` written at ``offset`` of the file."""
+        view = memoryview(data).cast("B")
+        self.size = max(self.size, offset + len(view))
+        if self.part_bytes is None:
+            if offset != self._fed:
+                raise ValueError(f"a sha256 WriteDigest takes its bytes in file order: offset {offset}, not {self._fed}")
+            self.whole.update(view)
+            self._fed += len(view)
+            return
+        p, at = divmod(offset, self.part_bytes)
+        while view:
+            piece, view = view[:self.part_bytes - at], view[self.part_bytes - at:]
+            if len(piece) == self.part_bytes:
+                self._take(p, hashlib.sha256(piece).digest())
+            else:
+                self._piece(p, at, piece)
+            p, at = p + 1, 0
+
+    def _piece(self, p: int, at: int, piece: memoryview) -> None:
+        """Bytes ``at`` .. of part ``p``, fewer than the whole part: hashed now if they follow the bytes hashed so
+        far, else held; the part's digest is taken when it is full."""
+        state = self.open.setdefault(p, [hashlib.sha256(), 0, {}])
+        if at != state[1]:
+            state[2][at] = bytes(piece)
+            return
+        state[0].update(piece)
+        state[1] += len(piece)
+        while state[1] in state[2]:
+            held = state[2].pop(state[1])
+            state[0].update(held)
+            state[1] += len(held)
+        if state[1] == self.part_bytes:
+            self._take(p, state[0].digest())
+            del self.open[p]
+
+    def _take(self, p: int, digest: bytes) -> None:
+        """Part ``p``'s digest is ``digest``."""
+        if len(self.done) <= p:
+            grow = max(p + 1, 2 * len(self.done)) - len(self.done)
+            self.done.extend(bytes(grow))
+            self.digests.extend(bytes(32 * grow))
+        self.digests[32 * p:32 * p + 32] = digest
+        self.done[p] = 1
+
+    def fields(self) -> dict:
+        """The entry's digest fields (``sha256``, and for parts-sha256 ``kind`` and ``part_bytes``) for the ``size``
+        bytes written; a ValueError when bytes below ``size`` were never written."""
+        if self.part_bytes is None:
+            return {"sha256": self.whole.hexdigest()}
+        n, last = -(-self.size // self.part_bytes), self.size % self.part_bytes
+        if last and self.open.get(n - 1, [None, 0, {}])[1] == last and not self.open[n - 1][2]:
+            self._take(n - 1, self.open.pop(n - 1)[0].digest())  # the last, shorter part
+        missing = n - self.done[:n].count(1)
+        if missing or self.open:
+            raise ValueError(f"{missing or len(self.open)} of the {n} parts of {self.size} bytes were not all written")
+        return {"sha256": hashlib.sha256(self.digests[:32 * n]).hexdigest(), "kind": PARTS,
+                "part_bytes": self.part_bytes}
+
+
+class HashingWriter:
+    """A file object open for writing whose ``write`` also feeds a sha256 ``WriteDigest`` (``digest``): for a
+    library that writes a whole file in one pass through a file object or a callback (``torch.save`` of a
+    checkpoint's state, ``faiss.write_index``), so the file's sha256 is taken from the bytes as they go out."""
+
+    def __init__(self, file):
+        self.file, self.digest = file, WriteDigest(SHA256)
+
+    def write(self, data) -> int:
+        self.digest.update(self.file.tell(), data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def cache_folder() -> Path:
@@ -97,12 +226,24 @@ class ChecksumMismatch(ValueError):
     """A file whose bytes differ from the checksum recorded when it was made."""
 
 
-def entry(path: str | os.PathLike, rule: str, command: str, cached: bool = True) -> dict:
-    """The record entry of ``path``: its sha256 and size, and the rule / command that made it. ``cached=False`` for
-    a file about to be renamed (a temporary file), whose cache would be left behind under the temporary name."""
+def entry(path: str | os.PathLike, rule: str, command: str, cached: bool = True,
+          written: WriteDigest | None = None) -> dict:
+    """The record entry of ``path``: its digest and size, and the rule / command that made it. ``written``: the
+    digest its writer computed while writing it (``WriteDigest``; the file is not read); else its sha256, read from
+    the file. ``cached=False`` for a file about to be renamed (a temporary file), whose cache would be left behind
+    under the temporary name; otherwise the digest is cached for the file as it is now, so its readers do not hash it
+    again."""
     path = Path(path)
-    return {"sha256": file_sha256(path) if cached else file_fingerprint(path), "bytes": path.stat().st_size,
-            "rule": rule, "command": command}
+    size = path.stat().st_size
+    if written is None:
+        fields = {"sha256": file_sha256(path) if cached else file_fingerprint(path)}
+    else:
+        fields = written.fields()
+        if written.size != size:
+            raise ValueError(f"{path} has {size} bytes, but {written.size} were written and hashed")
+        if cached:  # what a reader would compute, so that it does not
+            cached_digest([path], path, lambda _: fields["sha256"], _cache_kind(fields))
+    return {**fields, "bytes": size, "rule": rule, "command": command}
 
 
 def folder_files(folder: str | os.PathLike, skip: Iterable[str] = ()) -> list[str]:
@@ -112,11 +253,13 @@ def folder_files(folder: str | os.PathLike, skip: Iterable[str] = ()) -> list[st
                   if p.is_file() and p.name not in skip and not p.name.endswith(MODEL_FINGERPRINT_CACHE))
 
 
-def folder_record(folder: str | os.PathLike, rule: str, command: str, skip: Iterable[str] = ()) -> dict:
-    """Entries of every file under ``folder`` (``folder_files``), hashed uncached: ``folder`` is a build folder about
-    to be renamed."""
-    folder = Path(folder)
-    return {name: entry(folder / name, rule, command, cached=False) for name in folder_files(folder, skip)}
+def folder_record(folder: str | os.PathLike, rule: str, command: str, skip: Iterable[str] = (),
+                  written: dict[str, WriteDigest] | None = None) -> dict:
+    """Entries of every file under ``folder`` (``folder_files``), uncached: ``folder`` is a build folder about to be
+    renamed. A file of ``written`` (relative name: the digest its writer took) is not read; the others are hashed."""
+    folder, written = Path(folder), written or {}
+    return {name: entry(folder / name, rule, command, cached=False, written=written.get(name))
+            for name in folder_files(folder, skip)}
 
 
 def write_sidecar(path: str | os.PathLike, rule: str, command: str) -> dict:
@@ -127,9 +270,11 @@ def write_sidecar(path: str | os.PathLike, rule: str, command: str) -> dict:
     return record
 
 
-def write_folder_record(folder: str | os.PathLike, rule: str, command: str) -> dict:
-    """Record the checksums of every file of ``folder`` (a build folder) in ``folder/sha256.json``."""
-    record = folder_record(folder, rule, command)
+def write_folder_record(folder: str | os.PathLike, rule: str, command: str,
+                        written: dict[str, WriteDigest] | None = None) -> dict:
+    """Record the checksums of every file of ``folder`` (a build folder) in ``folder/sha256.json`` (``written``: as
+    ``folder_record``)."""
+    record = folder_record(folder, rule, command, written=written)
     write_json(Path(folder) / FOLDER_RECORD, {KEY: record})
     return record
 
@@ -157,8 +302,9 @@ REBUILD_MODEL = ("the model changed since it was built: rebuild the model (delet
 def mismatch(path: Path, recorded: dict, now: str | None, advice: str = REBUILD) -> str:
     """The one-line message for file ``path`` whose bytes (sha256 ``now``; None: missing) differ from ``recorded``;
     ``advice`` (``{command}``: the recorded command) says how to rebuild it."""
-    state = "is missing" if now is None else (f"does not match the checksum recorded when it was built (sha256 "
-                                              f"{recorded['sha256'][:12]}, now {now[:12]})")
+    state = "is missing" if now is None else (f"does not match the checksum recorded when it was built "
+                                              f"({recorded.get('kind', SHA256)} {recorded['sha256'][:12]}, now "
+                                              f"{now[:12]})")
     copy = f" (recorded as {recorded['recorded_as']}: a copied or renamed file)" if "recorded_as" in recorded else ""
     return (f"{path} {state} by rule {recorded.get('rule')} / {recorded.get('command')}{copy}: "
             f"{advice.format(command=recorded.get('command'))}")
@@ -166,14 +312,20 @@ def mismatch(path: Path, recorded: dict, now: str | None, advice: str = REBUILD)
 
 def status(root: str | os.PathLike, record: dict | None,
            advice: str = REBUILD) -> list[tuple[Path, str, str | None]]:
-    """``(file, "ok" | "MISMATCH" | "MISSING", message)`` of every file of ``record`` (names relative to ``root``)."""
+    """``(file, "ok" | "MISMATCH" | "MISSING" | "UNREADABLE RECORD", message)`` of every file of ``record`` (names
+    relative to ``root``), each recomputed with its entry's digest kind (an unknown kind: UNREADABLE RECORD)."""
     out = []
     for name, recorded in (record or {}).items():
         path = Path(root) / name
         if not path.is_file():
             out.append((path, "MISSING", mismatch(path, recorded, None, advice)))
             continue
-        now = file_sha256(path)
+        try:
+            now = file_sha256(path, recorded)
+        except ValueError as e:
+            out.append((path, "UNREADABLE RECORD", f"{path}: its record's {e}; rebuild it with the rule that made it, "
+                                                   "or use the npm-repro that did"))
+            continue
         ok = now == recorded.get("sha256")
         out.append((path, "ok" if ok else "MISMATCH", None if ok else mismatch(path, recorded, now, advice)))
     return out

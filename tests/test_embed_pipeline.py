@@ -139,7 +139,7 @@ def test_a_write_failure_in_the_writer_thread_is_raised_in_the_caller(planned):
     try:
         with pytest.raises(OSError) as excinfo:
             embed._embed_rows(embed._Encoder(plan, "cpu", None), arrays, np.diff(arrays["block_offsets"]), (b0, b1),
-                              (r0, r1), fd, 4, None, tqdm(disable=True))
+                              (r0, r1), fd, embed.checksums.WriteDigest(), 4, None, tqdm(disable=True))
     finally:
         os.close(fd)
     assert raised_in(excinfo, "write") and raised_in(excinfo, "_write_rows")

@@ -122,7 +122,7 @@ def test_verification_hashes_a_file_once_and_again_when_it_changes(world, tmp_pa
 
     calls = []
     real = checksums.file_fingerprint
-    monkeypatch.setattr(checksums, "file_fingerprint", lambda p: calls.append(Path(p).name) or real(p))
+    monkeypatch.setattr(checksums, "file_fingerprint", lambda p, *a: calls.append(Path(p).name) or real(p, *a))
     ds = _copy(world["ds"], tmp_path / "ds")
     load_datastore(ds)
     n_files = len(json.loads((ds / "meta.json").read_text())["checksums"])

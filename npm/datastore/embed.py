@@ -411,9 +411,10 @@ class _Threads:
             raise self.error
 
 
-def _write_rows(fd: int, values: np.ndarray, dest: np.ndarray) -> None:
+def _write_rows(fd: int, values: np.ndarray, dest: np.ndarray, digest: checksums.WriteDigest) -> None:
     """Write row i of ``values`` at row ``dest[i]`` of the raw file ``fd``, one positioned write per run of
-    consecutive rows (a block's rows are one run). Measured on a fresh preallocated file: 3.1 GB/s, against
+    consecutive rows (a block's rows are one run), and feed each run to the file's ``digest`` (its checksum, taken
+    from these bytes, not by reading the file back). Measured on a fresh preallocated file: 3.1 GB/s, against
     0.33-0.47 GB/s for the same rows assigned into an np.memmap of it (its page faults)."""
     if not len(dest):
         return
@@ -421,6 +422,7 @@ def _write_rows(fd: int, values: np.ndarray, dest: np.ndarray) -> None:
     cuts = np.flatnonzero(np.diff(dest) != 1) + 1
     for a, b in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(dest)]]).tolist(), strict=True):
         view, offset = memoryview(np.ascontiguousarray(values[a:b])).cast("B"), int(dest[a]) * row_bytes
+        digest.update(offset, view)
         while view:  # a write may be short
             n = os.pwrite(fd, view, offset)
             view, offset = view[n:], offset + n
@@ -431,9 +433,10 @@ class _Stopped(Exception):
 
 
 def _embed_rows(encoder: _Encoder, arrays: dict, lengths: np.ndarray, blocks: tuple[int, int],
-                rows: tuple[int, int], fd: int, batch_blocks: int, max_length: int | None, bar) -> int:
+                rows: tuple[int, int], fd: int, digest: checksums.WriteDigest, batch_blocks: int,
+                max_length: int | None, bar) -> int:
     """Encode blocks [b0, b1) and write their stored rows [r0, r1) into the shard file open as ``fd`` (its row 0 is
-    row r0 of the datastore); tokens seen.
+    row r0 of the datastore), feeding them to its ``digest``; tokens seen.
 
     A pipeline that keeps the encoder busy: a producer thread pads the next batches (``batch_inputs``; into pinned
     host memory on CUDA) while the encoder runs; inputs go to the device without waiting; the stored rows are picked
@@ -475,7 +478,7 @@ def _embed_rows(encoder: _Encoder, arrays: dict, lengths: np.ndarray, blocks: tu
             values, dest, event, slot = item
             if event is not None:
                 event.synchronize()
-            _write_rows(fd, values.numpy(), dest)
+            _write_rows(fd, values.numpy(), dest, digest)
             if slot is not None:
                 free.put(slot)
             unsynced += len(dest) * hidden * 2
@@ -526,7 +529,7 @@ def _embed_one(root: Path, plan: dict, arrays: dict, k: int, encoder: _Encoder, 
     f = shard_path(root, k)
     f.unlink(missing_ok=True)
     f.parent.mkdir(parents=True, exist_ok=True)
-    tokens = 0
+    tokens, digest = 0, checksums.WriteDigest()
     if r1 == r0:
         f.touch()
     else:
@@ -535,7 +538,7 @@ def _embed_one(root: Path, plan: dict, arrays: dict, k: int, encoder: _Encoder, 
             preallocate(handle.fileno(), nbytes)  # ENOSPC now, rather than in the middle of the shard
         fd = os.open(f, os.O_WRONLY)
         try:
-            tokens = _embed_rows(encoder, arrays, np.diff(arrays["block_offsets"]), (b0, b1), (r0, r1), fd,
+            tokens = _embed_rows(encoder, arrays, np.diff(arrays["block_offsets"]), (b0, b1), (r0, r1), fd, digest,
                                  batch_blocks, plan["max_length"], bar)
             os.fsync(fd)  # on disk before the marker says so
         finally:
@@ -544,7 +547,7 @@ def _embed_one(root: Path, plan: dict, arrays: dict, k: int, encoder: _Encoder, 
             "seconds": round(time.perf_counter() - t0, 3), "device": encoder.device, "precision": encoder.precision,
             "plan": plan["plan"],
             "checksums": {f.name: checksums.entry(f, "embed_shard", f"npm-repro embed --step shard --shard {k} "
-                                                                     f"--out {root}")}}
+                                                                     f"--out {root}", written=digest)}}
     write_json(done_path(root, k), info)
     return info
 
@@ -622,15 +625,19 @@ def slice_shard(out_dir: str | Path, k: int, base_dir: str | Path, chunk_rows: i
     done_path(root, k).unlink(missing_ok=True)
     f = shard_path(root, k)
     f.parent.mkdir(parents=True, exist_ok=True)
+    digest = checksums.WriteDigest()
     with atomic_path(f) as tmp:
         with open(tmp, "wb") as handle:
             for a in range(0, len(rows), chunk_rows):
-                handle.write(base.vectors(rows[a:a + chunk_rows]).astype(VECTOR_DTYPE).tobytes())
+                data = base.vectors(rows[a:a + chunk_rows]).astype(VECTOR_DTYPE).tobytes()
+                digest.update(handle.tell(), data)
+                handle.write(data)
     info = {"shard": k, "n_rows": r1 - r0, "rows": [r0, r1], "blocks": [b0, b1], "tokens": 0,
             "seconds": round(time.perf_counter() - t0, 3), "device": f"rows of {base.root}",
             "precision": base.meta["precision"], "plan": plan["plan"], "sliced_from": base.meta["plan"],
             "checksums": {f.name: checksums.entry(f, "slice_shard", f"npm-repro embed --step slice --shard {k} "
-                                                                     f"--out {root} --base {base_dir}")}}
+                                                                     f"--out {root} --base {base_dir}",
+                                                  written=digest)}}
     write_json(done_path(root, k), info)
     return {**info, "reused": False}
 
