@@ -19,7 +19,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-# (part of the demo, rules in it): the first part whose prefixes match a job's rule holds it; the last part holds the rest.
+# (part of the demo, rules in it): the first part whose prefixes match a job's rule holds it; the last holds the rest.
 PARTS = (
     ("pretraining: NPM, NPM-single, MLM baseline", ("pretrain",)),
     ("embedding the datastores", ("embed_shard",)),
@@ -81,7 +81,7 @@ def measure(root: Path) -> dict:
     if not jobs:
         raise SystemExit(f"no finished Snakemake job in {root / '.snakemake' / 'log'}: run `make demo` first")
     starts = [datetime.fromisoformat(j["start"]) for j in jobs]
-    ends = [s.timestamp() + j["seconds"] for s, j in zip(starts, jobs)]
+    ends = [s.timestamp() + j["seconds"] for s, j in zip(starts, jobs, strict=True)]
     commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return {"commit": commit.stdout.strip() or None, "logs": [name for name, found in per_log if found],
             "workflow_wall_seconds": max(ends) - min(starts).timestamp(), "jobs": jobs}

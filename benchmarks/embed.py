@@ -14,7 +14,8 @@ Builds blocks from the embedded default's real Wikipedia leads (ovos-skill-wiki-
 
 bare and embedding alternated ``--repeat`` times (the machine may be shared: a busy spell then hits both). Reports
 tokens/s of each (real tokens, padding excluded), the medians' ratios loop/bare (target >= 0.9) and end-to-end/bare
-(target >= 0.8), both with checksums on (``shard_checksum``: the kind recorded for the shard), the padding fraction of the batches, bytes per corpus token of the vectors and of everything else,
+(target >= 0.8), both with checksums on (``shard_checksum``: the kind recorded for the shard), the padding fraction
+of the batches, bytes per corpus token of the vectors and of everything else,
 ``load_datastore`` seconds, peak RSS, and with --open-set one run with stop words dropped (its rows per token).
 Writes results/benchmarks/embed-<device>.json atomically. It measures; it asserts nothing.
 

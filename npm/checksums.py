@@ -136,7 +136,8 @@ class WriteDigest:
         self.size = max(self.size, offset + len(view))
         if self.part_bytes is None:
             if offset != self._fed:
-                raise ValueError(f"a sha256 WriteDigest takes its bytes in file order: offset {offset}, not {self._fed}")
+                raise ValueError(f"a sha256 WriteDigest takes its bytes in file order: offset {offset}, "
+                                 f"not {self._fed}")
             self.whole.update(view)
             self._fed += len(view)
             return
