@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 import npm.checksums as checksums
-from npm.cli import main
 from npm.data.blocks import tokenize_documents
 from npm.datastore.embed import embed_corpus
 from npm.datastore.store import load_datastore
 from npm.io import save_npz
 from tests.conftest import lee_corpus_lines, save_tiny_bert
+from tests.test_integrity import _verify
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PART = 1000  # bytes: not a multiple of a row (64 bytes), several parts per shard
@@ -63,15 +63,6 @@ def _parts_digest(data: bytes, part: int) -> str:
     """parts-sha256 written out: the definition the tests hold the module to."""
     return hashlib.sha256(b"".join(hashlib.sha256(data[a:a + part]).digest()
                                    for a in range(0, len(data), part))).hexdigest()
-
-
-def _verify(capsys, *paths) -> tuple[int, list[str], str]:
-    try:
-        code = main(["verify", *map(str, paths)])
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out.splitlines(), captured.err
 
 
 def _flip(path: Path, at: int) -> None:
