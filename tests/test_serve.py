@@ -455,7 +455,8 @@ def test_the_demo_answers_a_corpus_question_in_the_browser(browser, tmp_path):
     root = Path(os.environ.get("NPM_DEMO_ROOT", REPO))
     needed = ["results/models/npm", "data/datastore/npm/enwiki/meta.json", "data/datastore/npm_single/enwiki/meta.json",
               "data/index/npm/enwiki.faiss", "data/bm25/enwiki", "data/docs/enwiki.jsonl.gz",
-              "data/densephrases/dump/pre_batch/enwiki/meta.json", "results/models/smollm2"]
+              "data/densephrases/dump/pre_batch/enwiki/meta.json", "results/densephrases/model_pre_batch_qft",
+              "results/models/smollm2"]
     absent = [p for p in needed if not (root / p).exists()]
     if absent:
         pytest.skip(f"no finished `make demo` in {root} (missing {', '.join(absent)}); run `make demo` first or set "
