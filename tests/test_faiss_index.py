@@ -270,3 +270,17 @@ def test_use_gpu_true_without_gpu_is_an_error(corpus, tmp_path):
     with pytest.raises(RuntimeError, match="use_gpu=True but FAISS sees no GPU"):
         build_faiss_index(shards, DIM, tmp_path / "g.faiss", factory="IVF16,Flat", use_gpu=True)
     assert not (tmp_path / "g.faiss").exists()
+
+
+@pytest.mark.parametrize("n_queries", [1, 2, 64])
+def test_search_leaves_faiss_blas_threshold_as_it_found_it(tmp_path, n_queries):
+    """FAISS's matrix-product threshold is a process-wide setting: ``search`` lowers it for a batch of vectors (the
+    product is faster from 4 on) and only for that call; 1-3 vectors keep FAISS's own path (the lowered threshold
+    made a 1-vector search 2.7x slower), and other FAISS users in the process (index training) never see it."""
+    shards, data = write_shards(tmp_path, [40])
+    build_faiss_index(shards, DIM, tmp_path / "f.faiss", factory="Flat")
+    index = load_faiss_index(tmp_path / "f.faiss")
+    before = faiss.cvar.distance_compute_blas_threshold
+    rows, _ = search(index, data[:n_queries].astype(np.float32), k=10)
+    assert faiss.cvar.distance_compute_blas_threshold == before
+    assert np.array_equal(rows, brute_force_ip(data, data[:n_queries].astype(np.float32), 10))

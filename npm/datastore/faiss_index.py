@@ -90,7 +90,8 @@ from npm.io import atomic_path, dumps_json, read_json
 log = logging.getLogger(__name__)
 
 METRICS = ("ip", "l2", "code")  # code: the original's IndexIVFPQ, an IP coarse quantizer and L2 codes (_make_index)
-BLAS_THRESHOLD = 20  # queries from which FAISS's exhaustive search uses one matrix product (see search)
+BLAS_THRESHOLD = 20  # FAISS's former default, set by search for a batch (its matrix-product path; see search)
+BLAS_MIN_QUERIES = 4  # from this many query vectors on, that path is faster (see search)
 ADD_CHUNK = 1_000_000  # vectors added to the index at a time
 MIN_POINTS_PER_CENTROID = 39  # below this FAISS's k-means warns that the clustering is unreliable
 
@@ -773,9 +774,30 @@ def search(index, queries: np.ndarray, k: int = 4096, rows: RowFilter | None = N
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     if queries.ndim != 2 or queries.shape[1] != index.d:
         raise ValueError(f"queries must be [q, {index.d}], got shape {queries.shape}")
-    # FAISS >= 1.8 scans query by query below 128,000 queries; a batch is one matrix product from 20 on (the former
-    # default): 2.9 ms per query against 15 in batches of 128 on the embedded Flat index, the same neighbours.
-    _faiss().cvar.distance_compute_blas_threshold = BLAS_THRESHOLD
+    # FAISS >= 1.8 scans query by query below 128,000 queries; with BLAS_THRESHOLD a batch is one matrix product:
+    # 2.9 ms per query against 15 in batches of 128 on the embedded Flat index, the same neighbours. Per vector at
+    # k 4096, one thread, 200k x 384 (FAISS 1.15): 1 vector 28 ms by default / 67 ms with it, 2: 26 / 35,
+    # 4: 27 / 19, 16: 31 / 16, 64 (issue 42): 24 / 3.3. So only from BLAS_MIN_QUERIES on, and for this call only.
+    with _blas_threshold(BLAS_THRESHOLD if len(queries) >= BLAS_MIN_QUERIES else None):
+        return _search(index, queries, k, rows)
+
+
+@contextlib.contextmanager
+def _blas_threshold(value: int | None) -> Iterator[None]:
+    """FAISS's process-wide ``distance_compute_blas_threshold`` set to ``value`` (None: left as is) for the block,
+    then put back, so that other FAISS users in the process (index training, other searches) never see it."""
+    cvar = _faiss().cvar
+    before = cvar.distance_compute_blas_threshold
+    if value is not None:
+        cvar.distance_compute_blas_threshold = value
+    try:
+        yield
+    finally:
+        cvar.distance_compute_blas_threshold = before
+
+
+def _search(index, queries: np.ndarray, k: int, rows: RowFilter | None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`search` once its arguments are checked."""
     ntotal = int(index.ntotal)
     if rows is None:
         k = min(int(k), ntotal)
@@ -798,6 +820,19 @@ def search(index, queries: np.ndarray, k: int = 4096, rows: RowFilter | None = N
         out[todo[enough]] = picked[enough]
         todo, fetch = todo[~enough], min(ntotal, 2 * fetch)
     return out, out >= 0
+
+
+def flat_vectors(index) -> np.ndarray | None:
+    """The fp32 vectors [ntotal, d] of an exact inner-product index ("Flat", metric ip): a read-only view of the
+    index's own storage, no copy, valid while ``index`` lives (``npm.datastore.exact_knn`` searches them); None for
+    any other index (IVF, HNSW, PQ, L2), which only FAISS searches."""
+    faiss = _faiss()
+    inner = faiss.downcast_index(index)
+    if not isinstance(inner, faiss.IndexFlat) or inner.metric_type != faiss.METRIC_INNER_PRODUCT or not inner.ntotal:
+        return None
+    view = faiss.rev_swig_ptr(inner.get_xb(), inner.ntotal * inner.d).reshape(inner.ntotal, inner.d)
+    view.flags.writeable = False
+    return view
 
 
 def exact_scores(
