@@ -9,6 +9,12 @@ AGN). Each (threads) setting runs in a fresh process (`--threads` sets npm.threa
 and peak memory are its own; BM25 hits are not cached across repetitions. Writes
 results/benchmarks/predict-<device>.json. It measures; it asserts nothing.
 
+Closed set against the original (issue 42, ``closed_vs_original``): NPM over the enwiki and cc_news datastores and
+NPM-single over its own two, the project's scoring (an exact search in torch over the Flat index,
+``npm.datastore.exact_knn``) against a stand-in of the original's algorithm (``original_closed_set``: FAISS Flat at
+the same k with FAISS's own settings, a Python token lookup per neighbour), in the same process on the same model,
+datastores and queries, at each batch size: medians of interleaved runs, the ratio, and how many predictions agree.
+
     .venv/bin/python benchmarks/predict.py [--root .] [--threads 1 2] [--batch-sizes 1 16 64]
 """
 
@@ -69,6 +75,62 @@ def _run(fn, queries: list[str], batch: int, clock: Clock, clear) -> dict:
             "share": shares}
 
 
+def original_closed_set(predictors, texts: list[str], verbalizers, tau: float):
+    """The stand-in of the original's closed-set scoring (issue 42): the same encoder pass, then per datastore one
+    FAISS Flat search of all the query vectors at the same k with FAISS's own settings (the original sets no BLAS
+    threshold), each neighbour's token looked up one at a time in Python, the exact scores, and one softmax over
+    the union of the datastores (``label_scores``). Label scores float64 [n, n_labels]."""
+    import numpy as np
+
+    from npm.datastore.faiss_index import exact_scores
+    from npm.inference.closed_set import label_scores
+
+    vectors = predictors[0].encode(list(texts))
+    n, m, h = vectors.shape
+    flat = np.ascontiguousarray(vectors.reshape(n * m, h), dtype=np.float32)
+    per_store = []
+    for p in predictors:
+        _, rows = p._faiss_index().search(flat, min(p.settings.k, p.ds.n_rows))
+        sims = exact_scores(flat, rows, p.ds.vectors).reshape(n, -1)
+        tokens = p.ds.row_tokens
+        per_store.append([(np.array([int(tokens[r]) for r in row]), s) for row, s in zip(rows.reshape(n, -1), sims)])
+    return np.stack([label_scores(np.concatenate([s[i][0] for s in per_store]), np.concatenate([s[i][1] for s in
+                                                                                           per_store]),
+                                  verbalizers, tau=tau) for i in range(n)])
+
+
+def closed_vs_original(systems: dict, queries: list[str], verbalizers, batch_sizes, reps: int = 3) -> dict:
+    """Closed-set scoring of each system (name -> its predictors, one per datastore) against
+    ``original_closed_set`` on the same queries, at each batch size: medians of ``reps`` interleaved runs (seconds
+    for all the queries), ``ratio`` = the original's time over the project's, and the share of queries whose
+    predicted label is the same (``same_predictions``)."""
+    import numpy as np
+
+    from npm.inference.scoring import closed_set_scores
+
+    out: dict = {}
+    for name, predictors in systems.items():
+        fns = {"original": lambda qs, ps=predictors: original_closed_set(ps, qs, verbalizers, tau=5.0),
+               "project": lambda qs, ps=predictors: closed_set_scores(ps, qs, verbalizers, tau=5.0)}
+        for fn in fns.values():  # warm-up: indexes loaded, the exact search's blocks, the row tokens
+            fn(queries[:2])
+        for batch in batch_sizes:
+            seconds: dict = {k: [] for k in fns}
+            predicted = {}
+            for _ in range(reps):
+                for who, fn in fns.items():
+                    t = time.perf_counter()
+                    scores = np.concatenate([fn(queries[a:a + batch]) for a in range(0, len(queries), batch)])
+                    seconds[who].append(time.perf_counter() - t)
+                    predicted[who] = scores.argmax(axis=1)
+            med = {k: float(np.median(v)) for k, v in seconds.items()}
+            same = int((predicted["original"] == predicted["project"]).sum())
+            out.setdefault(name, {})[str(batch)] = {
+                "original_s": round(med["original"], 3), "project_s": round(med["project"], 3),
+                "ratio": round(med["original"] / med["project"], 2), "same_predictions": f"{same}/{len(queries)}"}
+    return out
+
+
 def worker(args) -> dict:
     """One thread setting, in this process."""
     from npm.threads import describe, set_threads
@@ -112,6 +174,14 @@ def worker(args) -> dict:
                                batch, clock, lambda: None),
         }
         result["runs"][str(batch)] = runs
+    systems = {"npm": [enwiki, news]}
+    single = [dict(checkpoint=str(root / "results/models/npm_single"), model="npm_single", root=root,
+                   datastore=str(root / f"data/datastore/npm_single/{name}"),
+                   faiss=str(root / f"data/index/npm_single/{name}.faiss")) for name in ("enwiki", "cc_news")]
+    if all(Path(s["datastore"]).exists() for s in single):
+        systems["npm_single"] = [Predictor(**s) for s in single]
+    result["closed_vs_original"] = closed_vs_original(systems, closed_q[:args.closed_queries], verbalizers,
+                                                      args.batch_sizes, args.reps)
     encode = {}
     for name, qs in (("open", open_q), ("closed", closed_q)):
         t = time.perf_counter()
@@ -137,6 +207,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200, help="queries per open-set / closed-set run")
     parser.add_argument("--unrestricted-queries", type=int, default=64,
                         help="queries of the unrestricted runs (k = 4096 neighbours per vector: slow)")
+    parser.add_argument("--closed-queries", type=int, default=64,
+                        help="queries of the closed-set runs against the original's stand-in (FAISS Flat, same k)")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved runs per closed-set comparison (median)")
     parser.add_argument("--out-dir", type=Path, default=Path("results/benchmarks"))
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -153,7 +226,7 @@ def main() -> None:
     for n in args.threads:
         cmd = [sys.executable, __file__, "--worker", str(n), "--root", str(args.root), "--batch-sizes",
                *map(str, args.batch_sizes), "--queries", str(args.queries), "--unrestricted-queries",
-               str(args.unrestricted_queries)]
+               str(args.unrestricted_queries), "--closed-queries", str(args.closed_queries), "--reps", str(args.reps)]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
         if out.returncode:
             sys.exit(f"worker with {n} threads failed:\n{out.stderr[-3000:]}")
@@ -163,6 +236,10 @@ def main() -> None:
     with atomic_path(args.out_dir / f"predict-{device}.json") as tmp:
         tmp.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "provenance"}, indent=2))
+    for setting, r in result["settings"].items():  # the issue-42 table: project speed over the original's
+        for name, by_batch in r["closed_vs_original"].items():
+            print(f"closed set {name} ({setting}), speed over the original: " + ", ".join(
+                f"batch {b} {v['ratio']}x ({v['same_predictions']} same)" for b, v in by_batch.items()))
 
 
 if __name__ == "__main__":

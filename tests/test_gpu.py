@@ -151,3 +151,35 @@ def test_the_datastore_embedding_loop_on_cuda_stores_the_cpu_vectors(tmp_path):
     on_gpu, on_cpu = stores["cuda"].vectors(rows), stores["cpu"].vectors(rows)
     assert np.isfinite(on_gpu).all()
     np.testing.assert_allclose(on_gpu, on_cpu, atol=2e-2, rtol=1e-2)
+
+
+@needs_cuda
+def test_exact_knn_on_cuda_gives_faiss_flats_neighbours_on_the_cpu():
+    """Closed-set kNN on the GPU without faiss-gpu (``npm.datastore.exact_knn``, issue 43): fp16 vectors on the device,
+    fp32 scores, the same neighbours as FAISS Flat on the CPU, for one query and a batch, with ties (the k-th place
+    to the lower row) across blocks, and on random vectors the same list wherever the k-th and (k+1)-th scores are
+    more than an fp32 rounding apart."""
+    from npm.datastore.exact_knn import ExactKnn
+    from tests.test_exact_knn import defined, distinct_world, flat, tied_world
+
+    x, q = distinct_world(3000)
+    knn = ExactKnn([(0, x)], device="cuda", block_rows=1000)
+    assert knn.blocks[0][1].device.type == "cuda" and knn.blocks[0][1].dtype == torch.float16
+    for nq in (1, 2, 64):
+        scores, expected = flat(x).search(q[:nq], 1000)
+        rows, got = knn.search(q[:nq], 1000)
+        assert np.array_equal(rows, expected) and np.array_equal(got, scores)
+    x, q = tied_world(2000)
+    rows, _ = ExactKnn([(0, x)], device="cuda", block_rows=37).search(q, 150)
+    assert np.array_equal(rows, defined(x, q, 150))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50_000, 384), dtype=np.float32).astype(np.float16)
+    q = rng.standard_normal((64, 384), dtype=np.float32)
+    k = 4096
+    rows, _ = ExactKnn([(0, x)], device="cuda").search(q, k)
+    _, expected = flat(x).search(q, k)
+    exact = np.sort(q.astype(np.float64) @ x.astype(np.float64).T, axis=1)[:, ::-1]
+    clear = exact[:, k - 1] - exact[:, k] > 1e-3  # fp32 rounding: ~1e-5 here; TF32's: ~1e-2
+    assert clear.sum() > 16
+    for i in np.flatnonzero(clear):
+        assert set(rows[i]) == set(expected[i])

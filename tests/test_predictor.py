@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from npm.cli import main
+from npm.datastore.exact_knn import ExactKnn
+from npm.datastore.faiss_index import build_faiss_index, exact_scores, search
 from npm.datastore.store import load_datastore
 from npm.inference.predictor import Predictor
 from npm.settings import Settings
@@ -148,3 +150,55 @@ def test_predict_prints_no_library_chatter_unless_verbose(world):
     assert "org.apache.lucene" not in quiet and not re.search(r"^INFO: ", quiet, re.M), quiet
     verbose = _predict_output(root, "--verbose")
     assert "Loading weights" in verbose and "org.apache.lucene" in verbose, verbose[-3000:]
+
+
+def _knn_through_faiss(p, vectors: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Closed-set kNN through FAISS (the path before the exact one, and still that of any other index): FAISS's
+    list, rescored exactly and listed by exact score."""
+    n, m, h = vectors.shape
+    flat = np.ascontiguousarray(vectors.reshape(n * m, h), dtype=np.float32)
+    rows, valid = search(p._faiss_index(), flat, p.settings.k)
+    rows = p.ds.index_rows(rows)
+    sims = exact_scores(flat, rows, p.ds.vectors)
+    order = np.lexsort((-rows, -sims), axis=1)  # by exact score, equal ones by row id descending, as knn_vectors
+    rows, valid, sims = (np.take_along_axis(a, order, axis=1).reshape(n, -1) for a in (rows, valid, sims))
+    return [(p.ds.row_token_ids(r[v]), s[v]) for r, v, s in zip(rows, valid, sims, strict=True)]
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+@pytest.mark.parametrize("k", [50, 4096])
+@pytest.mark.parametrize("model", ["npm", "npm_single"])
+def test_closed_set_knn_over_a_flat_index_is_exact_in_torch_with_faiss_flats_list(world, model, k, shuffled):
+    """Closed-set kNN over the Flat index goes through ``npm.datastore.exact_knn``, not FAISS, and gives exactly
+    FAISS Flat's list, rescored: the same neighbour tokens and scores in the same order (by exact score, so that
+    two neighbours FAISS's one-vector scan and torch's product round a unit apart cannot swap), so the same label
+    scores, for one query and a batch, k under and over the datastore's rows, and the negative control's shuffled
+    rows."""
+    _, ds = world
+    p = predictor(world, model, k=k)
+    if shuffled:
+        p.ds.shuffle_vectors(seed=0)
+    texts = ["It was <mask>.", "Thessaloniki is a city in <mask>.", "The <mask> said on Tuesday.", "<mask> won."]
+    vectors = p.encode(texts)
+    batched = p.knn_vectors(vectors)
+    assert isinstance(p._exact, ExactKnn)
+    expected = _knn_through_faiss(p, vectors)
+    singles = [p.knn_vectors(vectors[i:i + 1])[0] for i in range(len(texts))]
+    for (ids, sims), (one_ids, one_sims), (want_ids, want_sims) in zip(batched, singles, expected, strict=True):
+        assert len(ids) == min(k, ds.n_rows) * (2 if model == "npm" else 1)
+        assert np.array_equal(ids, want_ids) and np.array_equal(sims, want_sims)
+        assert np.array_equal(one_ids, want_ids) and np.array_equal(one_sims, want_sims)
+
+
+def test_closed_set_knn_over_another_index_stays_with_faiss(world, tmp_path):
+    """An approximate index (HNSW, IVF-PQ at paper scale) is searched by FAISS, as before."""
+    root, ds = world
+    build_faiss_index(ds.vector_shards(), ds.hidden_size, tmp_path / "hnsw.faiss", factory="HNSW32",
+                      datastore=ds)
+    p = Predictor(str(root / "model"), str(root / "ds"), "npm_single", Settings(k=50),
+                  faiss=str(tmp_path / "hnsw.faiss"))
+    vectors = p.encode(["It was <mask>."])
+    ids, sims = p.knn_vectors(vectors)[0]
+    assert p._exact is False
+    want_ids, want_sims = _knn_through_faiss(p, vectors)[0]
+    assert np.array_equal(ids, want_ids) and np.array_equal(sims, want_sims)

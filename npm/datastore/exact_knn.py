@@ -21,6 +21,7 @@ scans query by query; at NPM's k = 4096 that is the slow part of closed-set infe
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -46,13 +47,9 @@ class ExactKnn:
                 raise ValueError(f"block at row {first} of shape {block.shape} does not follow {n_rows} rows of "
                                  f"width {dim}")
             n_rows, dim = n_rows + len(block), block.shape[1]
+            dtype = np.float32 if self.device.type == "cpu" else np.float16
             for a in range(0, len(block), block_rows):
-                part = block[a:a + block_rows]
-                if self.device.type == "cpu":
-                    part = torch.from_numpy(np.ascontiguousarray(part, dtype=np.float32))
-                else:
-                    part = torch.from_numpy(np.ascontiguousarray(part, dtype=np.float16)).to(self.device)
-                self.blocks.append((first + a, part))
+                self.blocks.append((first + a, _tensor(block[a:a + block_rows], dtype).to(self.device)))
         if not n_rows:
             raise ValueError("exact kNN over an empty datastore")
         self.n_rows, self.dim = n_rows, dim
@@ -85,6 +82,14 @@ class ExactKnn:
             order = torch.sort(best_s, dim=1, descending=True, stable=True).indices
             best_s, best_i = best_s.gather(1, order), best_i.gather(1, order)
         return best_i.cpu().numpy(), best_s.cpu().numpy()
+
+
+def _tensor(part: np.ndarray, dtype) -> torch.Tensor:
+    """``part`` as a CPU tensor of ``dtype``, sharing its memory where it already is one (a read-only memmap or
+    index storage: the tensors are only ever read, so torch's warning about non-writable arrays does not apply)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(np.ascontiguousarray(part, dtype=dtype))
 
 
 def _candidates(s: torch.Tensor, first: int, best_s: torch.Tensor, k: int, pad_id: int

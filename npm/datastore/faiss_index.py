@@ -45,7 +45,9 @@ Choices this module makes and documents:
   and filled on GPU through ``index_cpu_to_gpu`` with ``GpuClonerOptions.useFloat16 = True``, then copied back to
   CPU (paper-map §3.5). HNSW has no GPU version and is always built on CPU. ``use_gpu=True`` without a GPU is an
   error. ``use_gpu=None`` silently uses the CPU.
-* Searches run on CPU, as in the original (nprobe 8).
+* Searches run on CPU, as in the original (nprobe 8). Closed-set kNN over a Flat inner-product index does not
+  call :func:`search`: it searches the index's vectors exactly in torch (``npm.datastore.exact_knn``, through
+  :func:`flat_vectors`), on the CPU or a GPU.
 * ``k`` larger than the index is clamped to ``ntotal``. FAISS pads a result list with id -1 when it finds fewer than
   k neighbours, for example IVF when the ``nprobe`` probed lists hold fewer than k vectors. With NPM's k=4096 and
   nprobe 8, that happens for any datastore under about 4096 * nlist / 8 vectors. :func:`search` keeps those -1
