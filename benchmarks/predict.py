@@ -93,10 +93,11 @@ def original_closed_set(predictors, texts: list[str], verbalizers, tau: float):
         _, rows = p._faiss_index().search(flat, min(p.settings.k, p.ds.n_rows))
         sims = exact_scores(flat, rows, p.ds.vectors).reshape(n, -1)
         tokens = p.ds.row_tokens
-        per_store.append([(np.array([int(tokens[r]) for r in row]), s) for row, s in zip(rows.reshape(n, -1), sims)])
-    return np.stack([label_scores(np.concatenate([s[i][0] for s in per_store]), np.concatenate([s[i][1] for s in
-                                                                                           per_store]),
-                                  verbalizers, tau=tau) for i in range(n)])
+        per_store.append([(np.array([int(tokens[r]) for r in row]), s)
+                          for row, s in zip(rows.reshape(n, -1), sims, strict=True)])
+    return np.stack([label_scores(np.concatenate([s[i][0] for s in per_store]),
+                                  np.concatenate([s[i][1] for s in per_store]), verbalizers, tau=tau)
+                     for i in range(n)])
 
 
 def closed_vs_original(systems: dict, queries: list[str], verbalizers, batch_sizes, reps: int = 3) -> dict:

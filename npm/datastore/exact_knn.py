@@ -2,18 +2,20 @@
 paper-map §4.1; the search a Flat FAISS index makes, without FAISS and without faiss-gpu).
 
 The rows go through in blocks of ``BLOCK_ROWS``: one matrix product per block gives the fp32 scores ``q . e`` of
-every query against the block, and a partial selection (``torch.topk``'s k-th value, then a mask) merges them with
-the running top k. FAISS Flat keeps a heap (a reservoir at k >= 100) per query and, below its BLAS threshold,
-scans query by query; at NPM's k = 4096 that is the slow part of closed-set inference on a CPU.
+every query against the block; the block's rows that beat the running k-th score (all of them until k are held) are
+kept aside, and merged with the running top k once they number k (``torch.topk``'s k-th value, then a mask) instead
+of going through a heap. FAISS Flat keeps a heap (a reservoir at k >= 100) per query and, below its BLAS threshold,
+scans the rows once per query; at NPM's k = 4096 that is the slow part of closed-set inference on a CPU.
 
-* Precision: fp16 stored vectors are widened to fp32 once per block (on the CPU before the product, on a GPU on the
-  device: fp16 in, fp32 scores out); queries stay fp32, and TF32 is off during a search, so a score is the fp32
-  inner product FAISS Flat (which holds the same vectors widened) ranks by, up to the summation order of the
-  product. Callers that need the score exactly as elsewhere recompute it (``faiss_index.exact_scores``).
+* Precision: on the CPU the vectors are held in fp32 (a Flat index's own storage, no copy; fp16 blocks are widened
+  once, when the search is built: widening at every search cost more than the product for one query); on a GPU
+  they are held in fp16 and widened on the device one block at a time (fp16 in, fp32 scores out). Queries stay
+  fp32 and TF32 is off during a search, so a score is the fp32 inner product FAISS Flat (which holds the same
+  vectors widened) ranks by, up to the summation order of the product. Callers that need the score exactly as
+  elsewhere recompute it (``faiss_index.exact_scores``).
 * Ties, which FAISS Flat leaves unspecified (at k >= 100 its reservoir keeps any of the rows tied at the k-th
   score): the k rows of highest score, equal scores at the k-th place going to the **lower row id**. The list
-  comes in FAISS's order: score descending, equal scores by row id descending, so that a caller that sums over
-  it (``closed_set.label_scores``) adds in the same order as over FAISS's list.
+  comes in FAISS's order: score descending, equal scores by row id descending.
 * ``k`` larger than the datastore is clamped to its row count (as ``faiss_index.search``). A NaN score (a
   vector that overflowed fp16) ranks below every number.
 """
