@@ -256,7 +256,7 @@ def cmd_predict(args):
     from npm.inference.predictor import Predictor  # deferred: loads torch
     set_library_output(args.verbose)
     threads.set_threads(args.threads)
-    settings = Settings(open_set_tau=args.tau, span_score=args.span_score, k=args.k)
+    settings = Settings(open_set_tau=args.open_set_tau, span_score=args.span_score, k=args.k)
     predictor = Predictor(args.checkpoint, args.datastore, model=args.model, settings=settings, bm25=args.bm25,
                           faiss=args.faiss, l_max=args.l_max, exclude_stopwords=not args.keep_stopword_spans)
     answers = predictor.predict_batch(args.queries, top=args.top, mode=args.mode)
@@ -452,7 +452,7 @@ COMMANDS = (
         option("--mode", choices=["restricted", "faiss"], default="restricted",
                help="restricted: candidates from the top BM25 blocks (paper 3.3); faiss: the k nearest neighbours "
                     "over the whole datastore (NPM without BM25, paper 6.4)"),
-        option("--tau", type=arg_type("open_set_tau"), default=DEFAULTS.open_set_tau,
+        option("--open-set-tau", type=arg_type("open_set_tau"), default=DEFAULTS.open_set_tau,
                help="temperature of the phrase scores (paper 3.3)"),
         option("--l-max", type=positive_int, default=10, help="longest predicted phrase, in tokens"),
         option("--k", type=arg_type("k"), default=DEFAULTS.k,

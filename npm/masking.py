@@ -143,7 +143,8 @@ def _candidates_flat(ids: np.ndarray, flags: np.ndarray, lengths: np.ndarray, rn
 
 
 def span_candidates(sequences: Sequence[np.ndarray], flags_per_seq: Sequence[np.ndarray], rng: np.random.Generator,
-                    max_span_length: int = 10, punct_keep_prob: float = 0.1) -> np.ndarray:
+                    max_span_length: int = MaskingSettings.max_span_length,
+                    punct_keep_prob: float = MaskingSettings.punct_keep_prob) -> np.ndarray:
     """All span candidates of one line (paper-map §2.2 ``find_mapping``) as int64 [n, 3] = (sequence, start, length),
     sorted by (sequence, start, length). ``rng`` gives the punctuation keep draws."""
     ids, flags, lengths = _flat(sequences, flags_per_seq)
@@ -162,8 +163,9 @@ def _to_spans(pos: np.ndarray, length: np.ndarray, lengths: np.ndarray, sort: bo
 
 
 def take_spans(groups: dict[int, list[tuple[int, int, int]]], draws: Sequence[int], budget: int, n_tokens: int,
-               max_span_length: int = 10, max_spans_per_sequence: int = 128,
-               max_ngram_repeats: int = 10) -> list[tuple[int, int, int]]:
+               max_span_length: int = MaskingSettings.max_span_length,
+               max_spans_per_sequence: int = MaskingSettings.max_spans_per_sequence,
+               max_ngram_repeats: int = MaskingSettings.max_ngram_repeats) -> list[tuple[int, int, int]]:
     """The deterministic part of paper-map §2.2 ``mask_spans``: pick spans for the drawn lengths.
 
     ``groups[n]`` is a list of candidates (flat position, sequence, n-gram key) of length n, popped from the end
@@ -204,8 +206,10 @@ def take_spans(groups: dict[int, list[tuple[int, int, int]]], draws: Sequence[in
 
 
 def sample_spans(candidates: np.ndarray, n_tokens: int, rng: np.random.Generator, ngram_keys: np.ndarray | None = None,
-                 ratio: float = 0.15, p: float = 0.5, max_span_length: int = 10, max_spans_per_sequence: int = 128,
-                 max_ngram_repeats: int = 10) -> np.ndarray:
+                 ratio: float = MaskingSettings.ratio, p: float = MaskingSettings.p,
+                 max_span_length: int = MaskingSettings.max_span_length,
+                 max_spans_per_sequence: int = MaskingSettings.max_spans_per_sequence,
+                 max_ngram_repeats: int = MaskingSettings.max_ngram_repeats) -> np.ndarray:
     """Paper-map §2.2 ``mask_spans`` on given candidates [n, 3] (flat position, sequence, length): permute each length
     group, draw ``int(ratio * n_tokens)`` Geometric(p) lengths and ``take_spans``. ``ngram_keys`` [n] identify
     equal n-grams (default: every candidate distinct). Returns the accepted (flat position, sequence, length)
@@ -241,9 +245,12 @@ def _mask_flat(ids: np.ndarray, flags: np.ndarray, lengths: np.ndarray, rng: np.
 
 
 def mask_line(sequences: Sequence[np.ndarray], flags_per_seq: Sequence[np.ndarray], rng: np.random.Generator,
-              ratio: float = 0.15, p: float = 0.5, max_span_length: int = 10, max_spans_per_sequence: int = 128,
-              max_ngram_repeats: int = 10, min_masked_ratio: float = 0.05,
-              punct_keep_prob: float = 0.1) -> np.ndarray | None:
+              ratio: float = MaskingSettings.ratio, p: float = MaskingSettings.p,
+              max_span_length: int = MaskingSettings.max_span_length,
+              max_spans_per_sequence: int = MaskingSettings.max_spans_per_sequence,
+              max_ngram_repeats: int = MaskingSettings.max_ngram_repeats,
+              min_masked_ratio: float = MaskingSettings.min_masked_ratio,
+              punct_keep_prob: float = MaskingSettings.punct_keep_prob) -> np.ndarray | None:
     """Span-mask one line (paper-map §2.2): int64 [n, 3] (sequence, start, length) sorted by (sequence, start), or
     None when the line is dropped (fewer than ``min_masked_ratio`` of its tokens masked, or none)."""
     ids, flags, lengths = _flat(sequences, flags_per_seq)
@@ -274,7 +281,7 @@ def _uniform_flat(ids: np.ndarray, flags: np.ndarray, lengths: np.ndarray, rng: 
 
 
 def uniform_mask_line(sequences: Sequence[np.ndarray], flags_per_seq: Sequence[np.ndarray],
-                      rng: np.random.Generator, ratio: float = 0.15) -> np.ndarray | None:
+                      rng: np.random.Generator, ratio: float = MaskingSettings.ratio) -> np.ndarray | None:
     """NPM-single uniform masking of one line (paper-map §2.3, ``enforce_masking_positives``): int64 [m, 3] spans of
     length 1 sorted by (sequence, start), or None when nothing is masked (the line is dropped)."""
     ids, flags, lengths = _flat(sequences, flags_per_seq)

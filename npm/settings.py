@@ -339,8 +339,8 @@ def _flag(name: str) -> str:
 
 def arg_type(name: str, section: type[Section] = Settings):
     """The argparse ``type=`` of setting ``name``: parses the text and applies ``check``, so every option that sets
-    it (``evaluate --open-set-tau``, ``predict --tau``) has the one range defined here; a bad value is argparse's
-    usage error (exit status 2) naming the option. A nullable setting reads 0 as None (null)."""
+    it (``evaluate --open-set-tau``, ``predict --open-set-tau``) has the one range defined here; a bad value is
+    argparse's usage error (exit status 2) naming the option. A nullable setting reads 0 as None (null)."""
     f = _fields(section)[name]
     kinds = f.metadata["kinds"]
     numeric = next((kind for kind in kinds if kind in (int, float)), None)
@@ -661,7 +661,8 @@ __all__ += ["DensePhrasesQueryFt", "DensePhrasesSettings", "DensePhrasesTeacher"
 @dataclass(frozen=True)
 class PageSettings(Section):
     """The NPM settings the page's form adjusts; the defaults are those of the README's examples (``npm-repro
-    predict --tau 0.1`` with the paper's k), the ranges what the page accepts. Invalid values raise ValueError."""
+    predict --open-set-tau 0.1`` with the paper's k), the ranges what the page accepts. Invalid values raise
+    ValueError."""
 
     TITLE = "web page settings"
 

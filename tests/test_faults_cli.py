@@ -1,7 +1,7 @@
 """Faults of the command line and of the JSON writers (issue 12, item 4; the CLI side of item 8).
 
-* An out-of-range numeric option (``predict --tau 0``, ``embed --batch-blocks 0``, ``mask-batches --ratio 2`` ...)
-  is rejected by argparse before any work: exit status 2 and a usage error naming the option. The range of an
+* An out-of-range numeric option (``predict --open-set-tau 0``, ``embed --batch-blocks 0``, ``mask-batches --ratio 2``
+  ...) is rejected by argparse before any work: exit status 2 and a usage error naming the option. The range of an
   option that is also an inference setting comes from ``npm.settings``; the range of an option that a config key
   feeds agrees with workflow/schemas/config.schema.yaml.
 * No file holds NaN or Infinity: the JSON writers of ``npm.io`` refuse a non-finite number with a ValueError naming
@@ -95,13 +95,14 @@ def _accepted(argv: list[str]) -> None:
 
 # ------------------------------------------------------------------------------------------------ item 4: ranges
 
-PREDICT_BAD = [("--tau", "0"), ("--tau", "-1"), ("--tau", "nan"), ("--tau", "inf"), ("--k", "0"), ("--k", "-3"),
-               ("--l-max", "0"), ("--top", "0"), ("--evidence", "-1"), ("--span-score", "sum")]
+PREDICT_BAD = [("--open-set-tau", "0"), ("--open-set-tau", "-1"), ("--open-set-tau", "nan"), ("--open-set-tau", "inf"),
+               ("--k", "0"), ("--k", "-3"), ("--l-max", "0"), ("--top", "0"), ("--evidence", "-1"),
+               ("--span-score", "sum")]
 
 
 @pytest.mark.parametrize(("flag", "value"), PREDICT_BAD)
 def test_predict_rejects_out_of_range_options_before_any_work(capsys, flag, value):
-    """Fault: `predict --tau 0` (or negative) got past the parser (exit 1 after starting, or NaN scores), and
+    """Fault: `predict --open-set-tau 0` (or negative) got past the parser (exit 1 after starting, or NaN scores), and
     `--l-max 0`, `--top 0`, `--evidence -1` were not checked at all. Expected: argparse rejects each with exit
     status 2 and a usage error naming the option and the value."""
     err = _rejected(capsys, _argv("predict", flag, value))
@@ -109,7 +110,7 @@ def test_predict_rejects_out_of_range_options_before_any_work(capsys, flag, valu
     assert value in err, err
 
 
-@pytest.mark.parametrize(("flag", "name", "bad"), [("--tau", "open_set_tau", 0.0), ("--k", "k", 0),
+@pytest.mark.parametrize(("flag", "name", "bad"), [("--open-set-tau", "open_set_tau", 0.0), ("--k", "k", 0),
                                                     ("--span-score", "span_score", "sum")])
 def test_predict_settings_ranges_come_from_npm_settings(capsys, flag, name, bad):
     """Fault: `predict` declared its own type and default for the options that are inference settings, so their

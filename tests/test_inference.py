@@ -105,16 +105,17 @@ def test_item22_a_stop_word_inside_blocks_the_span():
 def test_item23_code_form_is_p_start_plus_p_end():
     start_pos, start_sim = np.array([1, 4, 7]), np.array([2.0, 1.0, 0.0])
     end_pos, end_sim = np.array([2, 5, 8]), np.array([0.5, 1.5, 0.0])
-    w = score_spans(np.array([1, 4]), np.array([2, 5]), start_pos, start_sim, end_pos, end_sim, tau=1.0,
+    w = score_spans(np.array([1, 4]), np.array([2, 5]), start_pos, start_sim, end_pos, end_sim, open_set_tau=1.0,
                     form="code")
     ps = np.exp(start_sim) / np.exp(start_sim).sum()
     pe = np.exp(end_sim) / np.exp(end_sim).sum()
     np.testing.assert_allclose(w, [ps[0] + pe[0], ps[1] + pe[1]])
-    paper = score_spans(np.array([1, 4]), np.array([2, 5]), start_pos, start_sim, end_pos, end_sim, form="paper")
+    paper = score_spans(np.array([1, 4]), np.array([2, 5]), start_pos, start_sim, end_pos, end_sim, open_set_tau=1.0,
+                        form="paper")
     raw = np.array([math.exp(2.0) + math.exp(0.5), math.exp(1.0) + math.exp(1.5)])
     np.testing.assert_allclose(paper, raw / raw.sum())
     with pytest.raises(ValueError, match="span start has no score"):
-        score_spans(np.array([3]), np.array([2]), start_pos, start_sim, end_pos, end_sim)
+        score_spans(np.array([3]), np.array([2]), start_pos, start_sim, end_pos, end_sim, open_set_tau=1.0)
 
 
 @pytest.mark.parametrize("form", ["code", "paper"])
@@ -123,7 +124,7 @@ def test_item23_two_occurrences_beat_one_slightly_better_occurrence(form):
     ids = np.array([10, 11, 20, 21, 10, 11])
     starts, ends = np.array([0, 2, 4]), np.array([1, 3, 5])
     sims = np.array([1.0, 1.2, 1.0])  # "c d" alone scores a little higher than each "a b"
-    w = score_spans(starts, ends, starts, sims, ends, sims, tau=1.0, form=form)
+    w = score_spans(starts, ends, starts, sims, ends, sims, open_set_tau=1.0, form=form)
     assert w[1] > w[0]
     order, group, scores = aggregate_spans(ids, starts, ends, w)
     best = order[0]

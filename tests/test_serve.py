@@ -306,7 +306,7 @@ def test_the_page_states_what_its_corpus_holds_as_its_datastore_counts_it(served
 def test_the_page_uses_the_readme_settings_with_tau_and_k_as_form_fields(served):
     """Fault: the page ran NPM at tau 1.0 while the README's examples use 0.1, with no control for it."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    taus = set(re.findall(r"--tau ([\d.]+)", readme)) | set(re.findall(r"open_set_tau=([\d.]+)", readme))
+    taus = set(re.findall(r"--open-set-tau ([\d.]+)", readme)) | set(re.findall(r"open_set_tau=([\d.]+)", readme))
     assert taus == {f"{PageSettings().open_set_tau:g}"}, taus  # the README's examples' tau is the page's default
     assert PageSettings().k == Settings().k  # ... and their k (predict's default)
     stated = re.findall(r"\(tau ([\d.]+), k (\d+);", readme)  # the README's page section

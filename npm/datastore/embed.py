@@ -73,6 +73,7 @@ from npm.io import (
 )
 from npm.model import autocast, effective_precision, encode, load_encoder, load_tokenizer, max_input_length
 from npm.progress import bar as progress_bar
+from npm.settings import DatastoreSettings
 
 PIPELINE_BATCHES = 4  # batches prepared ahead, and batches on their way to the shard file (``_embed_rows``)
 SYNC_BYTES = 1 << 26  # the writer flushes the shard file to disk after every this many bytes of vectors
@@ -246,8 +247,9 @@ def _locked(folder: str, shard: str | None = None):
 
 @_locked("out_dir")
 def plan_datastore(model_name: str, blocks_paths: Sequence[str | Path], out_dir: str | Path,
-                   drop_stopwords: bool = False, shards: int = 1, max_length: int | None = None,
-                   precision: str = "fp16", tokenizer_name: str | None = None,
+                   drop_stopwords: bool = DatastoreSettings.drop_stopwords, shards: int = 1,
+                   max_length: int | None = None,
+                   precision: str = DatastoreSettings.precision, tokenizer_name: str | None = None,
                    stopwords: str = STOPWORDS_DEFAULT) -> dict:
     """Step 1: check the model and the blocks, and write the datastore's token arrays and ``plan.json``.
 
@@ -558,7 +560,8 @@ def _progress(total: int, name: str, progress: bool):
 
 
 @_locked("out_dir", shard="k")  # before the encoder loads: a second job is refused at once
-def embed_shard(out_dir: str | Path, k: int, batch_blocks: int = 64, device: str | None = None,
+def embed_shard(out_dir: str | Path, k: int, batch_blocks: int = DatastoreSettings.batch_blocks,
+                device: str | None = None,
                 precision: str | None = None, progress: bool = True) -> dict:
     """Step 2: embed shard ``k`` of a planned datastore (kept when its marker matches the plan). Returns the
     shard's marker record, with ``reused`` telling whether it was already done."""
@@ -680,8 +683,9 @@ def finish_datastore(out_dir: str | Path) -> dict:
 
 @_locked("out_dir")
 def embed_corpus(model_name: str, blocks_paths: Sequence[str | Path], out_dir: str | Path,
-                 drop_stopwords: bool = False, batch_blocks: int = 64, shards: int = 8,
-                 max_length: int | None = None, device: str | None = None, precision: str = "fp16",
+                 drop_stopwords: bool = DatastoreSettings.drop_stopwords,
+                 batch_blocks: int = DatastoreSettings.batch_blocks, shards: int = DatastoreSettings.shards,
+                 max_length: int | None = None, device: str | None = None, precision: str = DatastoreSettings.precision,
                  tokenizer_name: str | None = None, on_shard_done: Callable[[int, dict], None] | None = None,
                  progress: bool = True, stopwords: str = STOPWORDS_DEFAULT) -> dict:
     """Embed the blocks files ``blocks_paths`` (in order) with encoder ``model_name`` into the datastore ``out_dir``:

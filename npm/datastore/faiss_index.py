@@ -88,6 +88,7 @@ import numpy as np
 import npm.checksums as checksums
 from npm.edge_errors import faiss_gist, first_line
 from npm.io import atomic_path, dumps_json, read_json
+from npm.settings import DatastoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -571,8 +572,8 @@ def build_faiss_index(
     train_sample: int = 1_000_000,
     seed: int = 1,
     add_chunk: int = ADD_CHUNK,
-    nprobe: int = 8,
-    ef_search: int = 128,
+    nprobe: int = DatastoreSettings.nprobe,
+    ef_search: int = DatastoreSettings.ef_search,
     ef_construction: int = 200,
     use_gpu: bool | None = None,
     threads: int | None = None,
@@ -689,7 +690,8 @@ def _write_index(index, path: Path) -> checksums.WriteDigest:
 
 
 def index_vectors(vectors: np.ndarray, factory: str = "Flat", metric: str = "ip", train_sample: int = 1_000_000,
-                  seed: int = 1, nprobe: int = 8, ef_search: int = 128) -> tuple[object, dict]:
+                  seed: int = 1, nprobe: int = DatastoreSettings.nprobe,
+                  ef_search: int = DatastoreSettings.ef_search) -> tuple[object, dict]:
     """An in-memory FAISS index over ``vectors`` float32 [n, d] (FAISS id = row), for a corpus small enough to embed
     on the fly (REPLUG's dense block retriever, ``npm.baselines.dense``); nothing is written.
 

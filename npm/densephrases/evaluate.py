@@ -28,6 +28,7 @@ import numpy as np
 from npm.densephrases.features import rc_features
 from npm.densephrases.questions import task_question
 from npm.model import autocast
+from npm.settings import DensePhrasesSettings
 from npm.tasks.metrics import exact_match, f1_score
 from npm.tasks.registry import resolve_task, task_examples
 
@@ -68,7 +69,8 @@ def _texts(examples: list[dict], feats: dict, tokenizer, spans: np.ndarray, max_
             for r, n in enumerate(feats["example"])]
 
 
-def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_question_tokens: int = 64,
+def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
+                max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
                 max_answer_tokens: int = 30, batch_size: int = 32, teacher=None, tokenizer=None,
                 precision: str = "fp32") -> dict:
     """Reading comprehension of the query-agnostic model (z = h . q over its own passage) or, with ``teacher``, of the
@@ -114,7 +116,8 @@ def rc_vectors(model, feats: dict, batch_size: int = 32, precision: str = "fp32"
         yield rows, None if h is None else h.cpu().numpy(), qs.float().cpu().numpy(), qe.float().cpu().numpy()
 
 
-def passage_vectors(model, contexts: list[str], max_passage_tokens: int = 384, batch_size: int = 32,
+def passage_vectors(model, contexts: list[str], max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
+                    batch_size: int = 32,
                     precision: str = "fp32") -> tuple[np.ndarray, np.ndarray, list]:
     """float32 h [P, Lp, d], valid bool [P, Lp] (non-special, non-padding tokens) and the tokens' character offsets
     of ``contexts`` under the phrase encoder (on the model's device, ``precision``'s autocast)."""
@@ -136,7 +139,8 @@ def passage_vectors(model, contexts: list[str], max_passage_tokens: int = 384, b
     return h * valid[..., None], valid, list(enc["offset_mapping"])
 
 
-def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = 384, max_question_tokens: int = 64,
+def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
+                     max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
                      max_answer_tokens: int = 30, batch_size: int = 32, precision: str = "fp32",
                      pool: list[dict] | None = None) -> dict:
     """The semi-open setting of the paper's Table 6 (D_small): the passages of ``examples`` and of ``pool`` (other
@@ -168,8 +172,10 @@ def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = 384,
                                                      strict=True)]}
 
 
-def teacher_filter(examples: list[dict], teacher, tokenizer, max_passage_tokens: int = 384,
-                   max_question_tokens: int = 64, precision: str = "fp32") -> tuple[list[dict], dict]:
+def teacher_filter(examples: list[dict], teacher, tokenizer,
+                   max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
+                   max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
+                   precision: str = "fp32") -> tuple[list[dict], dict]:
     """(kept examples, counts): the generated questions whose answer the teacher reads exactly, and every question
     that is not generated (see the module docstring)."""
     generated = [ex for ex in examples if ex.get("question_generated")]
@@ -182,7 +188,8 @@ def teacher_filter(examples: list[dict], teacher, tokenizer, max_passage_tokens:
     return kept, {"generated": len(generated), "kept": len(answered), "total": len(kept)}
 
 
-def random_span_baseline(examples: list[dict], tokenizer, max_passage_tokens: int = 384, max_answer_tokens: int = 30,
+def random_span_baseline(examples: list[dict], tokenizer,
+                         max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens, max_answer_tokens: int = 30,
                          seed: int = 0) -> dict:
     """EM / F1 of a uniformly random valid span per passage (at most ``max_answer_tokens``): the floor RC EM must
     clear."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npm.settings import DensePhrasesSettings
+
 
 def _pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     width = max(1, max(len(r) for r in rows))
@@ -25,8 +27,8 @@ def _pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = 384,
-                max_question_tokens: int = 64) -> dict:
+def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
+                max_question_tokens: int = DensePhrasesSettings.max_question_tokens) -> dict:
     """Arrays of the examples that keep their answer: ``passage_ids``/``passage_mask`` [n, Lp],
     ``question_ids``/``question_mask`` [n, Lq], ``valid`` [n, Lp] (non-special passage tokens), ``start``/``end``
     [n] (token positions of the first answer), ``example`` [n] (index into ``examples``), and ``dropped`` (answers

@@ -8,7 +8,7 @@ spans never cross blocks):
    same way. A span never contains a blocked token (begin/end tokens, and stop words when they are excluded).
 2. ``score_spans``: per occurrence, from exact similarities s = q . e / sqrt(h):
    * ``form="code"`` (the original implementation): P_start + P_end, each a softmax over its candidate set
-     divided by tau (a sum of two probabilities);
+     divided by tau (``open_set_tau``; a sum of two probabilities);
    * ``form="paper"`` (the paper's 3.1): exp(s_start / tau) + exp(s_end / tau), normalised over all occurrences.
    The candidate set of each side is the union of the retrieved candidates (restricted mode: every stored
    vector of the BM25 blocks; FAISS mode: the k neighbours) and the positions the walk reached.
@@ -70,7 +70,7 @@ def softmax(x: np.ndarray, segment: np.ndarray | None = None) -> np.ndarray:
 
 
 def score_spans(span_start: np.ndarray, span_end: np.ndarray, start_pos: np.ndarray, start_sim: np.ndarray,
-                end_pos: np.ndarray, end_sim: np.ndarray, tau: float = 1.0, form: str = "paper",
+                end_pos: np.ndarray, end_sim: np.ndarray, open_set_tau: float, form: str = "paper",
                 query: np.ndarray | None = None) -> np.ndarray:
     """Weight of every span occurrence (float64 [n]); see the module docstring for the two forms.
 
@@ -85,8 +85,8 @@ def score_spans(span_start: np.ndarray, span_end: np.ndarray, start_pos: np.ndar
     if len(span_end) and ((i_e >= len(end_pos)).any() or (end_pos[np.minimum(i_e, len(end_pos) - 1)]
                                                           != span_end).any()):
         raise ValueError("a span end has no score: end_pos must include every span end")
-    start_sim = np.asarray(start_sim, dtype=np.float64) / tau
-    end_sim = np.asarray(end_sim, dtype=np.float64) / tau
+    start_sim = np.asarray(start_sim, dtype=np.float64) / open_set_tau
+    end_sim = np.asarray(end_sim, dtype=np.float64) / open_set_tau
     def of(positions):
         return None if query is None else query[positions]
 

@@ -349,7 +349,7 @@ class Predictor:
             start_pos = np.union1d(start_cand, span_start)
             end_pos = np.union1d(end_cand, span_end)
             weights = score_spans(span_start, span_end, start_pos, self._sims(view, start_pos, vectors[:, 0]),
-                                  end_pos, self._sims(view, end_pos, vectors[:, -1]), tau=s.open_set_tau,
+                                  end_pos, self._sims(view, end_pos, vectors[:, -1]), open_set_tau=s.open_set_tau,
                                   form=s.span_score, query=view["query"])
         return self._phrases(view, span_start, span_end, weights, top, n)
 
