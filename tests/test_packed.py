@@ -45,7 +45,7 @@ def tiny_roberta_mlm() -> RobertaForMaskedLM:
 @pytest.fixture(scope="module")
 def line():
     rows, spans = world_lines(1, "all")[0]
-    assert len({len(r) for r in rows}) == len(rows), "the rows must differ in length (padding)"
+    assert len({len(r) for r in rows}) > 1, "the rows must differ in length (padding)"
     return rows, spans
 
 
