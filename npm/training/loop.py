@@ -65,13 +65,14 @@ from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, coll
 from npm.training.data import BatchLines
 from npm.training.gather import candidate_pool, parse_pool, ranks_per_pool
 from npm.training.loss import phrase_loss, phrase_positives, single_loss, single_positives
+from npm.training.packing import encode_packed, is_packed, use_packed_attention
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = checkpoints.Layout(prefix="step", state_file="training_state.pt", rule="pretrain",
                                  command="npm-repro train")
 # TrainConfig and TrainingSettings fields that change the trained weights (besides the encoder, tokenizer and data,
-# fingerprinted); steps and schedule_steps enter as the schedule horizon. checkpoint_every, compile,
-# keep_checkpoints, paths and resume don't.
+# fingerprinted); steps and schedule_steps enter as the schedule horizon, packed only when on (run_record).
+# checkpoint_every, compile, keep_checkpoints, paths and resume don't.
 RESULT_FIELDS = ("model_type", "warmup_steps", "lr", "weight_decay", "betas", "eps", "grad_clip", "pool", "pad_to",
                  "mlm_ratio", "attention", "seed", "lines_per_rank", "accumulate")
 TRAINABLE = ("npm", "npm_single", "mlm")  # the model variants training makes
@@ -125,6 +126,8 @@ def run_record(cfg: TrainConfig, world: int, device: torch.device) -> dict:
     # TrainConfig.model is hashed under its old name "model_type", so that existing runs keep resuming
     values = {**vars(cfg), **t.as_dict(), "model_type": cfg.model}
     settings = {name: values[name] for name in RESULT_FIELDS}
+    if t.packed:  # recorded only when on, so that the runs from before the switch keep their ids
+        settings["packed"] = True
     settings.update(betas=list(cfg.betas), schedule_steps=t.schedule_steps or t.steps, world_size=world,
                     precision=effective_precision(device, t.precision))
     tokenizer = cfg.tokenizer or cfg.encoder
@@ -195,6 +198,7 @@ def _encode_both(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     backward break DDP (a parameter may be marked ready only once), so the two views are stacked along the
     batch dimension (padded to a common length with id 0 / attention 0) and encoded together, then split.
     Rows never attend to each other and padding is masked, so this is still the two passes of the original.
+    A packed encoder (``training.packed``, ``npm.training.packing``) encodes the same rows without their padding.
     """
     q_ids, q_att = batch["query_ids"], batch["query_attention"].long()
     t_ids, t_att = batch["target_ids"], batch["target_valid"].long()
@@ -204,7 +208,8 @@ def _encode_both(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     def widen(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=0)
 
-    vectors = encode(model, torch.cat([widen(q_ids), widen(t_ids)]), torch.cat([widen(q_att), widen(t_att)]))
+    ids, attention = torch.cat([widen(q_ids), widen(t_ids)]), torch.cat([widen(q_att), widen(t_att)])
+    vectors = encode_packed(model, ids, attention) if is_packed(model) else encode(model, ids, attention)
     return vectors[:rows, :lq], vectors[rows:, :lt]
 
 
@@ -223,7 +228,8 @@ class MaskedTokensMLM(torch.nn.Module):
         self.encoder, self.head = mlm.base_model, heads[0]
 
     def forward(self, input_ids, attention_mask, labels):
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        encoder = encode_packed if is_packed(self.encoder) else encode
+        hidden = encoder(self.encoder, input_ids, attention_mask)
         chosen = labels != IGNORE_INDEX
         return torch.nn.functional.cross_entropy(self.head(hidden[chosen]).float(), labels[chosen])
 
@@ -482,6 +488,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     load_model = _model_loader(cfg.model, t.attention)
     model = load_model(cfg.encoder).to(device)
     model.train()
+    if t.packed:
+        use_packed_attention(model)
     _check_lengths(cfg, data, model, tokenizer)
     optimizer = make_optimizer(model.parameters(), cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, t.warmup_steps, t.schedule_steps or t.steps)
