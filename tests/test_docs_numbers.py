@@ -139,3 +139,25 @@ def test_the_released_route_s_embedding_cost_follows_paper_scale_s():
                                     r"at (\d+)k tokens/s", README).groups()
     assert abs(int(stated_rate) * 1e3 - rate) / rate < 0.05
     assert f"takes about {round(float(tokens) * 1e9 / rate / 3600)} H100-hours" in README
+
+
+def test_the_demo_s_job_time_table_is_its_measurement(tmp_path):
+    """docs/demo-timings.md's job-time table is `benchmarks/demo_timings.py`'s rendering of the run it names, kept in
+    docs/demo-timings.json (each job's start and seconds from that run's Snakemake logs); the script reads such logs
+    back to the same jobs."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("demo_timings", ROOT / "benchmarks" / "demo_timings.py")
+    demo_timings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_timings)
+    measured = json.loads((ROOT / "docs" / "demo-timings.json").read_text(encoding="utf-8"))
+    assert demo_timings.table(measured) in TIMINGS
+    assert f"at {measured['commit']}" in TIMINGS
+    log = "\n".join(f"[{time}]\nlocalrule {rule}:\n    wildcards: model=npm\n    jobid: {i}\n[{end}]\n"
+                    f"Finished jobid: {i} (Rule: {rule})" for i, (rule, time, end) in enumerate(
+                        [("pretrain", "Sun Nov 29 12:29:49 2026", "Sun Nov 29 12:59:50 2026"),
+                         ("embed_shard", "Sun Nov 29 13:00:00 2026", "Sun Nov 29 13:00:35 2026")]))
+    jobs = demo_timings.parse_log(log)
+    assert [(j["rule"], j["wildcards"], j["seconds"]) for j in jobs] == [("pretrain", "model=npm", 1801.0),
+                                                                         ("embed_shard", "model=npm", 35.0)]
