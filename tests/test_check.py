@@ -5,7 +5,7 @@ import json
 import pytest
 
 from npm.cli import main
-from npm.report.check import EXPECTED_DIR, PAPER, band, check, load_expected, record, record_paper, tolerance
+from npm.report.check import EXPECTED_DIR, PAPER, band, check, load_expected, record, record_paper, tolerance, wilson
 from npm.report.tables import PAPER_VALUES
 from npm.tasks.registry import load_registry
 from tests.test_workflow import dry_run_jobs
@@ -25,7 +25,8 @@ def test_record_then_check_ok_fail_and_missing(tmp_path, capsys):
     files = [_metrics(runs, "agn", "npm", 60.0, ci95=[45.0, 75.0]), _metrics(runs, "nq", "npm@enwiki", 10.0, n=50)]
     expected = tmp_path / "expected.yaml"
     cells = record(files, expected, header="test run\nsecond line")
-    assert cells["agn/npm"] == {"expected": 60.0, "band": [42.5, 77.5], "n": 40}  # one example (2.5) each side
+    # Wilson's [44.6, 73.7] joined with the bootstrap's [45, 75], then one example (2.5) each side
+    assert cells["agn/npm"] == {"expected": 60.0, "band": [42.1, 77.5], "n": 40}
     assert expected.read_text().startswith("# test run\n# second line\ncells:")
     assert all(v.ok for v in check(load_expected(expected), runs))
     assert main(["check", "--expected", str(expected), "--metrics-root", str(runs)]) == 0
@@ -41,8 +42,25 @@ def test_record_then_check_ok_fail_and_missing(tmp_path, capsys):
     assert "0 OK, 2 FAIL, 0 not run of 2 cells" in out  # the embedded default: a missing cell is a FAIL
 
 
+def test_wilson_interval_is_the_binomial_score_interval():
+    """Wilson's 95 % score interval in percent: at 0 of 40 it reaches 3.84 / 43.84 (the bootstrap's is [0, 0])."""
+    assert wilson(0.0, 40) == pytest.approx([0.0, 100 * 1.96**2 / (40 + 1.96**2)], abs=1e-3)
+    assert wilson(100.0, 40) == pytest.approx([100 - 100 * 1.96**2 / (40 + 1.96**2), 100.0], abs=1e-3)
+    low, high = wilson(62.5, 40)
+    assert 46.5 < low < 47.5 and 75.5 < high < 76.5
+
+
+def test_band_at_a_count_of_zero_allows_a_retrained_model_s_sampling_noise():
+    """A cell expected at 0 of 40 has a degenerate bootstrap interval [0, 0]; 2 of 40 (5.0), as an fp32-trained
+    demo gave where the bands came from a bf16 one, is inside its band; 5 of 40 (12.5) is not."""
+    low, high = band({"task": "nq", "system": "npm", "score": 0.0, "n": 40, "ci95": [0.0, 0.0]})
+    assert low == 0.0 and 5.0 <= high < 12.5
+    low, high = band({"task": "x", "system": "y", "score": 100.0, "n": 40, "ci95": [100.0, 100.0]})
+    assert high == 100.0 and 87.5 < low <= 95.0
+
+
 def test_band_needs_the_interval_and_stays_in_percent():
-    assert band({"task": "x", "system": "y", "n": 10, "ci95": [0.0, 100.0]}) == [0.0, 100.0]
+    assert band({"task": "x", "system": "y", "score": 50.0, "n": 10, "ci95": [0.0, 100.0]}) == [0.0, 100.0]
     with pytest.raises(ValueError, match="lack `ci95`"):
         band({"task": "x", "system": "y", "n": 10, "score": 1.0})
 
@@ -67,6 +85,12 @@ def test_the_packaged_embedded_bands_are_valid():
     cells = expected.cells
     assert expected.missing == "fail" and "agn/npm" in cells
     assert all(c["band"][0] <= c["expected"] <= c["band"][1] for c in cells.values())
+    for cell, c in cells.items():  # every band holds its cell's binomial interval widened by one example
+        one = 100.0 / c["n"]
+        low, high = wilson(c["expected"], c["n"])
+        assert c["band"][0] <= max(0.0, low - one) + 0.01 and c["band"][1] >= min(100.0, high + one) - 0.01, cell
+    # and still tells the negative control (shuffled datastore vectors) from the real run on its two cells
+    assert not cells["agn/npm"]["band"][0] <= 25.0 and not cells["entity_translation/npm"]["band"][0] <= 0.0
 
 
 def test_negative_control_mode_fails_only_when_everything_passes(tmp_path, capsys):
@@ -215,7 +239,7 @@ def test_check_saves_its_verdicts_beside_the_metrics_root(tmp_path, capsys):
     assert saved["metrics_root"] == str(runs) and saved["provenance"]["git_commit"]
     assert [(c["cell"], c["state"], c["score"]) for c in saved["cells"]] == [("agn/npm", "OK", 60.0),
                                                                            ("nq/npm@enwiki", "OK", 10.0)]
-    assert saved["cells"][0]["band"] == [42.5, 77.5] and saved["cells"][0]["expected"] == 60.0
+    assert saved["cells"][0]["band"] == [42.1, 77.5] and saved["cells"][0]["expected"] == 60.0
 
     _metrics(runs, "agn", "npm", 25.0)  # a FAIL is saved too, and the file is replaced, not appended to
     out_file = tmp_path / "elsewhere.json"
