@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 import npm.checksums as checksums
-from npm.io import atomic_dir, remove_atomic_leftovers, write_json
+from npm.io import atomic_dir, bytes_under, remove_atomic_leftovers, write_json
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
@@ -116,7 +116,7 @@ def save(folder: str | os.PathLike, n: int, state: dict, layout: Layout, write_m
     state file, the checksums of all; then remove all but the newest ``keep`` checkpoints (None: keep all)."""
     final = Path(folder) / f"{layout.prefix}-{n}"
     previous = checkpoints(folder, layout)
-    size = _bytes_under(previous[-1]) if previous else None  # the size of this one, near enough
+    size = bytes_under(previous[-1]) if previous else None  # the size of this one, near enough
     if size is not None and size > shutil.disk_usage(folder).free:
         raise _no_space(final, size)  # before writing: the disk is not filled up for other writers
     written = 0
@@ -131,7 +131,7 @@ def save(folder: str | os.PathLike, n: int, state: dict, layout: Layout, write_m
                 checksums.write_folder_record(tmp, layout.rule, f"{layout.command} (checkpoint {final})",
                                               written={layout.state_file: sink.digest})
             except Exception:
-                written = _bytes_under(tmp)
+                written = bytes_under(tmp)
                 raise
     except Exception as e:  # torch.save's "[enforce fail at inline_container.cc] ... unexpected pos" on a full disk
         need = size or written + _tensor_bytes(state)  # without a previous one: what was written and the state
@@ -142,10 +142,6 @@ def save(folder: str | os.PathLike, n: int, state: dict, layout: Layout, write_m
         for old in checkpoints(folder, layout)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _bytes_under(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def _tensor_bytes(obj) -> int:

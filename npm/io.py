@@ -102,6 +102,11 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
 ATOMIC_DIR_WORK = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
 
 
+def bytes_under(folder: str | os.PathLike) -> int:
+    """The bytes of the regular files under ``folder`` (links not followed)."""
+    return sum(p.lstat().st_size for p in Path(folder).rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def remove_atomic_leftovers(folder: str | os.PathLike) -> list[tuple[str, int]]:
     """Remove the build folders that ``atomic_dir`` left in ``folder`` when its process was killed mid-build (SIGTERM,
     SIGKILL, a lost node: no ``finally`` ran), e.g. a checkpoint-sized ``.step-N.XXXXXXXX.tmp``; returns (name, bytes)
@@ -118,7 +123,7 @@ def remove_atomic_leftovers(folder: str | os.PathLike) -> list[tuple[str, int]]:
         target, previous = folder / match["name"], work / "previous"
         if previous.is_dir() and not os.path.lexists(target):
             os.rename(previous, target)
-        size = sum(p.lstat().st_size for p in work.rglob("*"))
+        size = bytes_under(work)
         shutil.rmtree(work, ignore_errors=True)
         removed.append((work.name, size))
     return removed
