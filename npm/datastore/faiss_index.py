@@ -88,7 +88,7 @@ import numpy as np
 import npm.checksums as checksums
 from npm.edge_errors import faiss_gist, first_line
 from npm.io import atomic_path, dumps_json, read_json
-from npm.settings import DatastoreSettings
+from npm.settings import DatastoreSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -758,7 +758,8 @@ def load_faiss_index(path: str | os.PathLike, nprobe: int | None = None, ef_sear
     return index
 
 
-def search(index, queries: np.ndarray, k: int = 4096, rows: RowFilter | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search(index, queries: np.ndarray, k: int = Settings.k,
+           rows: RowFilter | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-k candidate rows for each query, all queries in one FAISS call: ``(rows int64 [q, k'], valid bool
     [q, k'])``.
 
