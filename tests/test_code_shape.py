@@ -9,14 +9,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 80
 
-# Functions still longer than MAX_LINES, each waiting for its own split (issue 44; other work owns these files). Only
-# what is still too long may stay here: an entry whose function is split (or gone) fails the second test, so the list
-# cannot go stale. Do not add to it: split the function.
-PENDING = {
-    "npm/datastore/embed.py::_embed_rows",
-    "npm/datastore/faiss_index.py::build_faiss_index",
-}
-
 
 def _function_lengths() -> dict[str, int]:
     """{``path::qualified name``: lines} of every function and method of the modules in npm/."""
@@ -38,14 +30,8 @@ def _function_lengths() -> dict[str, int]:
 
 
 def test_no_function_in_npm_is_longer_than_a_screen():
-    too_long = {name: n for name, n in _function_lengths().items() if n > MAX_LINES and name not in PENDING}
+    too_long = {name: n for name, n in _function_lengths().items() if n > MAX_LINES}
     assert not too_long, f"functions over {MAX_LINES} lines (split them into named steps): {too_long}"
-
-
-def test_the_pending_list_names_only_functions_still_too_long():
-    lengths = _function_lengths()
-    stale = sorted(name for name in PENDING if lengths.get(name, 0) <= MAX_LINES)
-    assert not stale, f"{stale} are no longer over {MAX_LINES} lines (or gone): remove them from PENDING"
 
 
 # ---- one home per default (issue 44): a keyword default that repeats a settings field. Read the settings object
