@@ -224,3 +224,23 @@ def tracking_args(wildcards, output):
     Snakemake's params trigger skips it (a derived param): tracking never changes a result, and another config hash
     must not re-run finished jobs."""
     return f"--tracking {config.get('tracking', 'none')} --tracking-group config-{CONFIG_HASH}"
+
+
+# The resources of each kind of job (mem_mb in MB, runtime in minutes, gpu: GPUs on one node): a rule that asks for
+# resources names its kind, `**RESOURCES["gpu"]`; the others take the executor's defaults. They hold for a local run;
+# profiles/slurm overrides them per rule at paper scale (set-resources, profiles/README.md).
+RESOURCES = {
+    "download": {"runtime": 1440},  # download_source: a raw dump, resumed if killed
+    "download_checkpoint": {"runtime": 240},
+    "plan_datastore": {"mem_mb": 32000, "runtime": 120, "cpus_per_task": 1},
+    "finish_datastore": {"mem_mb": 32000, "runtime": 60, "cpus_per_task": 1},  # embed_corpus
+    "read_blocks": {"mem_mb": 16000, "runtime": 240, "cpus_per_task": 1},  # slice_shard, build_bm25_index
+    "embed": {"gpu": 1, "mem_mb": 32000, "runtime": 720, "cpus_per_task": 8},  # embed_shard
+    "faiss": {"gpu": 1, "mem_mb": 32000, "runtime": 240, "cpus_per_task": 8},  # build_faiss_index
+    "pretrain": {"gpu": TRAINING.gpus_per_node, "mem_mb": 64000, "runtime": 4320, "cpus_per_task": 8},
+    "gpu_large": {"gpu": 1, "mem_mb": 64000, "runtime": 720},  # evaluations (indexes loaded), phrase dump and index
+    "gpu": {"gpu": 1, "mem_mb": 32000, "runtime": 720},  # DensePhrases teacher, query_ft, evaluate; replug_eval_lm
+    "gpu_long": {"gpu": 1, "mem_mb": 32000, "runtime": 1440},  # densephrases_train, replug_train_lsr
+    "gpu_short": {"gpu": 1, "mem_mb": 32000, "runtime": 240},  # densephrases_filter
+    "gpu_small": {"gpu": 1, "mem_mb": 16000, "runtime": 240},  # densephrases_evaluate_rc
+}

@@ -178,7 +178,7 @@ rule download_source:
     conda:
         "../envs/data.yaml"
     resources:
-        runtime=1440,
+        **RESOURCES["download"],
     params:
         url=lambda wc: DOWNLOADS[wc.download]["url"],
         sha256=lambda wc: DOWNLOADS[wc.download].get("sha256", ""),
@@ -241,7 +241,7 @@ rule download_checkpoint:
     conda:
         "../envs/data.yaml"
     resources:
-        runtime=240,
+        **RESOURCES["download_checkpoint"],
     params:
         repo=lambda wc: HUB_CHECKPOINTS[wc.checkpoint],
         mirror=MIRROR_ARG,

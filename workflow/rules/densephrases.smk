@@ -189,9 +189,7 @@ rule densephrases_train_teacher:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
+        **RESOURCES["gpu"],
     params:
         tracking=tracking_args,
         teacher=lambda wc: to_args(DP["teacher"], DensePhrasesTeacher),
@@ -218,9 +216,7 @@ rule densephrases_filter:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=240,
+        **RESOURCES["gpu_short"],
     params:
         settings=lambda wc: dp_args("filter"),
     shell:
@@ -246,9 +242,7 @@ rule densephrases_train:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=1440,
+        **RESOURCES["gpu_long"],
     params:
         tracking=tracking_args,
         train=lambda wc: to_args({**DP["train"], "negatives": wc.negatives}, DensePhrasesTrain),
@@ -280,9 +274,7 @@ rule densephrases_dump:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
+        **RESOURCES["gpu_large"],
     params:
         folder=lambda wc, output: Path(output[0]).parent.parent,
         settings=lambda wc: dp_args("dump"),
@@ -328,9 +320,7 @@ rule densephrases_index:
         "../envs/embed.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
+        **RESOURCES["gpu_large"],
     params:
         factory=lambda wc: DP_INDEXES[wc.index],
         folder=lambda wc, input: Path(input[0]).parent,
@@ -359,9 +349,7 @@ rule densephrases_query_ft:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
+        **RESOURCES["gpu"],
     params:
         tracking=tracking_args,
         query_ft=lambda wc: to_args(DP["query_ft"], DensePhrasesQueryFt),
@@ -397,9 +385,7 @@ rule densephrases_evaluate_rc:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=16000,
-        runtime=240,
+        **RESOURCES["gpu_small"],
     params:
         tracking=tracking_args,
         teacher=lambda wc, input: f"--teacher {input.teacher}" if wc.negatives == DP_NEGATIVES else "",
@@ -427,9 +413,7 @@ rule densephrases_evaluate:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
+        **RESOURCES["gpu"],
     params:
         tracking=tracking_args,
         dump=lambda wc, input: Path(input.dump).parent,

@@ -227,9 +227,7 @@ for _name, _pairs in evaluation_groups().items():
             "../envs/eval.yaml"
         threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
         resources:
-            gpu=1,
-            mem_mb=64000,
-            runtime=720,
+            **RESOURCES["gpu_large"],
         params:
             tracking=tracking_args,
             tasks=" ".join(t for t, _ in _pairs),
@@ -259,9 +257,7 @@ rule evaluate:
         "../envs/eval.yaml"
     threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
     resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
+        **RESOURCES["gpu_large"],
     params:
         tracking=tracking_args,
         tasks=lambda wc: wc.task,
@@ -290,9 +286,7 @@ rule evaluate_negative_control:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
+        **RESOURCES["gpu_large"],
     params:
         tracking=tracking_args,
         tasks=lambda wc: wc.task,

@@ -24,10 +24,7 @@ rule build_faiss_index:
     conda:
         "../envs/embed.yaml"
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=240,
-        cpus_per_task=8,
+        **RESOURCES["faiss"],
     params:
         datastore=datastore_dir,
         settings=to_args(config["datastore"], DatastoreSettings, "build-faiss-index"),
@@ -51,9 +48,7 @@ rule build_bm25_index:
     conda:
         "../envs/bm25.yaml"
     resources:
-        mem_mb=16000,
-        runtime=240,
-        cpus_per_task=1,
+        **RESOURCES["read_blocks"],
     params:
         markers="--markers" if config["datastore"]["bm25_markers"] else "--no-markers",
         tokenizer=TOKENIZER,

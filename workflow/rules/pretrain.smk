@@ -42,10 +42,7 @@ rule pretrain:
     conda:
         "../envs/train.yaml"
     resources:
-        gpu=TRAINING.gpus_per_node,
-        mem_mb=64000,
-        runtime=4320,
-        cpus_per_task=8,
+        **RESOURCES["pretrain"],
     params:
         tracking=tracking_args,
         encoder=config["model"]["encoder"],

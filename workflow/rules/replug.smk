@@ -82,9 +82,7 @@ rule replug_train_lsr:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=1440,
+        **RESOURCES["gpu_long"],
     params:
         tracking=tracking_args,
         lsr=lambda wc: to_args(REPLUG["lsr"], LsrSettings, "train-lsr"),
@@ -116,9 +114,7 @@ rule replug_eval_lm:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
+        **RESOURCES["gpu"],
     params:
         tracking=tracking_args,
         settings=lambda wc: to_args(REPLUG, ReplugSettings, "eval-lm"),
