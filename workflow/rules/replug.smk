@@ -1,6 +1,8 @@
 # REPLUG as its own system (Shi et al. 2023, 6.1; docs/paper-map.md §R3): the language-modelling evaluation of the
 # LM of config `baselines.lm` with the retrieve-and-ensemble method, in bits per byte, against the plain LM and random
 # documents (its Table 1 and Figure 4). Config section `replug`; absent (config/paper.yaml) = no REPLUG targets.
+from npm.settings import LsrSettings
+
 REPLUG = config.get("replug") or {}
 
 # REPLUG's dense retriever (config replug.encoder; default model.encoder, which reads the corpus's own blocks).
