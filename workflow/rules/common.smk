@@ -1,7 +1,7 @@
-# What several rule files share: the config checked and completed (npm.settings), the models and their checkpoints,
-# the tasks and systems evaluated, the tracking options and the resources of each kind of job. Each rule file holds
-# the input functions and names only it uses (its rules' inputs, params and targets); one used by later rule files
-# too lives in the first of them that it belongs to (the metrics files: evaluate.smk, before report.smk).
+# Names that several rule files share, from the config checked and completed (npm.settings) to the models and their
+# checkpoints, the tasks and systems evaluated, the tracking options and the resources of each kind of job. The input
+# functions and names that only one rule file's rules use are in its NAME.functions.smk, included at its top; one that
+# later rule files use too lives in the first of them it belongs to (the metrics files in evaluate, before report).
 import hashlib
 import json
 import os

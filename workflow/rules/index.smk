@@ -1,12 +1,7 @@
 # kNN index (FAISS) per datastore and BM25 index (pyserini/Lucene) per corpus (paper-map §3.5, §3.8).
-def retrieval_targets():
-    """Datastore, FAISS index and BM25 index of every reference corpus, for both models."""
-    corpora = config["evaluation"]["reference_corpora"]
-    return (
-        expand("data/datastore/{model}/{corpus}/meta.json", model=MODELS, corpus=corpora)
-        + expand("data/index/{model}/{corpus}.faiss", model=MODELS, corpus=corpora)
-        + expand("data/bm25/{corpus}", corpus=corpora)
-    )
+
+
+include: "index.functions.smk"
 
 
 rule build_faiss_index:

@@ -5,14 +5,8 @@ from npm.settings import LsrSettings
 
 REPLUG = config.get("replug") or {}
 
-# REPLUG's dense retriever (config replug.encoder; default model.encoder, which reads the corpus's own blocks).
-REPLUG_ENCODER = REPLUG.get("encoder") or config["model"]["encoder"]
 
-
-def replug_blocks(corpus):
-    """Blocks files of a corpus for REPLUG's retriever and the retrievers LSR trains from it (replug_tokenize_blocks
-    when that retriever is not model.encoder)."""
-    return encoder_blocks(corpus, REPLUG_ENCODER, "data/replug/blocks")
+include: "replug.functions.smk"
 
 
 use rule tokenize_blocks as replug_tokenize_blocks with:
