@@ -278,9 +278,12 @@ def test_checks_catch_a_rule_without_env(tmp_path):
                                     '    shell: "touch a"\n\n'
                                     'rule b:\n    output: "b"\n    resources:\n        gpu=1,\n    shell: "touch b"\n')
     assert rule_envs(tmp_path) == {"a": ("data", False), "b": (None, True)}
-    (tmp_path / "common.smk").write_text('RESOURCES = {\n    "big": {"gpu": 1, "mem_mb": 9},\n    "cpu": {"runtime": 5},\n}\n')
-    (tmp_path / "x.smk").write_text('rule c:\n    output: "c"\n    resources:\n        **RESOURCES["big"],\n    shell: "touch c"\n\n'
-                                    'rule d:\n    output: "d"\n    resources:\n        **RESOURCES["cpu"],\n    shell: "touch d"\n')
+    (tmp_path / "common.smk").write_text('RESOURCES = {\n    "big": {"gpu": 1, "mem_mb": 9},\n'
+                                         '    "cpu": {"runtime": 5},\n}\n')
+    (tmp_path / "x.smk").write_text('rule c:\n    output: "c"\n    resources:\n        **RESOURCES["big"],\n'
+                                    '    shell: "touch c"\n\n'
+                                    'rule d:\n    output: "d"\n    resources:\n        **RESOURCES["cpu"],\n'
+                                    '    shell: "touch d"\n')
     assert rule_envs(tmp_path) == {"c": (None, True), "d": (None, False)}
 
 
