@@ -273,7 +273,7 @@ def test_label_logprobs_and_pmi_match_manual_computation(tiny_lm):
     model, tok = tiny_lm
     prompts = ["A wonderful, moving film. It was", "Dull. It was"]
     words = [" great", " terrible", " absolutely unbearable"]  # the last has several tokens
-    lp = label_logprobs(model, tok, prompts, words, batch_size=4)  # right padding across different lengths
+    lp = label_logprobs(model, tok, prompts, words, batch_rows=4)  # right padding across different lengths
     manual = np.array([[manual_logprob(model, tok, p, w) for w in words] for p in prompts])
     assert lp.shape == (2, 3) and np.allclose(lp, manual, atol=1e-5)
     assert np.allclose(plain_scores(model, tok, prompts, words), manual, atol=1e-5)
@@ -285,7 +285,7 @@ def test_label_logprobs_and_pmi_match_manual_computation(tiny_lm):
     single = [w for w in (tok.decode([i]) for i in range(50, 400))
               if len(tok(w, add_special_tokens=False)["input_ids"]) == 1][:3]
     assert len(single) == 3
-    one_pass = label_logprobs(model, tok, prompts, single, batch_size=4)
+    one_pass = label_logprobs(model, tok, prompts, single, batch_rows=4)
     assert np.allclose(one_pass, [[manual_logprob(model, tok, p, w) for w in single] for p in prompts], atol=1e-5)
 
 

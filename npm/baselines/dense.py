@@ -35,6 +35,7 @@ import numpy as np
 from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.faiss_index import index_vectors, search
 from npm.model import encode, load_encoder, load_tokenizer
+from npm.settings import ReplugSettings
 
 SCORES = ("cosine", "ip")
 MAX_QUERY_TOKENS = 256
@@ -91,7 +92,7 @@ class BlockIndex:
     ``vectors`` float32 [n_blocks, h] of every block (global order), ``has_text`` bool [n_blocks]. ``ids``: the
     indexed global block ids; ``info``: the index record (factory, effective factory, search parameters)."""
 
-    def __init__(self, vectors: np.ndarray, has_text: np.ndarray, score: str = "cosine",
+    def __init__(self, vectors: np.ndarray, has_text: np.ndarray, score: str = ReplugSettings.score,
                  factory: str = DEFAULT_INDEX):
         import faiss
 
@@ -134,7 +135,7 @@ class DenseBlockSearcher:
     float32)``, best first, like ``Bm25Searcher``.
     """
 
-    def __init__(self, encoder: str, blocks_paths: Sequence[str | os.PathLike], score: str = "cosine",
+    def __init__(self, encoder: str, blocks_paths: Sequence[str | os.PathLike], score: str = ReplugSettings.score,
                  index: str = DEFAULT_INDEX, batch_blocks: int = 32, device=None):
         import torch
 

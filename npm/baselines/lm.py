@@ -202,7 +202,7 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int):
     return ids, mask, positions
 
 
-def first_line(text: str, skip_blank_lines: bool = False) -> str:
+def first_line(text: str, skip_blank_lines: bool = Settings.skip_blank_lines) -> str:
     """The answer of a generated continuation: up to its first "\\n", stripped (paper-map §6).
 
     ``skip_blank_lines`` first drops leading whitespace and newlines: the first *non-empty* line. Instruction-tuned
@@ -213,12 +213,13 @@ def first_line(text: str, skip_blank_lines: bool = False) -> str:
     return text.split("\n", 1)[0].strip()
 
 
-def line_complete(text: str, skip_blank_lines: bool = False) -> bool:
+def line_complete(text: str, skip_blank_lines: bool = Settings.skip_blank_lines) -> bool:
     """Whether a growing continuation already holds its answer line (greedy decoding stops there)."""
     return "\n" in (text.lstrip() if skip_blank_lines else text)
 
 
-def accept_token(token: int, continuation: list[int], tokenizer, eos: set[int], skip_blank_lines: bool = False) -> bool:
+def accept_token(token: int, continuation: list[int], tokenizer, eos: set[int],
+                 skip_blank_lines: bool = Settings.skip_blank_lines) -> bool:
     """Append a greedy ``token`` to a row's ``continuation``; True when the row is done: EOS (not appended) or a
     complete answer line (:func:`line_complete`)."""
     if token in eos:
@@ -258,7 +259,7 @@ def model_device(model):
 
 
 def target_logprobs(model, prefixes: Sequence[Sequence[int]], target: Sequence[int], pad_id: int,
-                    batch_size: int = 8) -> np.ndarray:
+                    batch_size: int = Settings.batch_size) -> np.ndarray:
     """float64 [len(prefixes), len(target)]: log p(target_j | prefix + target[:j]) for each prefix, teacher-forced.
 
     The rows prefix + target are left-padded into batches (positions count from each row's first real token, so a
@@ -302,7 +303,8 @@ def forward_last(model, **inputs):
 
 def decode_greedy(model, tokenizer, groups: Sequence[Sequence[Sequence[int]]],
                   choose: Callable[[int, object], int] | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
-                  batch_size: int = 8, skip_blank_lines: bool = False) -> list[str]:
+                  batch_size: int = Settings.batch_size,
+                  skip_blank_lines: bool = Settings.skip_blank_lines) -> list[str]:
     """The one greedy KV-cache decoding loop of the decoder baselines and REPLUG: the raw continuation (decoded,
     special tokens skipped, *not* cut or stripped) of each group of encoded prompt rows.
 
@@ -361,8 +363,8 @@ def decode_greedy(model, tokenizer, groups: Sequence[Sequence[Sequence[int]]],
 
 
 def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
-                         max_length: int = MAX_LENGTH, batch_size: int = 8,
-                         skip_blank_lines: bool = False) -> list[str]:
+                         max_length: int = MAX_LENGTH, batch_size: int = Settings.batch_size,
+                         skip_blank_lines: bool = Settings.skip_blank_lines) -> list[str]:
     """Raw greedy continuations of ``prompts`` (decoded, special tokens skipped, *not* cut or stripped).
 
     Prompts are encoded by :func:`encode_prompt` (left truncation to ``max_length - max_new_tokens`` tokens) and
@@ -375,7 +377,8 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], max_new_token
 
 
 def greedy_generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS,
-                    max_length: int = MAX_LENGTH, batch_size: int = 8, skip_blank_lines: bool = False) -> list[str]:
+                    max_length: int = MAX_LENGTH, batch_size: int = Settings.batch_size,
+                    skip_blank_lines: bool = Settings.skip_blank_lines) -> list[str]:
     """Greedy answers of ``prompts``: :func:`greedy_continuations` cut at the first "\\n" and stripped
     (paper-map §6)."""
     return [first_line(t, skip_blank_lines) for t in greedy_continuations(

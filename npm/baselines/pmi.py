@@ -44,7 +44,7 @@ def causal_prompt(text: str) -> str:
     return before.rstrip()
 
 
-def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequence[str], batch_size: int = 16,
+def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequence[str], batch_rows: int = 16,
                    max_length: int = MAX_LENGTH) -> np.ndarray:
     """log P(label word | prompt) for every prompt and label: float64 [n_prompts, n_labels].
 
@@ -53,6 +53,7 @@ def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequen
     tokens and appended; its score is the sum over its tokens of log softmax(logits at the previous position).
     When every label word is one token (the usual case: " great", " sports"), one forward pass per prompt scores
     all labels at once from the prompt's last position: the same numbers with n_labels times fewer passes.
+    ``batch_rows``: rows per forward pass (prompts, or (prompt, label) pairs when a label word has several tokens).
     """
     labels = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in label_words]
     if not labels or any(len(ids) == 0 for ids in labels):
@@ -67,12 +68,12 @@ def label_logprobs(model, tokenizer, prompts: Sequence[str], label_words: Sequen
             raise ValueError(f"prompt {prompt!r} encodes to no tokens and the tokenizer adds no BOS to condition on")
         encoded.append(ids)
     if longest == 1:
-        return _single_token_logprobs(model, encoded, [lab[0] for lab in labels], int(pad), batch_size, device)
+        return _single_token_logprobs(model, encoded, [lab[0] for lab in labels], int(pad), batch_rows, device)
     pairs = [(ids, lab) for ids in encoded for lab in labels]  # (prompt ids, label ids)
     out = np.empty(len(pairs), dtype=np.float64)
     with torch.no_grad():
-        for start in range(0, len(pairs), batch_size):
-            chunk = pairs[start:start + batch_size]
+        for start in range(0, len(pairs), batch_rows):
+            chunk = pairs[start:start + batch_rows]
             width = max(len(p) + len(lab) for p, lab in chunk)
             ids = torch.full((len(chunk), width), int(pad), dtype=torch.long)
             mask = torch.zeros_like(ids)

@@ -44,9 +44,11 @@ from npm.baselines.lm import (
     prepend_passages,
     target_logprobs,
 )
+from npm.settings import ReplugSettings, Settings
 
 
-def mixture_weights(scores, temperature: float = 1.0, weighting: str = "softmax"):
+def mixture_weights(scores, temperature: float = ReplugSettings.temperature,
+                    weighting: str = ReplugSettings.weighting):
     """lambda(d, x): softmax(scores / temperature) (paper) or uniform 1/k (older code); float64 tensor [k]."""
     s = torch.as_tensor(np.asarray(scores, dtype=np.float64))
     if s.ndim != 1 or len(s) == 0:
@@ -87,9 +89,9 @@ def mix_logprobs(logprobs, weights) -> np.ndarray:
     return top + np.log(np.exp(x - top).sum(axis=0))
 
 
-def replug_generate(model, tokenizer, prompt: str, passages: Sequence[str], scores, temperature: float = 1.0,
-                    max_new_tokens: int = MAX_NEW_TOKENS, max_length: int = MAX_LENGTH,
-                    weighting: str = "softmax") -> str:
+def replug_generate(model, tokenizer, prompt: str, passages: Sequence[str], scores,
+                    temperature: float = Settings.replug_temperature, max_new_tokens: int = MAX_NEW_TOKENS,
+                    max_length: int = MAX_LENGTH, weighting: str = ReplugSettings.weighting) -> str:
     """Greedy REPLUG decoding of one prompt over ``passages`` (best first) with retrieval ``scores``.
 
     Each input is "passage\\n" + prompt (passage "<s>"/"</s>" removed), encoded and cut from the left to
@@ -107,9 +109,10 @@ def replug_generate(model, tokenizer, prompt: str, passages: Sequence[str], scor
 
 
 def replug_continuations(model, tokenizer, prompts: Sequence[str], passages: Sequence[Sequence[str]], scores,
-                         temperature: float = 1.0, max_new_tokens: int = MAX_NEW_TOKENS,
-                         max_length: int = MAX_LENGTH, weighting: str = "softmax",
-                         batch_size: int = 8, skip_blank_lines: bool = False) -> list[str]:
+                         temperature: float = Settings.replug_temperature, max_new_tokens: int = MAX_NEW_TOKENS,
+                         max_length: int = MAX_LENGTH, weighting: str = ReplugSettings.weighting,
+                         batch_size: int = Settings.batch_size,
+                         skip_blank_lines: bool = Settings.skip_blank_lines) -> list[str]:
     """Raw greedy REPLUG continuations (decoded, not cut or stripped) of several prompts, ``batch_size`` at a time.
 
     ``passages[i]`` / ``scores[i]`` are prompt i's retrieved texts (best first) and retrieval scores. Every
@@ -166,9 +169,10 @@ def _answer_prefix(raw: str, skip_blank_lines: bool) -> str:
 
 
 def replug_vote(model, tokenizer, prompts: Sequence[str], passages: Sequence[Sequence[str]], scores,
-                temperature: float = 1.0, max_new_tokens: int = MAX_NEW_TOKENS, max_length: int = MAX_LENGTH,
-                weighting: str = "softmax", batch_size: int = 8,
-                skip_blank_lines: bool = False) -> tuple[list[str], list[dict]]:
+                temperature: float = Settings.replug_temperature, max_new_tokens: int = MAX_NEW_TOKENS,
+                max_length: int = MAX_LENGTH, weighting: str = ReplugSettings.weighting,
+                batch_size: int = Settings.batch_size,
+                skip_blank_lines: bool = Settings.skip_blank_lines) -> tuple[list[str], list[dict]]:
     """REPLUG with the answer vote of the authors' QA code: per prompt, the raw greedy continuation of the passage
     whose answer won (:func:`vote`), and a record {answers, weights, mean_logprobs, votes}. Each (prompt, passage)
     row is "passage\n" + prompt, decoded like :func:`npm.baselines.lm.greedy_continuations`; a prompt without

@@ -317,7 +317,7 @@ def _take_ranges(values: np.ndarray, offsets: np.ndarray, keep: np.ndarray) -> t
     return values[index], new_offsets
 
 
-def subsample_blocks(paths: list[str | Path], fraction: float, out_path: str | Path, seed: int = 0) -> dict:
+def subsample_blocks(paths: list[str | Path], fraction: float, out_path: str | Path, seed: int) -> dict:
     """A seeded random ``fraction`` of the blocks of a corpus (its shard files, in order), as one blocks file with
     the blocks kept in corpus order (paper 6.4, Figure 7: the reference corpus subsampled from 5% to 100%).
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from npm.data import ccnews, wikipedia
 from npm.data.stats import Stats
 from npm.io import atomic_path, read_jsonl, resolve_package_path, write_jsonl
+from npm.settings import DataSettings
 
 FORMATS = ("mediawiki", "kilt", "cc_news")
 
@@ -75,8 +76,8 @@ def _text_lines(path: Path) -> Iterator[str]:
         yield line if line.endswith("\n") else line + "\n"
 
 
-def shard_documents(src: str | Path, outs: list[Path], seed: int = 2022, shuffle_buffer: int = 1_000_000,
-                    shuffle: bool = True) -> dict:
+def shard_documents(src: str | Path, outs: list[Path], seed: int,
+                    shuffle_buffer: int = DataSettings.shuffle_buffer, shuffle: bool = True) -> dict:
     """Split the documents of ``src`` into the shard files ``outs`` (paper-map §2.1, original ``shard_wiki``).
 
     Buffers of ``shuffle_buffer`` documents are shuffled with ``np.random.default_rng(seed)`` (one generator for

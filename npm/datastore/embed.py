@@ -450,73 +450,102 @@ def _embed_rows(encoder: _Encoder, arrays: dict, lengths: np.ndarray, blocks: tu
     thread is raised here."""
     import torch
 
-    (b0, b1), (r0, r1) = blocks, rows
-    ro = arrays["row_offsets"]
     cuda = torch.device(encoder.device).type == "cuda"
     hidden = int(encoder.model.config.hidden_size)
     threads = _Threads()
     ready: queue.Queue = queue.Queue(PIPELINE_BATCHES)  # padded inputs of the next batches
     written: queue.Queue = queue.Queue(PIPELINE_BATCHES)  # rows on their way into the file
     free: queue.Queue = queue.Queue()  # CUDA: pinned output buffers the writer is done with
-    ring = [torch.empty(0, hidden, dtype=torch.float16) for _ in range(PIPELINE_BATCHES)]
     for slot in range(PIPELINE_BATCHES):
         free.put(slot)
 
-    def produce():
-        for batch in plan_batches(lengths, b0, b1, batch_blocks):
-            ids, attention, stored = batch_inputs(arrays, batch, max_length)
-            flat, dest = np.flatnonzero(stored), _destination(ro, batch) - r0
-            if len(flat) != len(dest) or (len(dest) and (dest.min() < 0 or dest.max() >= r1 - r0)):
-                raise ValueError(f"tokens.npz: blocks {batch.min()}..{batch.max()} have {len(flat)} STORED positions "
-                                 f"but row_offsets give them {len(dest)} rows (rows {r0}..{r1} in this shard): the "
-                                 "token arrays are corrupt; plan the datastore again (npm-repro embed --step plan)")
-            host = [torch.from_numpy(a) for a in (ids, attention, flat)]
-            threads.put(ready, ([t.pin_memory() for t in host] if cuda else host, dest, int(attention.sum())))
-        threads.put(ready, None)
+    def produce():  # the threads' names (embed-produce, embed-write) are these functions'
+        _produce_batches(threads, ready, arrays, lengths, blocks, rows, batch_blocks, max_length, cuda)
 
     def write():
-        unsynced = 0
-        while (item := threads.get(written)) is not None:
-            values, dest, event, slot = item
-            if event is not None:
-                event.synchronize()
-            _write_rows(fd, values.numpy(), dest, digest)
-            if slot is not None:
-                free.put(slot)
-            unsynced += len(dest) * hidden * 2
-            if unsynced >= SYNC_BYTES:  # write back while the encoder runs: the shard's final fsync finds little left
-                os.fdatasync(fd)
-                unsynced = 0
+        _write_batches(threads, written, free, fd, digest, hidden)
 
     tokens = 0
     threads.start(produce)
     threads.start(write)
     try:
-        with torch.inference_mode(), autocast(encoder.device, encoder.precision):
-            while (item := threads.get(ready)) is not None:
-                (ids, attention, flat), dest, n = item
-                ids, attention, flat = (t.to(encoder.device, non_blocking=True) for t in (ids, attention, flat))
-                states = encode(encoder.model, ids, attention)
-                values = states.reshape(-1, hidden).index_select(0, flat).to(torch.float16)
-                if cuda:
-                    slot = threads.get(free)
-                    if len(ring[slot]) < len(dest):
-                        ring[slot] = torch.empty(len(dest), hidden, dtype=torch.float16, pin_memory=True)
-                    host = ring[slot][:len(dest)]
-                    host.copy_(values, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record()
-                    threads.put(written, (host, dest, event, slot))
-                else:
-                    threads.put(written, (values, dest, None, None))
-                tokens += n
-                bar.update(n)
-            threads.put(written, None)
+        tokens = _encode_batches(encoder, threads, ready, written, free, hidden, cuda, bar)
     except _Stopped:
         pass
     except BaseException as e:
         threads.fail(e)
     threads.join()
+    return tokens
+
+
+def _produce_batches(threads: _Threads, ready: queue.Queue, arrays: dict, lengths: np.ndarray,
+                     blocks: tuple[int, int], rows: tuple[int, int], batch_blocks: int, max_length: int | None,
+                     cuda: bool) -> None:
+    """The producer thread of ``_embed_rows``: the padded inputs of each batch of blocks (pinned on CUDA), their
+    stored rows' destinations in the shard file and their token count onto ``ready``; None after the last."""
+    import torch
+
+    (b0, b1), (r0, r1) = blocks, rows
+    ro = arrays["row_offsets"]
+    for batch in plan_batches(lengths, b0, b1, batch_blocks):
+        ids, attention, stored = batch_inputs(arrays, batch, max_length)
+        flat, dest = np.flatnonzero(stored), _destination(ro, batch) - r0
+        if len(flat) != len(dest) or (len(dest) and (dest.min() < 0 or dest.max() >= r1 - r0)):
+            raise ValueError(f"tokens.npz: blocks {batch.min()}..{batch.max()} have {len(flat)} STORED positions "
+                             f"but row_offsets give them {len(dest)} rows (rows {r0}..{r1} in this shard): the "
+                             "token arrays are corrupt; plan the datastore again (npm-repro embed --step plan)")
+        host = [torch.from_numpy(a) for a in (ids, attention, flat)]
+        threads.put(ready, ([t.pin_memory() for t in host] if cuda else host, dest, int(attention.sum())))
+    threads.put(ready, None)
+
+
+def _write_batches(threads: _Threads, written: queue.Queue, free: queue.Queue, fd: int,
+                   digest: checksums.WriteDigest, hidden: int) -> None:
+    """The writer thread of ``_embed_rows``: each batch's rows from ``written`` into the file (after their copy's
+    CUDA event), its pinned buffer back to ``free``, a flush to disk every ``SYNC_BYTES``; until None."""
+    unsynced = 0
+    while (item := threads.get(written)) is not None:
+        values, dest, event, slot = item
+        if event is not None:
+            event.synchronize()
+        _write_rows(fd, values.numpy(), dest, digest)
+        if slot is not None:
+            free.put(slot)
+        unsynced += len(dest) * hidden * 2
+        if unsynced >= SYNC_BYTES:  # write back while the encoder runs: the shard's final fsync finds little left
+            os.fdatasync(fd)
+            unsynced = 0
+
+
+def _encode_batches(encoder: _Encoder, threads: _Threads, ready: queue.Queue, written: queue.Queue,
+                    free: queue.Queue, hidden: int, cuda: bool, bar) -> int:
+    """The main thread of ``_embed_rows``: encode each batch from ``ready``, pick its stored rows on the device as
+    fp16 and hand them to the writer (CUDA: copied without waiting into one of ``PIPELINE_BATCHES`` reused pinned
+    buffers, with an event); None to the writer after the last batch. Returns the tokens seen."""
+    import torch
+
+    ring = [torch.empty(0, hidden, dtype=torch.float16) for _ in range(PIPELINE_BATCHES)]
+    tokens = 0
+    with torch.inference_mode(), autocast(encoder.device, encoder.precision):
+        while (item := threads.get(ready)) is not None:
+            (ids, attention, flat), dest, n = item
+            ids, attention, flat = (t.to(encoder.device, non_blocking=True) for t in (ids, attention, flat))
+            states = encode(encoder.model, ids, attention)
+            values = states.reshape(-1, hidden).index_select(0, flat).to(torch.float16)
+            if cuda:
+                slot = threads.get(free)
+                if len(ring[slot]) < len(dest):
+                    ring[slot] = torch.empty(len(dest), hidden, dtype=torch.float16, pin_memory=True)
+                host = ring[slot][:len(dest)]
+                host.copy_(values, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+                threads.put(written, (host, dest, event, slot))
+            else:
+                threads.put(written, (values, dest, None, None))
+            tokens += n
+            bar.update(n)
+        threads.put(written, None)
     return tokens
 
 

@@ -88,7 +88,7 @@ import numpy as np
 import npm.checksums as checksums
 from npm.edge_errors import faiss_gist, first_line
 from npm.io import atomic_path, dumps_json, read_json
-from npm.settings import DatastoreSettings
+from npm.settings import DatastoreSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -593,18 +593,8 @@ def build_faiss_index(
     """
     faiss = _faiss()
     t0 = time.perf_counter()
-    _metric(metric)
-    if train_sample < 1 or add_chunk < 1:
-        raise ValueError(f"train_sample and add_chunk must be positive, got {train_sample} and {add_chunk}")
-    shards = _check_shards(shards, dim)
+    shards, ntotal, owner = _check_build(shards, dim, metric, train_sample, add_chunk, datastore)
     out_path = Path(out_path)
-    ntotal = sum(r for _, r in shards)
-    if ntotal == 0:
-        raise ValueError("the embedding shards hold no vectors; nothing to index")
-    owner = datastore_record(datastore) if datastore is not None else None
-    if owner is not None and (owner["n_rows"], owner["hidden_size"]) != (ntotal, dim):
-        raise ValueError(f"datastore {owner['root']} has {owner['n_rows']} rows of dimension {owner['hidden_size']}, "
-                         f"the shards given {ntotal} rows of dimension {dim}: they are not that datastore's vectors")
     n_train = min(train_sample, ntotal)
     effective, info = _check_factory(factory, dim, n_train)
     if mem_mb:
@@ -620,24 +610,7 @@ def build_faiss_index(
         n_threads = faiss.omp_get_max_threads()
         needs_training = not index.is_trained
         sample = _train_sample(shards, dim, n_train, seed) if needs_training else None
-        on_gpu = _use_gpu(index, use_gpu)
-        if on_gpu:
-            try:
-                co = faiss.GpuClonerOptions()
-                co.useFloat16 = True  # fp16 lookup tables / storage on GPU, as the original (paper-map §3.5)
-                res = faiss.StandardGpuResources()
-                gpu_index = faiss.index_cpu_to_gpu(res, 0, index, co)
-            except (RuntimeError, AttributeError) as e:
-                if use_gpu:
-                    raise RuntimeError(f"cannot put FAISS index {effective!r} on GPU: {e}") from e
-                log.warning("cannot put FAISS index %r on GPU (%s); building on CPU", effective, e)
-                on_gpu = False
-        if on_gpu:
-            _fill(gpu_index, shards, dim, sample, add_chunk)
-            index = faiss.index_gpu_to_cpu(gpu_index)
-            del gpu_index, res
-        else:
-            _fill(index, shards, dim, sample, add_chunk)
+        index, on_gpu = _train_and_add(index, effective, shards, dim, sample, add_chunk, use_gpu)
         del sample
     if index.ntotal != ntotal:
         raise RuntimeError(f"FAISS holds {index.ntotal} vectors after adding {ntotal}; the index is inconsistent")
@@ -661,18 +634,70 @@ def build_faiss_index(
         "datastore": owner,
         "build_seconds": None,
     }
+    _save_index(index, out_path, record, where[0], t0)
+    log.info("FAISS %s (%s) over %d vectors -> %s in %.1fs", effective, metric, ntotal, out_path,
+             record["build_seconds"])
+    return record
+
+
+def _check_build(shards: Shards, dim: int, metric: str, train_sample: int, add_chunk: int,
+                 datastore) -> tuple[Shards, int, dict | None]:
+    """``build_faiss_index``'s checks before any work: (the checked shards, their row count, the datastore's record
+    or None). The shards must hold vectors, and be ``datastore``'s rows when it is given."""
+    _metric(metric)
+    if train_sample < 1 or add_chunk < 1:
+        raise ValueError(f"train_sample and add_chunk must be positive, got {train_sample} and {add_chunk}")
+    shards = _check_shards(shards, dim)
+    ntotal = sum(r for _, r in shards)
+    if ntotal == 0:
+        raise ValueError("the embedding shards hold no vectors; nothing to index")
+    owner = datastore_record(datastore) if datastore is not None else None
+    if owner is not None and (owner["n_rows"], owner["hidden_size"]) != (ntotal, dim):
+        raise ValueError(f"datastore {owner['root']} has {owner['n_rows']} rows of dimension {owner['hidden_size']}, "
+                         f"the shards given {ntotal} rows of dimension {dim}: they are not that datastore's vectors")
+    return shards, ntotal, owner
+
+
+def _train_and_add(index, effective: str, shards: Shards, dim: int, sample: np.ndarray | None, add_chunk: int,
+                   use_gpu: bool | None) -> tuple[object, bool]:
+    """Train ``index`` on ``sample`` (None: it needs no training) and add the shards' vectors, on the GPU where
+    ``_use_gpu`` says so (fp16, as the original; a failed move falls back to the CPU unless ``use_gpu`` asked for
+    it); returns (the filled CPU index, whether it was built on the GPU)."""
+    faiss = _faiss()
+    on_gpu = _use_gpu(index, use_gpu)
+    if on_gpu:
+        try:
+            co = faiss.GpuClonerOptions()
+            co.useFloat16 = True  # fp16 lookup tables / storage on GPU, as the original (paper-map §3.5)
+            res = faiss.StandardGpuResources()
+            gpu_index = faiss.index_cpu_to_gpu(res, 0, index, co)
+        except (RuntimeError, AttributeError) as e:
+            if use_gpu:
+                raise RuntimeError(f"cannot put FAISS index {effective!r} on GPU: {e}") from e
+            log.warning("cannot put FAISS index %r on GPU (%s); building on CPU", effective, e)
+            on_gpu = False
+    if on_gpu:
+        _fill(gpu_index, shards, dim, sample, add_chunk)
+        index = faiss.index_gpu_to_cpu(gpu_index)
+        del gpu_index, res
+    else:
+        _fill(index, shards, dim, sample, add_chunk)
+    return index, on_gpu
+
+
+def _save_index(index, out_path: Path, record: dict, rule: str, t0: float) -> None:
+    """Write ``index`` to ``out_path`` and ``record`` (its build seconds since ``t0`` and checksum added) to its
+    sidecar, each atomically, the index first; the digest is taken as the index is written (``_write_index``)."""
+    owner = record["datastore"]
     command = f"npm-repro build-faiss-index --datastore {owner['root'] if owner else '...'} --out {out_path}"
     with atomic_path(out_path) as tmp_index:
         digest = _write_index(index, tmp_index)
         record["build_seconds"] = round(time.perf_counter() - t0, 3)
-        record["checksums"] = {out_path.name: checksums.entry(tmp_index, where[0], command, cached=False,
+        record["checksums"] = {out_path.name: checksums.entry(tmp_index, rule, command, cached=False,
                                                               written=digest)}
         with atomic_path(sidecar_path(out_path)) as tmp_json:
             tmp_json.write_text(dumps_json(record, str(sidecar_path(out_path)), indent=2) + "\n", encoding="utf-8")
-    checksums.entry(out_path, where[0], command, written=digest)  # renamed: its first reader finds the digest cached
-    log.info("FAISS %s (%s) over %d vectors -> %s in %.1fs", effective, metric, ntotal, out_path,
-             record["build_seconds"])
-    return record
+    checksums.entry(out_path, rule, command, written=digest)  # renamed: its first reader finds the digest cached
 
 
 def _write_index(index, path: Path) -> checksums.WriteDigest:
@@ -758,7 +783,8 @@ def load_faiss_index(path: str | os.PathLike, nprobe: int | None = None, ef_sear
     return index
 
 
-def search(index, queries: np.ndarray, k: int = 4096, rows: RowFilter | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search(index, queries: np.ndarray, k: int = Settings.k,
+           rows: RowFilter | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-k candidate rows for each query, all queries in one FAISS call: ``(rows int64 [q, k'], valid bool
     [q, k'])``.
 

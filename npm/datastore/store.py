@@ -265,7 +265,7 @@ class Datastore:
         self.shuffled: np.ndarray | None = None  # negative control: row i reads the stored vector shuffled[i]
         self._unshuffled: np.ndarray | None = None
 
-    def shuffle_vectors(self, seed: int = 0) -> None:
+    def shuffle_vectors(self, seed: int) -> None:
         """Negative control (docs/expected-numbers.md): decouple every vector from its token. Row ``i`` then reads the
         stored vector of row ``perm[i]`` (a seeded permutation), and :meth:`index_rows` maps the ids a FAISS index
         built from the stored vectors returns to the rows that now hold those vectors. Tokens, blocks and BM25 are

@@ -45,6 +45,7 @@ from npm.fingerprint import corpus_fingerprint, file_fingerprint, model_fingerpr
 from npm.io import atomic_dir, atomic_path, read_json, write_json
 from npm.model import autocast, effective_precision, torch_device
 from npm.progress import bar as progress_bar
+from npm.settings import DensePhrasesSettings
 
 COLUMNS = ("token", *(f.name for f in fields(PhraseTokens)))  # one .npy per column of a shard's token table
 OFFSETS = {"token": "token_offset", "passage": "passage_offset", "segment": "segment_offset"}  # local -> global ids
@@ -246,8 +247,8 @@ class PhraseDump:
 
 
 def build_index(dump_dir: str | os.PathLike, out_path: str | os.PathLike, factory: str = "Flat",
-                nprobe: int = 256, seed: int = 1, train_sample: int = 1_000_000, use_gpu: bool | None = None,
-                mem_mb: int | None = None) -> dict:
+                nprobe: int = DensePhrasesSettings.nprobe, seed: int = 1, train_sample: int = 1_000_000,
+                use_gpu: bool | None = None, mem_mb: int | None = None) -> dict:
     """A FAISS index (inner product) over the dump's rows, written atomically with a sidecar ``<out>.json`` that
     names the dump: ``npm.datastore.faiss_index.build_faiss_index`` over the shards' fp16 files (trained on a seeded
     sample of ``train_sample`` rows drawn across them, filled shard by shard in chunks, on a GPU when there is one

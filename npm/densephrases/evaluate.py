@@ -190,11 +190,11 @@ def teacher_filter(examples: list[dict], teacher, tokenizer,
 
 def random_span_baseline(examples: list[dict], tokenizer,
                          max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens, max_answer_tokens: int = 30,
-                         seed: int = 0) -> dict:
-    """EM / F1 of a uniformly random valid span per passage (at most ``max_answer_tokens``): the floor RC EM must
-    clear."""
+                         span_seed: int = 0) -> dict:
+    """EM / F1 of a uniformly random valid span per passage (at most ``max_answer_tokens``; the draws seeded with
+    ``span_seed``): the floor RC EM must clear."""
     feats = rc_features(examples, tokenizer, max_passage_tokens)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(span_seed)
     spans = []
     for valid in feats["valid"]:
         tokens = np.flatnonzero(valid)
@@ -206,7 +206,8 @@ def random_span_baseline(examples: list[dict], tokenizer,
     return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"]}
 
 
-def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 20, refine_factor: int = 1) -> dict:
+def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 20,
+                refine_factor: int = DensePhrasesSettings.refine_factor) -> dict:
     """EM@1 (percent) of the top phrase of each {id, question, answers} record, questions/s, and the predictions."""
     start = time.perf_counter()
     found = searcher.search([q["question"] for q in questions], k=k, max_words=max_words, top_n=1,

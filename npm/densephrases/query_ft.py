@@ -32,6 +32,7 @@ from npm.densephrases.search import search
 from npm.densephrases.searcher import PhraseSearcher
 from npm.io import atomic_dir, write_json
 from npm.progress import bar as progress_bar
+from npm.settings import DensePhrasesQueryFt
 from npm.tasks.metrics import exact_match
 
 log = logging.getLogger("npm-repro.densephrases")
@@ -44,7 +45,7 @@ def marginal_nll(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
 
 
 def batch_losses(searcher, questions: list[dict], k: int, max_words: int,
-                 objective: str = "paper") -> list[torch.Tensor | None]:
+                 objective: str) -> list[torch.Tensor | None]:
     """L_query of each {question, answers} record (with gradient into the query encoders), None where no candidate
     matches: one forward pass of the query encoders and one search for the whole batch."""
     q_start, q_end = searcher.query_vectors([q["question"] for q in questions])
@@ -74,10 +75,11 @@ def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) ->
 
 
 def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
-                   train: list[dict], out_dir: str | os.PathLike, dev: list[dict] | None = None, k: int = 100,
-                   max_words: int = 20, epochs: int = 10, batch_size: int = 12, lr: float = 3e-5,
-                   objective: str = "paper", seed: int = 0, progress: bool = True, precision: str = "fp32",
-                   device: str | None = None, run: tracking.Run | None = None) -> dict:
+                   train: list[dict], out_dir: str | os.PathLike, dev: list[dict] | None = None,
+                   k: int = DensePhrasesQueryFt.k, max_words: int = 20, epochs: int = DensePhrasesQueryFt.epochs,
+                   batch_size: int = DensePhrasesQueryFt.batch_size, lr: float = DensePhrasesQueryFt.lr,
+                   objective: str = DensePhrasesQueryFt.objective, *, seed: int, progress: bool = True,
+                   precision: str = "fp32", device: str | None = None, run: tracking.Run | None = None) -> dict:
     """Fine-tune the query encoders of ``model_dir`` on ``train`` [{question, answers}] and write the whole model
     (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch. ``run`` (``npm.tracking``; the
     caller finishes it) gets each step's loss and learning rate and each epoch's row (dev EM, questions per

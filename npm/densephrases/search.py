@@ -23,6 +23,7 @@ import numpy as np
 
 from npm.boundaries import PUNCT_PIECE, SPECIAL, is_subword
 from npm.datastore.faiss_index import search as faiss_search
+from npm.settings import DensePhrasesSettings
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ def refine(rows: np.ndarray, h: np.ndarray, q: np.ndarray, k: int) -> np.ndarray
 
 
 def search(index, h: np.ndarray, tokens: PhraseTokens, q_start: np.ndarray, q_end: np.ndarray, k: int,
-           max_words: int = 20, top_n: int = 10, refine_factor: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+           max_words: int = 20, top_n: int = 10,
+           refine_factor: int = DensePhrasesSettings.refine_factor) -> list[tuple[np.ndarray, np.ndarray]]:
     """Eq. 10 for a batch of questions: per question, (phrases int64 [n, 2], scores float32 [n]) best first, at most
     ``top_n``. ``index`` is a FAISS index over the rows of ``h`` [N, d] (row = token), ``q_start`` / ``q_end``
     [Q, d]; ``k`` starts and ``k`` ends are retrieved per question. ``refine_factor`` r > 1: the index returns r k

@@ -20,6 +20,7 @@ from npm.densephrases.dump import PhraseDump, load_index
 from npm.densephrases.model import DensePhrases
 from npm.densephrases.search import search
 from npm.model import autocast, torch_device
+from npm.settings import DensePhrasesSettings
 
 MAX_QUESTION_TOKENS = 64
 
@@ -83,7 +84,7 @@ class PhraseSearcher:
                 "context": decode(base, int(arrays["text_offsets"][b + 1]))}
 
     def search(self, questions: list[str], k: int = 10, max_words: int = 20, top_n: int = 10,
-               refine_factor: int = 1) -> list[list[dict]]:
+               refine_factor: int = DensePhrasesSettings.refine_factor) -> list[list[dict]]:
         """The best ``top_n`` phrases of each question, best first, phrases of identical text merged into their
         best occurrence (the original's de-duplication); ``refine_factor``: ``npm.densephrases.search.search``."""
         q_start, q_end = self.encode(questions)

@@ -39,7 +39,7 @@ RC_QUESTIONS = {"P36": "What is the capital city of {s}?", "P37": "Which languag
                 "P1376": "{s} is the capital of what country?", "P38": "What currency is used in {s}?"}
 
 
-def embedded_rc(leads: dict, corpus_titles: list[str], seed: int = 0,
+def embedded_rc(leads: dict, corpus_titles: list[str], seed: int,
                 fractions: tuple[float, float] = (0.8, 0.1)) -> dict[str, list[dict]]:
     """Train / dev / test RC examples by distant supervision from the leads outside ``corpus_titles``, split by
     subject (``fractions``: train and dev shares of the subjects, in a ``seed`` permutation; the rest is test)."""
@@ -83,7 +83,7 @@ def cloze_questions(examples: list[dict]) -> list[dict]:
     return out
 
 
-def prepare_embedded_rc(out_dir: str | os.PathLike, max_articles: int | None = None, seed: int = 0) -> dict:
+def prepare_embedded_rc(out_dir: str | os.PathLike, max_articles: int | None, seed: int) -> dict:
     """Write ``out_dir/{train,dev,test}.json`` (SQuAD v1.1, from the leads outside the demo corpus of
     ``max_articles`` leads; None = all) and ``out_dir/cloze_{train,dev}.jsonl``; returns the examples per split."""
     out_dir = Path(out_dir)

@@ -117,7 +117,7 @@ def contains_any(text: str, needles: Iterable[str]) -> str | None:
     return None
 
 
-def review_records(max_reviews: int | None = None, seed: int = 2022,
+def review_records(max_reviews: int | None, seed: int,
                    exclude: Iterable[str] | None = None) -> tuple[list[dict], dict]:
     """(KILT records, counts) of the kept reviews; ``exclude`` = texts no review may contain (default: pang_lee)."""
     exclude = list(pang_lee_sentences() if exclude is None else exclude)
@@ -161,7 +161,7 @@ def _source_md(counts: dict, max_reviews: int | None, seed: int) -> str:
     )
 
 
-def prepare_embedded_reviews(out: str | Path, max_reviews: int | None = None, seed: int = 2022) -> dict:
+def prepare_embedded_reviews(out: str | Path, max_reviews: int | None = None, *, seed: int) -> dict:
     """Write the review corpus to ``out`` (KILT JSONL) and ``<out>.SOURCE.md``; returns the counts."""
     out = Path(out)
     records, counts = review_records(max_reviews, seed)

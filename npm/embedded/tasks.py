@@ -778,7 +778,7 @@ BUILDERS: dict[str, Builder] = {
 
 
 def prepare_embedded_tasks(out_dir: str | Path, max_articles: int | None = 2000, max_per_task: int = 60,
-                           seed: int = 2022, tokenizer=None) -> dict:
+                           *, seed: int, tokenizer=None) -> dict:
     """Write every task's embedded evaluation set under ``out_dir`` (docs/task-formats.md); returns counts.
 
     ``max_articles``: the demo's Wikipedia corpus is N leads, the TempLAMA fact pages first, then the first others

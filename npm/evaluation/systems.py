@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from npm.settings import Settings
 from npm.tasks.registry import DEFAULT_TASKS_ROOT
 from npm.tasks.templates import has_causal_form
 
@@ -83,7 +84,7 @@ class System:
     retriever_encoder: str = "npm"  # the dense retriever's encoder: the NPM model, or "replug_lsr" (LSR-trained)
     note: str | None = None  # what every table with its row says about it (npm.report.tables.system_notes)
 
-    def needs(self, closed: bool, retriever: str = "bm25") -> tuple[str, ...]:
+    def needs(self, closed: bool, retriever: str = Settings.retriever) -> tuple[str, ...]:
         """The artefacts one task family needs; REPLUG-style retrieval with ``retriever="dense"`` reads the blocks
         with the NPM encoder instead of BM25."""
         needs = self.closed if closed else self.open

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from npm.settings import Settings
+
 
 def label_scores(neighbour_ids: np.ndarray, sims: np.ndarray, verbalizers: list[np.ndarray], tau: float,
-                 tau_twice: bool = False) -> np.ndarray:
+                 tau_twice: bool = Settings.tau_twice) -> np.ndarray:
     """Scores float64 [n_labels] of one query; ``neighbour_ids`` / ``sims`` [K] list every neighbour (start and
     end lists concatenated for NPM), ``verbalizers[l]`` the token ids of label l."""
     logits = np.asarray(sims, dtype=np.float64) / (tau * tau if tau_twice else tau)

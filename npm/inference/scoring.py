@@ -21,6 +21,7 @@ import numpy as np
 
 from npm.datastore.faiss_index import sidecar_path
 from npm.inference.closed_set import label_scores
+from npm.settings import Settings
 from npm.tasks.registry import label_verbalizers
 
 
@@ -37,7 +38,7 @@ def union_knn(predictors: Sequence, texts: Sequence[str]) -> list[tuple[np.ndarr
 
 
 def closed_set_scores(predictors: Sequence, texts: Sequence[str], verbalizers: list[np.ndarray], tau: float,
-                      tau_twice: bool = False) -> np.ndarray:
+                      tau_twice: bool = Settings.tau_twice) -> np.ndarray:
     """Label scores float64 [n, n_labels] of a batch of queries over the union of the predictors' datastores: one
     softmax over all their neighbours per query (paper-map §4.1 steps 2-5). ``tau_twice`` applies to NPM only
     (§4.1 step 3)."""

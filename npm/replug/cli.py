@@ -24,7 +24,7 @@ log = logging.getLogger("npm-repro.replug")
 
 
 def cmd_texts(args: argparse.Namespace) -> int:
-    records = lm_eval_texts(args.articles, args.corpus, args.n_texts, args.max_chars, args.min_chars, args.seed)
+    records = lm_eval_texts(args.articles, args.corpus, args.n_texts, args.max_chars, args.min_chars, seed=args.seed)
     write_jsonl(args.out, records)
     log.info("%d texts (%d characters) -> %s", len(records), sum(len(r["text"]) for r in records), args.out)
     return 0
@@ -80,7 +80,7 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
 
 
 def cmd_queries(args: argparse.Namespace) -> int:
-    records = lsr_queries(args.articles, args.corpus, args.exclude, args.n_queries, args.chars, args.seed)
+    records = lsr_queries(args.articles, args.corpus, args.exclude, args.n_queries, args.chars, seed=args.seed)
     write_jsonl(args.out, records)
     log.info("%d LSR training queries -> %s", len(records), args.out)
     return 0

@@ -32,6 +32,7 @@ import numpy as np
 from npm.baselines.lm import target_logprobs
 from npm.baselines.replug import mix_logprobs, mixture_weights
 from npm.progress import bar as progress_bar
+from npm.settings import ReplugSettings, Settings
 
 
 def windows(n_tokens: int, context_len: int, pred_len: int) -> list[tuple[int, int, int]]:
@@ -68,8 +69,9 @@ def _check_inputs(texts: Sequence[str], searches: Mapping, n_blocks: int, k_max:
 
 def score_texts(model, tokenizer, texts: Sequence[str],
                 searches: Mapping[str, Callable[[str, int], tuple[np.ndarray, np.ndarray]]],
-                block_text: Callable[[int], str], n_blocks: int, k_max: int, context_len: int = 128,
-                pred_len: int = 128, doc_len: int = 128, seed: int = 0, batch_size: int = 8,
+                block_text: Callable[[int], str], n_blocks: int, k_max: int, *, seed: int,
+                context_len: int = ReplugSettings.context_len, pred_len: int = ReplugSettings.pred_len,
+                doc_len: int = ReplugSettings.doc_len, batch_size: int = Settings.batch_size,
                 concat_ks: Sequence[int] = (), progress: bool = True) -> dict:
     """Per-token log-probabilities of every row kind over ``texts`` (see the module docstring).
 
@@ -142,7 +144,8 @@ def score_texts(model, tokenizer, texts: Sequence[str],
             "concat": {k: np.concatenate(v) for k, v in concat.items()}}
 
 
-def mixture(scored: dict, kind: str, k: int, weighting: str = "softmax", temperature: float = 1.0) -> np.ndarray:
+def mixture(scored: dict, kind: str, k: int, weighting: str = ReplugSettings.weighting,
+            temperature: float = ReplugSettings.temperature) -> np.ndarray:
     """float64 [N]: per-token log-probabilities of a system over ``score_texts``'s rows.
 
     ``kind``: ``none`` (the plain LM), a retriever's name (REPLUG over its top k, weights ``mixture_weights`` of the
@@ -181,8 +184,8 @@ def token_perplexity(logprobs: np.ndarray) -> float:
     return float(np.exp(-np.mean(logprobs)))
 
 
-def summarize(scored: dict, texts: Sequence[str], ks: Sequence[int], weighting: str = "softmax",
-              temperature: float = 1.0, n_resamples: int = 1000, seed: int = 0) -> list[dict]:
+def summarize(scored: dict, texts: Sequence[str], ks: Sequence[int], weighting: str = ReplugSettings.weighting,
+              temperature: float = ReplugSettings.temperature, n_resamples: int = 1000, *, seed: int) -> list[dict]:
     """One row per system of REPLUG's Table 1 / Figure 4: the plain LM (k = 0), each retriever's REPLUG and random
     documents at each k of ``ks``: bits per byte, token perplexity, and the bits-per-byte 95 % interval and the
     paired gain over the plain LM from ``n_resamples`` seeded resamples of the texts (bits per byte of a resample =

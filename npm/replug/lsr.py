@@ -44,6 +44,7 @@ from npm.io import atomic_dir, folder_lock, read_jsonl, write_json
 from npm.model import encode, load_encoder, load_tokenizer
 from npm.progress import bar as progress_bar
 from npm.replug.lm_eval import begin_token
+from npm.settings import LsrSettings, ReplugSettings
 
 log = logging.getLogger("npm-repro.replug.lsr")
 KL_DIRECTIONS = ("retriever_lm", "lm_retriever")
@@ -83,7 +84,7 @@ class LsrConfig:
 # ------------------------------------------------------------------------------------------------ the loss
 
 def lsr_loss(retriever_scores: torch.Tensor, lm_scores: torch.Tensor, gamma: float, beta: float,
-             kl: str = "retriever_lm") -> torch.Tensor:
+             kl: str = LsrSettings.kl) -> torch.Tensor:
     """Mean over the batch of KL(P_R || Q) (``retriever_lm``) or KL(Q || P_R) (``lm_retriever``) between
     P_R = softmax(retriever_scores / gamma) and Q = softmax(lm_scores / beta), both [B, k]; Q is a constant."""
     if kl not in KL_DIRECTIONS:
@@ -105,7 +106,7 @@ class Retriever:
     """The trainable dual encoder (one shared encoder, mean pooling) and a FAISS index of stale block vectors
     (``npm.baselines.dense.BlockIndex`` from the factory string ``index``: the blocks with surface text)."""
 
-    def __init__(self, encoder: str, blocks: list[str], score: str = "cosine", index: str = DEFAULT_INDEX,
+    def __init__(self, encoder: str, blocks: list[str], score: str = ReplugSettings.score, index: str = DEFAULT_INDEX,
                  device=None):
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, not {score!r}")
@@ -143,12 +144,12 @@ class Retriever:
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_tokens, return_tensors="pt")
         return self._pool(enc["input_ids"], enc["attention_mask"])
 
-    def refresh(self, batch_blocks: int = 64) -> np.ndarray:
-        """Re-embed every block with the current encoder (``npm.baselines.dense.block_vectors``, in eval mode) and
-        rebuild the index; returns the vectors [n_blocks, h]."""
+    def refresh(self, blocks_per_pass: int = 64) -> np.ndarray:
+        """Re-embed every block with the current encoder (``npm.baselines.dense.block_vectors``, in eval mode,
+        ``blocks_per_pass`` blocks per forward pass) and rebuild the index; returns the vectors [n_blocks, h]."""
         was_training = self.model.training
         self.model.eval()
-        vecs = block_vectors(self.model, self.blocks, batch_blocks, self.device)
+        vecs = block_vectors(self.model, self.blocks, blocks_per_pass, self.device)
         self.model.train(was_training)
         self.index = BlockIndex(vecs, self.has_text, self.score, self.factory)
         return vecs
@@ -201,7 +202,7 @@ def lm_scorer(lm, lm_tokenizer, block_text, doc_len: int, reduce: str = "sum", c
 
 
 def lsr_step(retriever: Retriever, batch: list[dict], k: int, lm_scores, gamma: float, beta: float,
-             kl: str = "retriever_lm") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+             kl: str = LsrSettings.kl) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """The loss of one batch of queries: top-k blocks from the stale index, their scores recomputed with gradient
     (query and blocks through the current encoder), the frozen LM's scores ``lm_scores(query, blocks) -> (scores,
     n computed)``. Returns (loss, retriever scores [B, k], LM scores [B, k], LM scores computed)."""

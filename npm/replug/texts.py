@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from npm.io import read_jsonl
+from npm.settings import LsrSettings, ReplugSettings
 
 
 def _cut(text: str, max_chars: int) -> str:
@@ -27,8 +28,8 @@ def _cut(text: str, max_chars: int) -> str:
     return head[:end if end > 0 else max_chars].rstrip()
 
 
-def lm_eval_texts(articles: str | os.PathLike, corpus: str | os.PathLike, n_texts: int, max_chars: int = 2000,
-                  min_chars: int = 500, seed: int = 0) -> list[dict]:
+def lm_eval_texts(articles: str | os.PathLike, corpus: str | os.PathLike, n_texts: int,
+                  max_chars: int = ReplugSettings.max_chars, min_chars: int = 500, *, seed: int) -> list[dict]:
     """``n_texts`` records {id, title, text, source} from the documents JSONL ``articles`` (units: lead, then body
     sections), one per article whose title has a document in ``corpus``: its first body section of at least
     ``min_chars`` characters, cut to ``max_chars``; articles chosen with ``seed``, listed by title."""
@@ -51,7 +52,7 @@ def lm_eval_texts(articles: str | os.PathLike, corpus: str | os.PathLike, n_text
 
 
 def lsr_queries(articles: str | os.PathLike, corpus: str | os.PathLike, exclude: str | os.PathLike, n_queries: int,
-                chars: int = 800, seed: int = 0) -> list[dict]:
+                chars: int = LsrSettings.chars, *, seed: int) -> list[dict]:
     """LSR training queries (REPLUG 4: training text disjoint from the evaluation text): ``n_queries`` records
     {id, title, text, source_doc} of ``chars`` characters each (ending at a space), cut from the body sections of
     the articles of ``articles`` that are not among the evaluation texts ``exclude`` (JSONL with ``title``).

@@ -36,7 +36,7 @@ import numpy as np
 from npm.io import read_yaml
 from npm.settings import SHA256
 from npm.tasks import loaders as loaders_module
-from npm.tasks.metrics import ngram_bucket, sample_by_group, sample_indices
+from npm.tasks.metrics import SAMPLING_SEED, ngram_bucket, sample_by_group, sample_indices
 from npm.tasks.templates import (
     CLOSED_SET_TEMPLATES,
     LABEL_WORDS,
@@ -57,7 +57,7 @@ DEFAULT_TASKS_ROOT = Path("data/tasks")
 OPEN_TEMPLATES = ("lama", "kamel", "qa", "given")
 FUZZY_FILES = ("agn.txt", "sst2.txt", "yahoo.json")
 GROUP_BY = ("bucket", "lang")
-SEED = 0
+SEED = SAMPLING_SEED
 
 REQUIRED = ("family", "loader", "files", "template", "verbalizer", "metric", "average", "sampling",
             "reference_corpus", "is_question", "l_max", "url", "source")

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 PAD_ID = 0
+MLM_RATIO = 0.15  # the MLM baseline: share of non-special tokens selected (BERT's 15%; loop.TrainConfig.mlm_ratio)
 
 
 def _pad(rows: list[np.ndarray], length: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +126,7 @@ IGNORE_INDEX = -100  # cross-entropy label of tokens that are not predicted (tra
 
 def collate_mlm(
     sequences: list[np.ndarray], mask_id: int, special_ids, vocab_size: int, generator: torch.Generator,
-    ratio: float = 0.15, pad_to: int | None = None,
+    ratio: float = MLM_RATIO, pad_to: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """BERT-style masking of the unmasked rows of one batch line (module docstring; MLM baseline).
 

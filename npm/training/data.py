@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from npm.io import load_npz
+from npm.settings import TrainingSettings
 
 
 def check_spans(masked: dict[str, np.ndarray], block_offsets: np.ndarray, path) -> None:
@@ -91,8 +92,9 @@ class BatchLines:
                              "sequences: re-make the batches with one data.batch_size, or use pool 'all' or 'half'")
         return next(iter(sizes.values()))
 
-    def order(self, seed: int, epoch: int, rank: int = 0, world: int = 1, lines_per_rank: int = 1,
-              accumulate: int = 1) -> np.ndarray:
+    def order(self, seed: int, epoch: int, rank: int = 0, world: int = 1,
+              lines_per_rank: int = TrainingSettings.lines_per_rank,
+              accumulate: int = TrainingSettings.accumulate) -> np.ndarray:
         """This rank's items for ``epoch``, in the order it takes them: per micro-step its ``lines_per_rank``
         consecutive lines of the next W x lines_per_rank of a seeded permutation (module docstring)."""
         perm = np.random.default_rng([seed, epoch]).permutation(len(self.items))

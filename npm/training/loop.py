@@ -61,7 +61,7 @@ from npm.model import (
     max_input_length,
 )
 from npm.settings import TrainingSettings
-from npm.training.collate import IGNORE_INDEX, collate_mlm, collate_phrase, collate_single
+from npm.training.collate import IGNORE_INDEX, MLM_RATIO, collate_mlm, collate_phrase, collate_single
 from npm.training.data import BatchLines
 from npm.training.gather import candidate_pool, parse_pool, ranks_per_pool
 from npm.training.loss import phrase_loss, phrase_positives, single_loss, single_positives
@@ -95,7 +95,7 @@ class TrainConfig:
     training: TrainingSettings = field(default_factory=TrainingSettings)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    mlm_ratio: float = 0.15  # model "mlm": share of non-special tokens selected (BERT's 15%)
+    mlm_ratio: float = MLM_RATIO  # model "mlm": share of non-special tokens selected (BERT's 15%)
     keep_checkpoints: int = 2
     resume: bool = True
     extra: dict = field(default_factory=dict)

@@ -10,6 +10,9 @@
 # Figure 7 ({base}_p{percent}) takes its shards from rule slice_shard instead: rows of the full corpus's datastore.
 
 
+include: "corpus.functions.smk"
+
+
 rule plan_datastore:
     """Blocks -> the datastore's token arrays and shard plan (no encoder pass; the model is checked and fingerprinted)."""
     input:
@@ -24,9 +27,7 @@ rule plan_datastore:
     conda:
         "../envs/data.yaml"  # CPU job: tokenizer, model config and fingerprint, no torch
     resources:
-        mem_mb=32000,
-        runtime=120,
-        cpus_per_task=1,
+        **RESOURCES["plan_datastore"],
     params:
         model=lambda wc: model_name(wc.model),
         out=datastore_dir,
@@ -53,10 +54,7 @@ rule embed_shard:
     conda:
         "../envs/embed.yaml"
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
-        cpus_per_task=8,
+        **RESOURCES["embed"],
     params:
         out=datastore_dir,
         settings=to_args(config["datastore"], DatastoreSettings, "embed --step shard"),
@@ -81,9 +79,7 @@ rule slice_shard:
     conda:
         "../envs/data.yaml"
     resources:
-        mem_mb=16000,
-        runtime=240,
-        cpus_per_task=1,
+        **RESOURCES["read_blocks"],
     params:
         out=datastore_dir,
         base=lambda wc, input: str(Path(input.base).parent),
@@ -110,9 +106,7 @@ rule embed_corpus:
     conda:
         "../envs/data.yaml"
     resources:
-        mem_mb=32000,
-        runtime=60,
-        cpus_per_task=1,
+        **RESOURCES["finish_datastore"],
     params:
         out=datastore_dir,
     shell:

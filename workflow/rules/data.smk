@@ -2,6 +2,9 @@
 # raw dumps -> documents -> document shards -> 256-token blocks -> document-grouped batches -> masked batches.
 
 
+include: "data.functions.smk"
+
+
 # Pretraining waits for these short jobs (documents -> blocks -> masked batches): they run before any long job that is
 # ready at the same time (decoder baselines, REPLUG), so that pretraining, the head of the longest chain, starts first.
 DATA_PRIORITY = 10
@@ -18,7 +21,7 @@ rule download_source:
     conda:
         "../envs/data.yaml"
     resources:
-        runtime=1440,
+        **RESOURCES["download"],
     params:
         url=lambda wc: DOWNLOADS[wc.download]["url"],
         sha256=lambda wc: DOWNLOADS[wc.download].get("sha256", ""),
@@ -81,7 +84,7 @@ rule download_checkpoint:
     conda:
         "../envs/data.yaml"
     resources:
-        runtime=240,
+        **RESOURCES["download_checkpoint"],
     params:
         repo=lambda wc: HUB_CHECKPOINTS[wc.checkpoint],
         mirror=MIRROR_ARG,

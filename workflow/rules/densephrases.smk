@@ -1,13 +1,16 @@
 # DensePhrases (Lee et al. 2021; docs/paper-map.md §D) as its own system: reading-comprehension data, the cross-attention
 # teacher, the phrase and question encoders, the phrase dump and its FAISS indexes, query-side fine-tuning, and the
 # evaluations of results/tables/densephrases.csv. The knowledge tables' DensePhrases row is rule evaluate's (the
-# registry system `densephrases`, common.smk dp_model / dp_dump / dp_index). Config section `densephrases`; absent
+# registry system `densephrases`, dp_model / dp_dump / dp_index below). Config section `densephrases`; absent
 # (config/released.yaml) = no DensePhrases targets.
 #   results/densephrases/teacher, results/densephrases/model_{negatives}[_qft]
 #   data/densephrases/dump/{negatives}/{corpus}/shard{shard}/ (one job per blocks shard), then its meta.json
 #   data/densephrases/index/{negatives}/{corpus}/{index}.faiss
 #   results/densephrases/eval/{variant}/{index}.json     open-domain; variant = {negatives} or {negatives}_qft
 #   results/densephrases/eval/{negatives}/rc.json         reading comprehension ({p} and D_small)
+
+
+include: "densephrases.functions.smk"
 
 
 use rule tokenize_blocks as densephrases_tokenize_blocks with:
@@ -73,9 +76,7 @@ rule densephrases_train_teacher:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
+        **RESOURCES["gpu"],
     params:
         tracking=tracking_args,
         teacher=lambda wc: to_args(DP["teacher"], DensePhrasesTeacher),
@@ -102,9 +103,7 @@ rule densephrases_filter:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=240,
+        **RESOURCES["gpu_short"],
     params:
         settings=lambda wc: dp_args("filter"),
     shell:
@@ -130,9 +129,7 @@ rule densephrases_train:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=1440,
+        **RESOURCES["gpu_long"],
     params:
         tracking=tracking_args,
         train=lambda wc: to_args({**DP["train"], "negatives": wc.negatives}, DensePhrasesTrain),
@@ -164,9 +161,7 @@ rule densephrases_dump:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
+        **RESOURCES["gpu_large"],
     params:
         folder=lambda wc, output: Path(output[0]).parent.parent,
         settings=lambda wc: dp_args("dump"),
@@ -212,9 +207,7 @@ rule densephrases_index:
         "../envs/embed.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
+        **RESOURCES["gpu_large"],
     params:
         factory=lambda wc: DP_INDEXES[wc.index],
         folder=lambda wc, input: Path(input[0]).parent,
@@ -243,9 +236,7 @@ rule densephrases_query_ft:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
+        **RESOURCES["gpu"],
     params:
         tracking=tracking_args,
         query_ft=lambda wc: to_args(DP["query_ft"], DensePhrasesQueryFt),
@@ -281,9 +272,7 @@ rule densephrases_evaluate_rc:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=16000,
-        runtime=240,
+        **RESOURCES["gpu_small"],
     params:
         tracking=tracking_args,
         teacher=lambda wc, input: f"--teacher {input.teacher}" if wc.negatives == DP_NEGATIVES else "",
@@ -311,9 +300,7 @@ rule densephrases_evaluate:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
+        **RESOURCES["gpu"],
     params:
         tracking=tracking_args,
         dump=lambda wc, input: Path(input.dump).parent,

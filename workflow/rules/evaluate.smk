@@ -1,7 +1,10 @@
 # Zero-shot evaluation (paper 4-6; docs/paper-map.md §4-§6): every system of the registry npm.evaluation.systems
 # through one harness, writing per task and run the predictions and metrics files of docs/data-contracts.md.
-# `{run}` is `{system}` (the task's reference corpus, common.smk task_corpora) or `{system}@{corpus}` (another
+# `{run}` is `{system}` (the task's reference corpus, task_corpora below) or `{system}@{corpus}` (another
 # corpus: TempLAMA's outdated 2019 corpus, Figure 7's subsampled corpora).
+
+
+include: "evaluate.functions.smk"
 
 
 rule convert_smollm2:
@@ -49,9 +52,7 @@ for _name, _pairs in evaluation_groups().items():
             "../envs/eval.yaml"
         threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
         resources:
-            gpu=1,
-            mem_mb=64000,
-            runtime=720,
+            **RESOURCES["gpu_large"],
         params:
             tracking=tracking_args,
             tasks=" ".join(t for t, _ in _pairs),
@@ -81,9 +82,7 @@ rule evaluate:
         "../envs/eval.yaml"
     threads: 1  # jobs side by side locally; the slurm profile sets its cpus_per_task (npm.threads)
     resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
+        **RESOURCES["gpu_large"],
     params:
         tracking=tracking_args,
         tasks=lambda wc: wc.task,
@@ -112,9 +111,7 @@ rule evaluate_negative_control:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=64000,
-        runtime=720,
+        **RESOURCES["gpu_large"],
     params:
         tracking=tracking_args,
         tasks=lambda wc: wc.task,

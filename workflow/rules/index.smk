@@ -1,6 +1,9 @@
 # kNN index (FAISS) per datastore and BM25 index (pyserini/Lucene) per corpus (paper-map §3.5, §3.8).
 
 
+include: "index.functions.smk"
+
+
 rule build_faiss_index:
     """FAISS index from a factory string, inner product (paper: HNSW; original code: IVF4096,PQ64). An index that would
     not fit the job's memory (mem_mb, the profile's) is refused before training, with its size and a smaller choice."""
@@ -16,10 +19,7 @@ rule build_faiss_index:
     conda:
         "../envs/embed.yaml"
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=240,
-        cpus_per_task=8,
+        **RESOURCES["faiss"],
     params:
         datastore=datastore_dir,
         settings=to_args(config["datastore"], DatastoreSettings, "build-faiss-index"),
@@ -43,9 +43,7 @@ rule build_bm25_index:
     conda:
         "../envs/bm25.yaml"
     resources:
-        mem_mb=16000,
-        runtime=240,
-        cpus_per_task=1,
+        **RESOURCES["read_blocks"],
     params:
         markers="--markers" if config["datastore"]["bm25_markers"] else "--no-markers",
         tokenizer=TOKENIZER,

@@ -6,6 +6,9 @@
 # folder) is not trained: the rules downstream read that checkpoint (common.smk: model_name, model_input).
 
 
+include: "pretrain.functions.smk"
+
+
 rule pretrain:
     input:
         blocks=lambda wc: training_shards(wc.model)[0],
@@ -21,10 +24,7 @@ rule pretrain:
     conda:
         "../envs/train.yaml"
     resources:
-        gpu=TRAINING.gpus_per_node,
-        mem_mb=64000,
-        runtime=4320,
-        cpus_per_task=8,
+        **RESOURCES["pretrain"],
     params:
         tracking=tracking_args,
         encoder=config["model"]["encoder"],

@@ -1,7 +1,12 @@
 # REPLUG as its own system (Shi et al. 2023, 6.1; docs/paper-map.md §R3): the language-modelling evaluation of the
 # LM of config `baselines.lm` with the retrieve-and-ensemble method, in bits per byte, against the plain LM and random
 # documents (its Table 1 and Figure 4). Config section `replug`; absent (config/paper.yaml) = no REPLUG targets.
+from npm.settings import LsrSettings
+
 REPLUG = config.get("replug") or {}
+
+
+include: "replug.functions.smk"
 
 
 use rule tokenize_blocks as replug_tokenize_blocks with:
@@ -73,9 +78,7 @@ rule replug_train_lsr:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=1440,
+        **RESOURCES["gpu_long"],
     params:
         tracking=tracking_args,
         lsr=lambda wc: to_args(REPLUG["lsr"], LsrSettings, "train-lsr"),
@@ -107,9 +110,7 @@ rule replug_eval_lm:
         "../envs/eval.yaml"
     threads: 1
     resources:
-        gpu=1,
-        mem_mb=32000,
-        runtime=720,
+        **RESOURCES["gpu"],
     params:
         tracking=tracking_args,
         settings=lambda wc: to_args(REPLUG, ReplugSettings, "eval-lm"),

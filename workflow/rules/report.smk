@@ -3,6 +3,9 @@
 # e.g. `snakemake results/figures/figure7.pdf`: only the ablation's rules run.
 
 
+include: "report.functions.smk"
+
+
 # Seconds each (they read metrics files and write a table, a figure or the resolved config): on a cluster they run
 # on the head node instead of waiting in the queue.
 localrules:

@@ -3,10 +3,15 @@
 # archive), then turned into its task folder and validated by its loader (rule download_task; config/tasks.yaml
 # `fetch`). The fuzzy verbalizers' zip is one more such download, unpacked and checked by rule
 # download_fuzzy_verbalizers. The evaluations take a task's folder (and, where they read one, the fuzzy verbalizers)
-# through common.smk task_inputs; with the embedded default, rule prepare_embedded_tasks makes all of data/tasks
+# through task_inputs (below); with the embedded default, rule prepare_embedded_tasks makes all of data/tasks
 # instead and these rules are never planned.
+from npm.tasks.fetch import COMPLETE as TASK_COMPLETE
 from npm.tasks.fetch import cache_path
 from npm.tasks.registry import download_checksums, fuzzy_verbalizer_info, load_registry
+
+
+include: "tasks.functions.smk"
+
 
 TASK_REGISTRY_FILE = Path(REPO, "config", "tasks.yaml")
 TASK_REGISTRY = load_registry(TASK_REGISTRY_FILE)  # every entry validated at start-up
