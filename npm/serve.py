@@ -238,7 +238,7 @@ def _densephrases(cfg: dict, corpus: str, top: int):
     negatives = dp["train"]["negatives"]
     model = f"results/densephrases/model_{negatives}" + ("_qft" if dp.get("query_ft") else "")
     dump = f"data/densephrases/dump/{negatives}/{corpus}"
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", dp["index"]).strip("_")  # the factory string as a file name (common.smk)
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", dp["index"]).strip("_")  # the factory as a file name (workflow `_slug`)
     index = f"data/densephrases/index/{negatives}/{corpus}/{slug}.faiss"
     _need(model, f"{dump}/meta.json", index)
     settings = Settings.from_mapping(cfg.get("inference"))

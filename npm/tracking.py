@@ -3,7 +3,7 @@ Not part of the paper: it records what a job did, and never changes what it comp
 off writes bit-identical weights, tests/test_tracking.py).
 
 Config ``tracking``: ``wandb`` or ``none`` (the default of every entry point and of the Python API). The rules pass
-``--tracking`` and ``--tracking-group`` (common.smk ``TRACKING``: the hash of the workflow's config, so the jobs of
+``--tracking`` and ``--tracking-group`` (common.smk ``tracking_args``: the hash of the workflow's config, so the jobs of
 one configuration form one wandb group); ``job_type`` is the job's kind (``pretrain``, ``densephrases_teacher``,
 ``evaluate``, ...). Offline unless the user says otherwise: ``WANDB_MODE`` defaults to ``offline``, so nothing leaves
 the machine without ``WANDB_MODE=online`` and a key (``wandb login`` or ``WANDB_API_KEY``); ``WANDB_MODE=disabled``
