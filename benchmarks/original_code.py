@@ -46,8 +46,8 @@ from npm.io import read_yaml, write_summary
 from npm.model import load_tokenizer
 from npm.settings import Settings
 from npm.tasks.loaders import _lama_relations
-from npm.tasks.metrics import aggregate, sample_by_group, sample_indices
-from npm.tasks.registry import SEED, load_task_records, resolve_task, task_examples
+from npm.tasks.metrics import SAMPLING_SEED, aggregate, sample_by_group, sample_indices
+from npm.tasks.registry import load_task_records, resolve_task, task_examples
 from npm.tasks.templates import MASK_PLACEHOLDER, lama_input
 
 # switch -> (the demo's value is compared with this other value, the systems whose cells it can move, task filter)
@@ -236,9 +236,9 @@ def measure_sample_order(root: Path, cells: list[dict], orders: int) -> list[dic
             rank = {relations[i]: k for k, i in enumerate(order)}
             shuffled = sorted(everything, key=lambda ex: rank[ex["relation"]])  # stable: file order inside a file
             if task.group_by is None:
-                idx = sample_indices(len(shuffled), n, seed=SEED)
+                idx = sample_indices(len(shuffled), n, seed=SAMPLING_SEED)
             else:
-                idx = sample_by_group([ex["group"] for ex in shuffled], max(1, n // 3), seed=SEED)
+                idx = sample_by_group([ex["group"] for ex in shuffled], max(1, n // 3), seed=SAMPLING_SEED)
             picked = [shuffled[i] for i in idx.tolist()]
             groups = [ex.get("group") for ex in picked] if task.average == "macro" else None
             scores.append(100.0 * aggregate([full[ex["id"]] for ex in picked], groups, task.average))

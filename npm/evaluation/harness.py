@@ -29,8 +29,8 @@ from npm.io import check_finite, write_jsonl, write_summary
 from npm.model import load_tokenizer
 from npm.progress import bar as progress_bar
 from npm.settings import Settings
-from npm.tasks.metrics import aggregate, bootstrap, exact_match, translation_prediction
-from npm.tasks.registry import SEED, Task, resolve_task, task_examples
+from npm.tasks.metrics import SAMPLING_SEED, aggregate, bootstrap, exact_match, translation_prediction
+from npm.tasks.registry import Task, resolve_task, task_examples
 from npm.threads import threads
 
 log = logging.getLogger("npm-repro.evaluate")
@@ -229,7 +229,7 @@ def evaluate_tasks(tasks: Sequence[str | Task], system: str, inputs: Inputs, set
     results, done = [], {}
     for spec, predictions_path, metrics_path in zip(specs, predictions_paths, metrics_paths, strict=True):
         config = {"task": spec.name, "system": system, "inputs": dataclasses.asdict(checked),
-                  "settings": settings.as_dict(), "n_samples": n_samples, "sampling_seed": SEED,
+                  "settings": settings.as_dict(), "n_samples": n_samples, "sampling_seed": SAMPLING_SEED,
                   "tokenizer": tokenizer, "tasks_in_run": [s.name for s in specs],
                   "predictions_path": None if predictions_path is None else str(predictions_path),
                   "metrics_path": None if metrics_path is None else str(metrics_path)}

@@ -30,7 +30,7 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 MAX_BUCKET = 4
 N_SAMPLES = 3000
 PER_GROUP = 1000  # LAMA: n_samples // 3; entity translation: per language
-SAMPLING_SEED = 0  # the evaluation sets' example sampling (the original's np.random.seed(0)); registry.SEED
+SAMPLING_SEED = 0  # the evaluation sets' example sampling (the original's np.random.seed(0))
 
 
 def normalize_answer(s: str) -> str:

@@ -57,7 +57,6 @@ DEFAULT_TASKS_ROOT = Path("data/tasks")
 OPEN_TEMPLATES = ("lama", "kamel", "qa", "given")
 FUZZY_FILES = ("agn.txt", "sst2.txt", "yahoo.json")
 GROUP_BY = ("bucket", "lang")
-SEED = SAMPLING_SEED
 
 REQUIRED = ("family", "loader", "files", "template", "verbalizer", "metric", "average", "sampling",
             "reference_corpus", "is_question", "l_max", "url", "source")
@@ -527,9 +526,9 @@ def task_examples(name: str, folder: str | os.PathLike, tokenizer=None, n_sample
     if n_samples == 0:
         return examples
     if task.group_by is None:
-        idx = sample_indices(len(examples), task.n_samples if n_samples is None else n_samples, seed=SEED)
+        idx = sample_indices(len(examples), task.n_samples if n_samples is None else n_samples, seed=SAMPLING_SEED)
     else:
         if per_group is None:
             per_group = task.per_group if n_samples is None else max(1, n_samples // 3)
-        idx = sample_by_group([ex["group"] for ex in examples], per_group, seed=SEED)
+        idx = sample_by_group([ex["group"] for ex in examples], per_group, seed=SAMPLING_SEED)
     return [examples[i] for i in idx.tolist()]
