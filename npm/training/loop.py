@@ -177,16 +177,18 @@ def make_optimizer(parameters, cfg: TrainConfig, device: torch.device) -> torch.
                              weight_decay=cfg.training.weight_decay, fused=device.type == "cuda")
 
 
-def compile_encoder(model: torch.nn.Module, enabled: bool) -> str:
+def compile_encoder(model: torch.nn.Module, enabled: bool, dynamic: bool | None = None) -> str:
     """``torch.compile`` ``model`` in place when ``enabled`` (its state_dict and ``save_pretrained`` are unchanged);
     returns ``compiled`` or ``eager``. A graph that cannot be compiled (no C++ compiler, an unsupported operation)
-    runs eagerly with a warning from torch._dynamo instead of failing the job: the same loss up to rounding."""
+    runs eagerly with a warning from torch._dynamo instead of failing the job: the same loss up to rounding.
+    ``dynamic``: torch.compile's; True compiles shape-generic code at once, for inputs whose shape changes every step
+    (packed rows), where the default compiles once for the first shape and again, shape-generic, at the second."""
     if not enabled:
         return "eager"
     import torch._dynamo
 
     torch._dynamo.config.suppress_errors = True  # fall back to eager per graph, logged, rather than fail
-    model.compile()
+    model.compile(dynamic=dynamic)
     return "compiled"
 
 
@@ -498,7 +500,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device, ckpt_r
     run_dir = checkpoints.run_folder(ckpt_root, record, CHECKPOINTS, create=rank == 0)
     step, epoch, cursor = _resume(cfg, run_dir, load_model, rank, model, optimizer, scheduler, record)
     trainee = MaskedTokensMLM(model) if cfg.model == "mlm" else model
-    kernels = {"compile": compile_encoder(trainee, t.compile),
+    kernels = {"compile": compile_encoder(trainee, t.compile, dynamic=True if t.packed else None),
                "adamw": "fused" if optimizer.defaults.get("fused") else "foreach"}
     ddp = torch.nn.parallel.DistributedDataParallel(trainee) if world > 1 else trainee
     precision = record["settings"]["precision"]  # the precision the run id records (effective_precision)

@@ -23,11 +23,12 @@ import torch
 PACKED = "npm_packed"  # the attention implementation's name in transformers' AttentionInterface
 
 
+@torch.compiler.disable  # a nested tensor inside a compiled graph fails its backward (torch 2.11, CUDA): eager here
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
                      cu_seq_lens_q: torch.Tensor | None = None, max_length_q: int | None = None, **kwargs):
     """transformers attention function (``sdpa_attention_forward``'s signature) over one packed row: ``query`` /
     ``key`` / ``value`` [1, heads, tokens, dim]; rows bounded by ``cu_seq_lens_q`` [rows + 1]. Returns
-    ([1, tokens, heads, dim], None)."""
+    ([1, tokens, heads, dim], None). Not compiled: a compiled encoder runs the rest of each layer compiled."""
     if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
         raise ValueError("packed attention needs one packed row, its bounds (cu_seq_lens_q) and no attention mask; "
                          "encode with npm.training.packing.encode_packed")
