@@ -31,6 +31,7 @@ import numpy as np
 from npm.io import resolve_package_path
 from npm.model import model_path
 from npm.settings import Settings
+from npm.tasks.registry import load_registry
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
 CLOZE_BLANK = "_____"
@@ -51,8 +52,6 @@ FAMILY_ALIASES = {"lama": "cloze", "trex": "cloze", "googlere": "cloze", "templa
 @functools.cache
 def _registry_families() -> dict[str, str]:
     """``{task: prompt family}`` of the open-set tasks of config/tasks.yaml (read once)."""
-    from npm.tasks.registry import load_registry
-
     return {name: t.prompt_family for name, t in load_registry().items() if not t.closed}
 
 
