@@ -90,3 +90,13 @@ def test_the_lists_of_tasks_are_the_registrys():
 def test_a_bad_report_entry_names_the_task_and_the_key(tmp_path, report, match):
     with pytest.raises(RegistryError, match=f"task 'polar', key 'report': .*{match}"):
         load_registry(registry_with(tmp_path, polar={**POLAR, "report": report}))
+
+
+def test_the_workflow_names_an_unknown_configured_task_and_the_known_ones(tmp_path):
+    """The config schema names no task: the workflow checks the configured ones against config/tasks.yaml."""
+    from tests.test_systems import _dry_run
+
+    out = _dry_run(tmp_path, {"evaluation": {"closed_set_tasks": ["agn", "polar"]}})
+    known = sorted(load_registry())
+    assert out.returncode != 0
+    assert f"task 'polar' is not in config/tasks.yaml; known tasks: {known}" in out.stdout + out.stderr
