@@ -27,7 +27,7 @@ from pathlib import Path
 from npm.datastore.bm25 import Bm25Searcher, block_documents, bm25_query, build_bm25_index, marker_ids
 from npm.io import read_yaml, write_summary
 from npm.model import load_tokenizer
-from npm.tasks.registry import resolve_task, task_examples
+from npm.tasks.registry import config_task_lists, resolve_task, task_examples
 
 K = 3
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-examples", type=int, help="examples per task (default: the config's max_examples)")
     ap.add_argument("--out", type=Path, default=Path("results/benchmarks/bm25_markers.json"))
     args = ap.parse_args(argv)
-    config = read_yaml(args.config)
+    config = config_task_lists(read_yaml(args.config))  # the task lists it leaves out: config/tasks.yaml's
     summary = compare(args.root, config, args.max_examples or config["evaluation"]["max_examples"])
     write_summary(args.out, summary)
     print(summary["total"])

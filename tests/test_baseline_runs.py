@@ -24,7 +24,6 @@ from npm.baselines.lm import (
     open_set_prompt,
     prepend_passages,
 )
-from npm.baselines.pmi import DOMAIN_PREMISES
 from npm.cli import build_parser
 from npm.cli import main as cli_main
 from npm.data.blocks import block_text, build_blocks, load_blocks
@@ -34,7 +33,7 @@ from npm.evaluation.systems import Inputs
 from npm.io import read_jsonl, write_jsonl
 from npm.settings import NAMES, Settings
 from npm.tasks.metrics import exact_match, translation_prediction
-from npm.tasks.templates import LABEL_WORDS
+from npm.tasks.registry import resolve_task
 from tests.conftest import WORDPIECE, lee_corpus_lines, save_tiny_bert
 from tests.test_baselines import save_tiny_llama
 
@@ -241,12 +240,12 @@ def test_lm_pmi_is_the_manual_pmi(world, tmp_path):
     _, plain, _ = run(world, "sst2", "lm", tmp_path / "a")
     metrics, pmi, _ = run(world, "sst2", "lm_pmi", tmp_path / "b")
     model, tok = load_causal_lm(world["lm"])
-    words = LABEL_WORDS["sst2"]
+    words = resolve_task("sst2").label_words
 
     def logprob(prompt, word):
         return manual_logprob(model, tok, prompt, word)
 
-    domain = np.array([logprob(DOMAIN_PREMISES["sst2"], w) for w in words])
+    domain = np.array([logprob(resolve_task("sst2").pmi_premise, w) for w in words])
     assert np.allclose(metrics["domain_logprobs"], domain, atol=1e-5)
     for a, b in zip(plain, pmi, strict=True):
         assert a["prompt"] == b["prompt"] and a["prompt"].endswith(" It was")
@@ -267,10 +266,11 @@ def test_rte_decoders_score_the_label_word_last_in_shi_et_al_form(world, tmp_pat
     metrics, (pmi,), _ = run(world, "rte", "lm_pmi", tmp_path / "b")
     assert plain["input"] == "It rains, right?<mask>, it is wet."  # NPM's template, unchanged
     assert plain["prompt"] == pmi["prompt"] == "It rains.\n question: It is wet. true or false?\n answer:"
-    assert saved["label_words"] == [" true", " false"] and metrics["domain_premise"] == DOMAIN_PREMISES["rte"]
+    premise = resolve_task("rte").pmi_premise
+    assert saved["label_words"] == [" true", " false"] and metrics["domain_premise"] == premise
     model, tok = load_causal_lm(world["lm"])
     manual = np.array([manual_logprob(model, tok, plain["prompt"], w) for w in (" true", " false")])
-    domain = np.array([manual_logprob(model, tok, DOMAIN_PREMISES["rte"], w) for w in (" true", " false")])
+    domain = np.array([manual_logprob(model, tok, premise, w) for w in (" true", " false")])
     assert np.allclose(plain["scores"], manual, atol=1e-5) and np.allclose(pmi["scores"], manual - domain, atol=1e-5)
     assert plain["label"] == 0 and plain["prediction"] == int(np.argmax(manual))
 

@@ -28,8 +28,9 @@ from npm.baselines.lm import (
     special_prefix,
     task_family,
 )
-from npm.baselines.pmi import DOMAIN_PREMISES, causal_prompt, label_logprobs, plain_scores, pmi_scores, predict
+from npm.baselines.pmi import causal_prompt, label_logprobs, plain_scores, pmi_scores, predict
 from npm.baselines.replug import mix_next_token, mixture_weights, replug_continuations, replug_generate
+from npm.tasks.registry import resolve_task
 from tests.conftest import REFERENCE_EXAMPLES, lee_corpus_lines, train_tiny_bpe
 
 PROMPTS = ["Question: Who won the election in Australia?\nAnswer:", "The prime minister said",
@@ -277,8 +278,8 @@ def test_label_logprobs_and_pmi_match_manual_computation(tiny_lm):
     manual = np.array([[manual_logprob(model, tok, p, w) for w in words] for p in prompts])
     assert lp.shape == (2, 3) and np.allclose(lp, manual, atol=1e-5)
     assert np.allclose(plain_scores(model, tok, prompts, words), manual, atol=1e-5)
-    domain = np.array([manual_logprob(model, tok, DOMAIN_PREMISES["sst2"], w) for w in words])
-    pmi = pmi_scores(model, tok, prompts, words, DOMAIN_PREMISES["sst2"])
+    domain = np.array([manual_logprob(model, tok, resolve_task("sst2").pmi_premise, w) for w in words])
+    pmi = pmi_scores(model, tok, prompts, words, resolve_task("sst2").pmi_premise)
     assert np.allclose(pmi, manual - domain[None, :], atol=1e-5)
     assert predict(pmi).tolist() == (manual - domain).argmax(1).tolist()
     # Single-token label words take the one-pass path: the same numbers.

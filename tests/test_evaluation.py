@@ -17,7 +17,6 @@ from npm.io import read_jsonl, write_jsonl
 from npm.settings import Settings
 from npm.tasks.metrics import exact_match, translation_prediction
 from npm.tasks.registry import label_verbalizers, resolve_task
-from npm.tasks.templates import LABEL_WORDS
 from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
 
 K = 30
@@ -83,7 +82,8 @@ def test_union_is_one_softmax_over_the_concatenated_neighbours(predictors, model
 def test_verbalizers_fuzzy_file_or_label_words(wordpiece_tokenizer, tmp_path):
     tok = wordpiece_tokenizer
     single = label_verbalizers("sst2", tok, tmp_path)  # no fuzzy file: the label words
-    assert [v.tolist() for v in single] == [tok(w, add_special_tokens=False)["input_ids"] for w in LABEL_WORDS["sst2"]]
+    words = resolve_task("sst2").label_words
+    assert [v.tolist() for v in single] == [tok(w, add_special_tokens=False)["input_ids"] for w in words]
     (tmp_path / "fuzzy_verbalizers").mkdir()
     (tmp_path / "fuzzy_verbalizers" / "sst2.txt").write_text("terrible, bad, awful\ngreat, good\n")
     fuzzy = label_verbalizers("sst2", tok, tmp_path)

@@ -19,7 +19,7 @@ from npm.tasks.registry import (
     load_registry,
     task_examples,
 )
-from npm.tasks.templates import LABEL_WORDS, translation_input
+from npm.tasks.templates import translation_input
 
 ALL_TASKS = ["agn", "yahoo", "subj", "sst2", "mr", "rt", "cr", "amazon", "rte", "lama_trex", "lama_google_re",
              "kamel", "nq", "triviaqa", "templama_changed", "templama_unchanged", "entity_translation"]
@@ -60,7 +60,7 @@ def test_registry_entries():
         assert task.metric == ("accuracy" if name in closed else "em")
         assert task.source
         if name in closed:
-            assert task.label_words == LABEL_WORDS[name] and task.l_max is None
+            assert task.label_words[0].startswith(" ") and task.pmi_premise and task.l_max is None
     assert {n: t.fuzzy for n, t in reg.items() if n in closed} == {
         "agn": "agn.txt", "yahoo": "yahoo.json", "subj": None, "rte": None,
         "sst2": "sst2.txt", "mr": "sst2.txt", "rt": "sst2.txt", "cr": "sst2.txt", "amazon": "sst2.txt"}
@@ -104,9 +104,14 @@ def test_registry_entries():
 @pytest.mark.parametrize("task,key,value,pattern", [
     ("agn", "metric", "em", "task 'agn', key 'metric'"),
     ("nq", "loader", "load_nope", "task 'nq', key 'loader'"),
-    ("sst2", "verbalizer", {"words": [" bad", " good"], "fuzzy": "sst2.txt"}, "task 'sst2', key 'verbalizer.words'"),
-    ("mr", "verbalizer", {"words": [" terrible", " great"], "fuzzy": "mr.txt"}, "task 'mr', key 'verbalizer.fuzzy'"),
-    ("kamel", "is_question", False, "task 'kamel', key 'is_question'"),
+    ("sst2", "verbalizer", {"words": ["bad", " good"], "fuzzy": "sst2.txt", "premise": "It was"},
+     "task 'sst2', key 'verbalizer.words'"),
+    ("mr", "verbalizer", {"words": [" terrible", " great"], "fuzzy": "mr.txt", "premise": "It was"},
+     "task 'mr', key 'verbalizer.fuzzy'"),
+    ("sst2", "verbalizer", {"words": [" terrible", " great"], "fuzzy": "sst2.txt"}, "task 'sst2', key 'verbalizer'"),
+    ("kamel", "is_question", "yes", "task 'kamel', key 'is_question'"),
+    ("agn", "report", {"table": "table8", "paper_key": "agn"}, "task 'agn', key 'report'"),
+    ("nq", "label", "", "task 'nq', key 'label'"),
     ("triviaqa", "average", "macro", "task 'triviaqa', key 'average'"),
     ("lama_trex", "sampling", {"per_group": 0, "group_by": "bucket"}, "task 'lama_trex', key 'sampling.per_group'"),
     ("entity_translation", "l_max", None, "task 'entity_translation', key 'l_max'"),
@@ -166,7 +171,7 @@ def test_rte(tmp_path):
     assert project(ex, "id", "input", "label") == [
         ("0", f"Dana Reeve died of lung cancer, right?{M}, christopher Reeve had an accident.", 1),
         ("1", f"Yet, antibiotics are losing their effectiveness, right?{M}, bacteria is winning the war.", 0)]
-    assert LABEL_WORDS["rte"][0] == " Yes"
+    assert load_registry()["rte"].label_words[0] == " Yes"
 
 
 def test_subj(tmp_path):

@@ -17,14 +17,13 @@ from npm.tasks.metrics import (
     sample_indices,
     translation_prediction,
 )
+from npm.tasks.registry import load_registry
 from npm.tasks.templates import (
     CLOSED_SET_TEMPLATES,
-    LABEL_WORDS,
     YAHOO_TOPICS,
     closed_set_input,
     closed_set_text,
     detokenize,
-    is_question,
     kamel_input,
     lama_input,
     qa_input,
@@ -181,7 +180,9 @@ def test_amazon_title_ending_in_punctuation_gets_no_extra_dot():
 
 
 def test_label_words_have_a_leading_space_in_label_id_order():
-    assert set(LABEL_WORDS) == set(CLOSED_SET_TEMPLATES)
+    reg = load_registry()
+    LABEL_WORDS = {n: t.label_words for n, t in reg.items() if t.closed}  # config/tasks.yaml verbalizer.words
+    assert {t.template for t in reg.values() if t.closed} == set(CLOSED_SET_TEMPLATES)
     assert LABEL_WORDS["agn"] == (" politics", " sports", " business", " technology")
     assert LABEL_WORDS["rte"] == (" Yes", " No")
     assert LABEL_WORDS["subj"] == (" review", " summary")
@@ -222,8 +223,7 @@ def test_translation_template():
 
 
 def test_is_question_only_for_kamel_nq_triviaqa():
-    assert all(is_question(t) for t in ("kamel", "nq", "triviaqa"))
-    assert not any(is_question(t) for t in ("lama-trex", "lama-google_re", "templama", "entity_translation"))
+    assert {n for n, t in load_registry().items() if t.is_question} == {"kamel", "nq", "triviaqa"}
 
 
 # ----------------------------------------------------------------------------------- paper-map §9 item 28

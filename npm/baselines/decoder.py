@@ -35,7 +35,7 @@ import numpy as np
 
 from npm.baselines.dense import DenseBlockSearcher
 from npm.baselines.lm import clean_passage, first_line, greedy_continuations, load_causal_lm, open_set_prompt
-from npm.baselines.pmi import DOMAIN_PREMISES, causal_prompt, label_logprobs
+from npm.baselines.pmi import causal_prompt, label_logprobs
 from npm.baselines.replug import mixture_weights, replug_continuations, replug_vote
 from npm.data.blocks import block_text, load_blocks
 from npm.datastore.bm25 import Bm25Searcher, block_slice, bm25_query, marked_texts, unit_markers
@@ -171,7 +171,8 @@ class DecoderScorer:
             no_passages += sum(self.searcher is not None and not p for p in passages)
             votes = [None] * len(chunk)
             if ensemble:  # REPLUG prepends each passage to the bare prompt itself
-                prompts = [open_set_prompt(task.name, ex["input"], kamel_prompt=s.kamel_prompt) for ex in chunk]
+                prompts = [open_set_prompt(task.prompt_family, ex["input"], kamel_prompt=s.kamel_prompt)
+                           for ex in chunk]
             if ensemble and s.replug_ensemble == "vote":
                 raws, votes = replug_vote(self.model, self.tokenizer, prompts, passages, [sc for _, sc in hits],
                                           temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
@@ -181,7 +182,7 @@ class DecoderScorer:
                                             temperature=s.replug_temperature, max_new_tokens=s.max_new_tokens,
                                             batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
             else:
-                prompts = [open_set_prompt(task.name, ex["input"], p, kamel_prompt=s.kamel_prompt)
+                prompts = [open_set_prompt(task.prompt_family, ex["input"], p, kamel_prompt=s.kamel_prompt)
                            for ex, p in zip(chunk, passages, strict=True)]
                 raws = greedy_continuations(self.model, self.tokenizer, prompts, max_new_tokens=s.max_new_tokens,
                                             batch_size=s.batch_size, skip_blank_lines=s.skip_blank_lines)
@@ -208,14 +209,11 @@ class DecoderScorer:
 
     def _closed_set(self, task, examples, progress=None):
         s = self.settings
-        words = list(causal_label_words(task.template))
+        words = list(causal_label_words(task.template, task.label_words))
         metrics: dict = {"label_words": words, "max_new_tokens": None, "skip_blank_lines": None}
         domain = None
         if self.options.get("pmi"):
-            premise = DOMAIN_PREMISES.get(task.template)
-            if premise is None:
-                raise ValueError(f"task {task.name}: no domain premise for PMI (npm.baselines.pmi.DOMAIN_PREMISES "
-                                 f"has {sorted(DOMAIN_PREMISES)})")
+            premise = task.pmi_premise  # config/tasks.yaml verbalizer.premise
             domain = label_logprobs(self.model, self.tokenizer, [premise], words)[0]
             metrics.update(domain_premise=premise, domain_logprobs=[float(x) for x in domain])
         prompts = []

@@ -19,6 +19,7 @@ of ``inference.lm_precision`` (fp32 = none; bf16 / fp16 as ``npm.model.autocast`
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ import numpy as np
 from npm.io import resolve_package_path
 from npm.model import model_path
 from npm.settings import Settings
+from npm.tasks.registry import load_registry
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
 
 CLOZE_BLANK = "_____"
@@ -38,28 +40,35 @@ MAX_LENGTH = 1024  # paper-map §6: --max_sequence_length 1024; prompts cut from
 QUESTION_SPLIT = "The answer is: <mask>"  # NQ / TriviaQA inputs (npm.tasks.templates.qa_input)
 KAMEL_SPLIT = "Answer: <mask>"  # KAMEL inputs (npm.tasks.templates.kamel_input)
 
-# Task name -> prompt family (npm.tasks.templates: QUESTION_TASKS, LAMA / TempLAMA cloze, entity translation).
-TASK_FAMILIES = {
-    "nq": "question", "triviaqa": "question", "kamel": "question",
-    "lama": "cloze", "trex": "cloze", "googlere": "cloze", "templama": "cloze",
-    "translation": "translation", "entity_translation": "translation",
-}
 FAMILIES = ("question", "cloze", "translation")
+# Short names of a family that some callers pass instead of a task; a task of config/tasks.yaml has its own family
+# (``Task.prompt_family``: its is_question and template).
+FAMILY_ALIASES = {"lama": "cloze", "trex": "cloze", "googlere": "cloze", "templama": "cloze",
+                  "translation": "translation"}
 
 
 # ------------------------------------------------------------------------------------------------ prompts
 
+@functools.cache
+def _registry_families() -> dict[str, str]:
+    """``{task: prompt family}`` of the open-set tasks of config/tasks.yaml (read once)."""
+    return {name: t.prompt_family for name, t in load_registry().items() if not t.closed}
+
+
 def task_family(task: str) -> str:
-    """The prompt family of a task name or family name ("question", "cloze", "translation")."""
+    """The prompt family of a task name (config/tasks.yaml) or family name ("question", "cloze", "translation")."""
     if task in FAMILIES:
         return task
+    if task in _registry_families():
+        return _registry_families()[task]
     key = task.lower()
-    if key in TASK_FAMILIES:
-        return TASK_FAMILIES[key]
+    if key in FAMILY_ALIASES:
+        return FAMILY_ALIASES[key]
     for prefix, family in (("lama", "cloze"), ("templama", "cloze"), ("translation", "translation")):
         if key.startswith(prefix):  # e.g. "lama_trex", "translation_ko"
             return family
-    raise ValueError(f"unknown task or family {task!r}; families: {FAMILIES}, tasks: {sorted(TASK_FAMILIES)}")
+    raise ValueError(f"unknown task or family {task!r}; families: {FAMILIES}, open-set tasks: "
+                     f"{sorted(_registry_families())}")
 
 
 def clean_passage(text: str) -> str:
@@ -94,7 +103,7 @@ def open_set_prompt(task: str, text: str, passages: Sequence[str] | None = None,
                     kamel_prompt: str = Settings.kamel_prompt) -> str:
     """The causal-LM prompt of one open-set input (paper-map §6), optionally with passages prepended.
 
-    ``task`` is a family ("question", "cloze", "translation") or a task name (:data:`TASK_FAMILIES`); ``text``
+    ``task`` is a family ("question", "cloze", "translation") or a task name (:func:`task_family`); ``text``
     is the NPM-style input with its "<mask>" (npm.tasks.templates); ``passages`` are retrieved texts, best first.
 
     * question (NQ, TriviaQA, KAMEL): "Question: {text before 'The answer is: <mask>', stripped}\\nAnswer:".

@@ -4,15 +4,17 @@ NPM's Table 1 compares with "GPT-2" and "GPT-2 + PMI" (numbers copied from Shi e
 the original NPM repo ships no PMI code, paper-map §6). Re-implemented from the definition:
 
 * plain score of label y for input x: log P(y | x) = the sum of the log-probabilities of the label word's tokens
-  (label words carry their leading space, npm.tasks.templates.LABEL_WORDS) right after the prompt;
+  (label words carry their leading space, config/tasks.yaml verbalizer.words) right after the prompt;
 * domain-conditional PMI: log P(y | x) - log P(y | x_domain), where the domain premise x_domain is the
   task-specific template text without the example (e.g. "It was" for sentiment, "The text topic is about" for
-  topic classification), which divides out each label's prior surface-form probability.
+  topic classification; config/tasks.yaml verbalizer.premise), which divides out each label's prior surface-form
+  probability.
 
 The prompt for a causal LM is the NPM closed-set template's text before the mask (:func:`causal_prompt`).
 Templates with text after the mask (RTE: "{premise}, right?<mask>, {hypothesis}.") are not meaningful under this
 left-to-right scoring and are rejected by :func:`causal_prompt`; RTE has its own causal form with the label word
-last instead (``npm.tasks.templates.CAUSAL_TEMPLATES``, Shi et al. 2022), whose domain premise is below.
+last instead (``npm.tasks.templates.CAUSAL_TEMPLATES``, Shi et al. 2022), whose domain premise is RTE's
+``verbalizer.premise``.
 """
 
 from __future__ import annotations
@@ -24,14 +26,6 @@ import torch
 
 from npm.baselines.lm import MAX_LENGTH, encode_prompt, model_device
 from npm.tasks.templates import MASK_PLACEHOLDER as MASK
-
-# Domain premises: the template text that follows the example (npm.tasks.templates.CLOSED_SET_TEMPLATES; for RTE its
-# causal form, CAUSAL_TEMPLATES: Shi et al. 2022's uncond_premise " true or false?\n answer:", bare as the others).
-DOMAIN_PREMISES = {
-    "agn": "The text topic is about", "yahoo": "The text topic is about", "subj": "This is a",
-    "sst2": "It was", "mr": "It was", "rt": "It was", "cr": "It was", "amazon": "It was",
-    "rte": "true or false?\n answer:",
-}
 
 
 def causal_prompt(text: str) -> str:
@@ -119,7 +113,7 @@ def plain_scores(model, tokenizer, prompts: Sequence[str], label_words: Sequence
 def pmi_scores(model, tokenizer, prompts: Sequence[str], label_words: Sequence[str], domain_premise: str,
                **kwargs) -> np.ndarray:
     """Domain-conditional PMI log P(y | x) - log P(y | domain_premise) [n_prompts, n_labels] (Holtzman et al.
-    2021, "+ PMI" rows of NPM Table 1); ``domain_premise`` e.g. :data:`DOMAIN_PREMISES`[task]."""
+    2021, "+ PMI" rows of NPM Table 1); ``domain_premise`` a task's ``pmi_premise`` (config/tasks.yaml)."""
     conditional = label_logprobs(model, tokenizer, prompts, label_words, **kwargs)
     domain = label_logprobs(model, tokenizer, [domain_premise], label_words, **kwargs)
     return conditional - domain

@@ -35,7 +35,6 @@ from npm.threads import threads
 
 log = logging.getLogger("npm-repro.evaluate")
 
-TRANSLATION_TASKS = frozenset({"entity_translation"})
 EXAMPLE_KEYS = ("group", "bucket", "lang", "relation", "is_uhn", "is_hard")  # copied into each predictions record
 
 
@@ -112,7 +111,7 @@ def score_examples(task: Task, examples: Sequence[dict], output, cut_translation
             rec.update(label=int(ex["label"]), prediction=pred, scores=[float(s) for s in row])
         else:
             raw = output.answers[i]
-            pred = translation_prediction(raw) if cut_translation and task.name in TRANSLATION_TASKS else raw
+            pred = translation_prediction(raw) if cut_translation and task.prompt_family == "translation" else raw
             ok = exact_match(pred, ex["answers"])
             rec.update(answers=list(ex["answers"]), prediction=pred)
             if pred != raw:

@@ -24,6 +24,7 @@ from npm.io import atomic_path, read_jsonl, resolve_package_path
 from npm.report.tables import (
     CLOSED_SET_TASKS,
     KNOWLEDGE_TASKS,
+    LAYOUT,
     OPEN_SET_TASKS,
     display_name,
     load_metrics,
@@ -32,9 +33,7 @@ from npm.report.tables import (
 )
 
 BUCKETS = ("1", "2", "3", "4+")
-TASK_LABELS = {**CLOSED_SET_TASKS, "lama_trex": "T-REx", "lama_google_re": "Google-RE", "kamel": "KAMEL",
-               "triviaqa": "TQA", "nq": "NQ", "templama_changed": "TempLAMA changed",
-               "templama_unchanged": "TempLAMA unchanged", "entity_translation": "Entity translation"}
+TASK_LABELS = LAYOUT.labels  # config/tasks.yaml `label`
 
 
 def _pyplot():

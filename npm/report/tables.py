@@ -27,22 +27,74 @@ from pathlib import Path
 
 from npm.evaluation.systems import SYSTEMS
 from npm.io import atomic_path, read_yaml
+from npm.tasks.registry import DEFAULT_REGISTRY, Task, load_registry, task_names
 
 PAPER_VALUES = Path(__file__).resolve().parent / "paper_values.yaml"
 
-# Table 1 column order (paper-map §7.1) and the paper's column labels.
-CLOSED_SET_TASKS = {"agn": "AGN", "yahoo": "Yahoo", "subj": "Subj", "sst2": "SST-2", "mr": "MR", "rt": "RT",
-                    "cr": "CR", "amazon": "Amz", "rte": "RTE"}
-# Table 8's tasks; the paper's key (paper_values.yaml) of each task's "All" column.
-KNOWLEDGE_TASKS = {"lama_trex": "trex", "lama_google_re": "gre", "kamel": "kamel", "triviaqa": "triviaqa",
-                   "nq": "nq"}
-TEMPLAMA_TASKS = {"templama_unchanged": "Unchanged", "templama_changed": "Changed"}
-TRANSLATION_TASK = "entity_translation"
 # Table 3's columns and the paper's key of each.
 TABLE3_COLUMNS = {"w/o BM25": "wo_bm25", "w/ BM25": "w_bm25"}
-OPEN_SET_TASKS = (*KNOWLEDGE_TASKS, *TEMPLAMA_TASKS, TRANSLATION_TASK)
-KNOWN_TASKS = (*CLOSED_SET_TASKS, *OPEN_SET_TASKS)
-LAMA_TASKS = ("lama_trex", "lama_google_re")
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """Which task is which column of the report, derived from config/tasks.yaml (``label``, ``report``): a new task
+    is a new column by its registry entry alone. Columns are in the paper's order (the key order of the packaged
+    ``paper_values.yaml`` rows), then in the registry's order (a task the paper lacks)."""
+
+    closed: dict[str, str]  # Table 1: task -> column (paper-map §7.1)
+    knowledge: dict[str, str]  # Table 8: task -> the paper's key of its "All" column
+    templama: dict[str, str]  # Table 2: task -> column
+    translation: str | None  # Table 3's task
+    table8_columns: tuple[tuple[str, str, str | None, str], ...]  # (label, task, subset or None, paper key)
+    labels: dict[str, str]  # figures: task -> its name
+    paper_keys: dict[str, str | None]  # task -> the key of its number in paper_values.yaml
+
+    @property
+    def open_set(self) -> tuple[str, ...]:
+        return (*self.knowledge, *self.templama, *([self.translation] if self.translation else []))
+
+    @property
+    def known(self) -> tuple[str, ...]:
+        return (*self.closed, *self.open_set)
+
+
+def task_layout(registry: str | os.PathLike = DEFAULT_REGISTRY) -> TaskLayout:
+    """The :class:`TaskLayout` of a task registry (config/tasks.yaml: :data:`LAYOUT`)."""
+    tasks = load_registry(registry)
+    paper = read_yaml(PAPER_VALUES)
+
+    def in_table(table: str) -> list[Task]:
+        keys = list(next(iter(paper[table].values()))) if table in paper else []
+        return sorted((tasks[n] for n in task_names(tasks, table=table)),
+                      key=lambda t: keys.index(t.report.paper_key) if t.report.paper_key in keys else len(keys))
+
+    table8 = in_table("table8")
+    columns = tuple(column for t in table8 for column in (
+        (t.report.column, t.name, None, t.report.paper_key),
+        *((label, t.name, subset, key) for subset, (label, key) in t.report.subsets.items())))
+    return TaskLayout(closed={t.name: t.report.column for t in in_table("table1")},
+                      knowledge={t.name: t.report.paper_key for t in table8},
+                      templama={t.name: t.report.column for t in in_table("table2")},
+                      translation=next(iter(task_names(tasks, table="table3")), None), table8_columns=columns,
+                      labels={name: t.label for name, t in tasks.items()},
+                      paper_keys={name: t.report.paper_key for name, t in tasks.items()})
+
+
+LAYOUT = task_layout()
+
+
+def _layout(registry: str | os.PathLike | None) -> TaskLayout:
+    return LAYOUT if registry is None else task_layout(registry)
+
+
+CLOSED_SET_TASKS = LAYOUT.closed
+KNOWLEDGE_TASKS = LAYOUT.knowledge
+TEMPLAMA_TASKS = LAYOUT.templama
+TRANSLATION_TASK = LAYOUT.translation
+OPEN_SET_TASKS = LAYOUT.open_set
+KNOWN_TASKS = LAYOUT.known
+LAMA_TASKS = tuple(dict.fromkeys(task for _, task, subset, _ in LAYOUT.table8_columns if subset))
+TABLE8_COLUMNS = LAYOUT.table8_columns
 
 # Our systems (rows) and their labels come from the registry, in its (display) order.
 
@@ -51,18 +103,7 @@ STDERR_NOTE = ("± = bootstrap standard error over the examples (1,000 seeded re
                "interval `ci95`): differences within about two of them are noise. A mean shown without ± comes from "
                "a metrics file written before that standard error was recorded: re-run its evaluation.")
 
-# Table 8 columns: (label, task, subset or None for the task's score, paper key).
-TABLE8_COLUMNS = (
-    ("T-REx All", "lama_trex", None, "trex"),
-    ("T-REx UHN", "lama_trex", "uhn", "trex_uhn"),
-    ("T-REx Hard", "lama_trex", "hard", "trex_hard"),
-    ("G-RE All", "lama_google_re", None, "gre"),
-    ("G-RE UHN", "lama_google_re", "uhn", "gre_uhn"),
-    ("KML", "kamel", None, "kamel"),
-    ("TQA", "triviaqa", None, "triviaqa"),
-    ("NQ", "nq", None, "nq"),
-)
-
+CLOSED_DOC = "accuracy (%) on the task (n in the last line)"  # every Table 1 task column
 PAPER = " (paper)"  # the suffix of a column holding the paper's number beside ours
 # What each column of the tables holds: the footer's "Columns:" line (:func:`columns_note`) explains every header from
 # here, never by prose per table. A key "table/column" holds where one header means something else in one table;
@@ -73,7 +114,7 @@ COLUMN_DOCS = {
     "Task": "the task of the row's metrics file",
     "Paper row": "the paper's row beside ours (paper_values.yaml `mapping`; empty: none)",
     "#Params (M)": "our model's parameters in millions (retrieval indexes and corpora excluded)",
-    **{label: "accuracy (%) on the task (n in the last line)" for label in CLOSED_SET_TASKS.values()},
+    **{label: CLOSED_DOC for label in CLOSED_SET_TASKS.values()},
     "Avg": "mean of the row's task columns (empty where one is missing); its ± from theirs, tasks taken as independent",
     "Unchanged": "EM (%) on TempLAMA's facts that did not change between 2019 and 2022 (a→b: see below)",
     "Changed": "EM (%) on TempLAMA's facts that changed between 2019 and 2022 (a→b: see below)",
@@ -186,13 +227,15 @@ def _number(value) -> bool:
 
 
 def load_metrics(paths: Iterable[str | os.PathLike], tasks: Sequence[str] | None = None, what: str = "report",
-                 require: Sequence[str] = ()) -> list[dict]:
+                 require: Sequence[str] = (), registry: str | os.PathLike | None = None) -> list[dict]:
     """Read metrics JSON files and check them.
 
     Every file needs ``task``, ``system``, ``metric``, ``score`` (finite, percent) and ``n``, plus the fields in
-    ``require``; its task must be a known one and, when ``tasks`` is given, one of them (``what`` names the table
-    in the error). Each record gets ``_file`` (its path) for error messages.
+    ``require``; its task must be a known one (of the task ``registry``; None: config/tasks.yaml) and, when ``tasks``
+    is given, one of them (``what`` names the table in the error). Each record gets ``_file`` (its path) for error
+    messages.
     """
+    layout = _layout(registry)
     records = []
     for p in paths:
         p = Path(p)
@@ -213,11 +256,11 @@ def load_metrics(paths: Iterable[str | os.PathLike], tasks: Sequence[str] | None
         if not isinstance(rec["n"], int) or isinstance(rec["n"], bool) or rec["n"] < 0:
             raise ValueError(f"metrics file {p}: n must be the number of examples (an integer), got {rec['n']!r}")
         task = rec["task"]
-        if task not in KNOWN_TASKS:
-            raise ValueError(f"metrics file {p}: unknown task {task!r}; known tasks: {list(KNOWN_TASKS)}")
+        if task not in layout.known:
+            raise ValueError(f"metrics file {p}: unknown task {task!r}; known tasks: {list(layout.known)}")
         if tasks is not None and task not in tasks:
             raise ValueError(f"metrics file {p}: task {task!r} is not part of {what}, which takes {list(tasks)}")
-        expected = "accuracy" if task in CLOSED_SET_TASKS else "em"
+        expected = "accuracy" if task in layout.closed else "em"
         if rec["metric"] != expected:
             raise ValueError(f"metrics file {p}: task {task} is scored by {expected!r}, the file says "
                              f"{rec['metric']!r}")
@@ -391,25 +434,29 @@ def _mean_stderr(stderrs: Sequence[float | None]) -> float | None:
 
 # ------------------------------------------------------------------------------------------------ Table 1
 
-def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> Table:
+def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None,
+           registry: str | os.PathLike | None = None) -> Table:
     """Paper Table 1 (paper-map §7.1): zero-shot closed-set accuracy, rows = systems, columns = the Table 1 tasks
     present in the files (paper order) and Avg over them; each cell followed by the mapped paper row's value.
 
     Avg is empty unless the system has every column. Avg (paper) is the paper's own Avg when all nine tasks are
-    shown, else the mean of the paper row's cells over the shown tasks (empty if one of them is "–").
+    shown, else the mean of the paper row's cells over the shown tasks (empty if one of them is "–"). The columns
+    are the closed-set tasks of the task ``registry`` (None: config/tasks.yaml; :class:`TaskLayout`).
     """
     paper = paper or load_paper_values()
-    records = load_metrics(paths, tasks=tuple(CLOSED_SET_TASKS), what="table1")
+    layout = _layout(registry)
+    closed, keys = layout.closed, layout.paper_keys
+    records = load_metrics(paths, tasks=tuple(closed), what="table1", registry=registry)
     index_by_task_system(records, "table1")
     frame = metrics_frame(records)
     scores = _scores(frame)
     score = scores.pivot(index="system", columns="task", values="value")
     stderr = scores.pivot(index="system", columns="task", values="stderr")
     about = _about(frame)
-    tasks = [t for t in CLOSED_SET_TASKS if t in score.columns]
+    tasks = [t for t in closed if t in score.columns]
     columns = ["System", "Paper row", "#Params (M)"]
     for t in tasks:
-        columns += [CLOSED_SET_TASKS[t], f"{CLOSED_SET_TASKS[t]} (paper)"]
+        columns += [closed[t], f"{closed[t]} (paper)"]
     columns += ["Avg", "Avg (paper)"]
     rows = []
     for system in ordered_systems(score.index):
@@ -419,21 +466,22 @@ def table1(paths: Iterable[str | os.PathLike], paper: Mapping | None = None) -> 
                "Paper row": paper_name, "#Params (M)": _params(about, system)}
         ours, theirs = [], []
         for t in tasks:
-            label = CLOSED_SET_TASKS[t]
+            label = closed[t]
             row[label], row[f"{label} ±"] = _cell(score, system, t), _cell(stderr, system, t)
-            row[f"{label} (paper)"] = paper_vals.get(t)
+            row[f"{label} (paper)"] = paper_vals.get(keys[t])
             ours.append(row[label])
-            theirs.append(paper_vals.get(t))
-        row["Avg"], row["Avg ±"] = _mean(ours), _mean_stderr([row[f"{CLOSED_SET_TASKS[t]} ±"] for t in tasks])
-        row["Avg (paper)"] = (paper_vals.get("avg") if len(tasks) == len(CLOSED_SET_TASKS) else _mean(theirs)) \
-            if paper_vals else None
+            theirs.append(paper_vals.get(keys[t]))
+        row["Avg"], row["Avg ±"] = _mean(ours), _mean_stderr([row[f"{closed[t]} ±"] for t in tasks])
+        paper_avg = len(tasks) == len(closed) and all(keys[t] in paper_vals for t in tasks)
+        row["Avg (paper)"] = (paper_vals.get("avg") if paper_avg else _mean(theirs)) if paper_vals else None
         rows.append(row)
-    notes = [columns_note("table1", columns), f"Avg over the {len(tasks)} task(s) shown; empty where a system lacks "
-             "one.", STDERR_NOTE]
-    if len(tasks) != len(CLOSED_SET_TASKS):
+    docs = {**COLUMN_DOCS, **{label: CLOSED_DOC for label in closed.values()}}
+    notes = [columns_note("table1", columns, docs=docs),
+             f"Avg over the {len(tasks)} task(s) shown; empty where a system lacks one.", STDERR_NOTE]
+    if len(tasks) != len(closed):
         notes.append("Avg (paper) is the mean of the paper row's cells over the tasks shown, not the paper's Avg.")
     return Table("table1", "Table 1: zero-shot closed-set accuracy (%)", columns, rows, notes + footer(scores),
-                 stderr=(*(CLOSED_SET_TASKS[t] for t in tasks), "Avg"))
+                 stderr=(*(closed[t] for t in tasks), "Avg"))
 
 
 # ------------------------------------------------------------------------------------------------ Table 2
@@ -695,14 +743,14 @@ def paper_cells(paper: Mapping | None, outdated_corpus: str) -> list[PaperCell]:
 
     for system in paper["mapping"]["table1"]:
         for task, label in CLOSED_SET_TASKS.items():
-            add("table1", system, label, f"{task}/{system}", row("table1", system).get(task))
+            add("table1", system, label, f"{task}/{system}", row("table1", system).get(LAYOUT.paper_keys[task]))
     for system in paper["mapping"]["table8"]:
         for label, task, subset, key in TABLE8_COLUMNS:
             cell = f"{task}/{system}" + (f"#{subset}" if subset else "")
             add("table8", system, label, cell, row("table8", system).get(key))
     for system in paper["mapping"]["table2"]:
         for task, label in TEMPLAMA_TASKS.items():
-            value = _pair(row("table2", system).get(label.lower()))
+            value = _pair(row("table2", system).get(LAYOUT.paper_keys[task]))
             if isinstance(value, Arrow):
                 add("table2", system, f"{label} (outdated)", f"{task}/{system}@{outdated_corpus}", value.before)
                 add("table2", system, label, f"{task}/{system}", value.after)

@@ -8,9 +8,9 @@ the error of a missing file. Only local files are read.
 Closed-set loaders return the raw fields the templates of ``npm.tasks.templates`` read (agn ``title``/
 ``description``; yahoo ``question_title``/``question_content``/``best_answer``; rte ``sentence1``/``sentence2``;
 subj, sst2, mr, rt, cr ``text``; amazon ``title``/``content``) plus ``id`` (a string) and ``label`` (the label id in
-``LABEL_WORDS`` order). Open-set loaders return ``id``, ``input`` (with one ``<mask>``) and ``answers`` (a list of
-gold strings, order kept, exact duplicates dropped), plus ``relation``/``is_uhn``/``is_hard`` (LAMA), ``relation``
-(KAMEL) and ``lang`` (entity translation).
+the order of config/tasks.yaml ``verbalizer.words``). Open-set loaders return ``id``, ``input`` (with one ``<mask>``)
+and ``answers`` (a list of gold strings, order kept, exact duplicates dropped), plus ``relation``/``is_uhn``/
+``is_hard`` (LAMA), ``relation`` (KAMEL) and ``lang`` (entity translation).
 
 LAMA records with ``masked_sentences`` (Google-RE's) are kept only when those sentences, joined with spaces, hold
 exactly one ``[MASK]``, as the original's loader does (paper silent; docs/paper-map.md §5.1): ``load_lama``'s

@@ -39,13 +39,11 @@ from npm.tasks import loaders as loaders_module
 from npm.tasks.metrics import SAMPLING_SEED, ngram_bucket, sample_by_group, sample_indices
 from npm.tasks.templates import (
     CLOSED_SET_TEMPLATES,
-    LABEL_WORDS,
     YAHOO_TOPICS,
     causal_text,
     closed_set_text,
     fuzzy_json_words,
     fuzzy_txt_words,
-    is_question,
     read_fuzzy_verbalizer_json,
     read_fuzzy_verbalizer_txt,
 )
@@ -54,12 +52,14 @@ log = logging.getLogger("npm-repro.tasks")
 
 DEFAULT_REGISTRY = Path(__file__).resolve().parents[2] / "config" / "tasks.yaml"
 DEFAULT_TASKS_ROOT = Path("data/tasks")
-OPEN_TEMPLATES = ("lama", "kamel", "qa", "given")
+OPEN_TEMPLATES = ("lama", "kamel", "qa", "given", "translation")
 FUZZY_FILES = ("agn.txt", "sst2.txt", "yahoo.json")
 GROUP_BY = ("bucket", "lang")
 
-REQUIRED = ("family", "loader", "files", "template", "verbalizer", "metric", "average", "sampling",
+REQUIRED = ("family", "loader", "files", "template", "verbalizer", "metric", "label", "report", "average", "sampling",
             "reference_corpus", "is_question", "l_max", "url", "source")
+# The tables a task can be a column of (npm.report.tables), by family; table3 has fixed columns (no paper_key).
+REPORT_TABLES = {"closed": ("table1",), "open": ("table8", "table2", "table3")}
 OPTIONAL = ("hf_dataset", "outdated_corpus", "fetch", "require_one_mask")
 
 # The kinds of a `fetch` step (npm.tasks.fetch runs them): kind -> (required keys, optional keys). A step's kind is the
@@ -75,6 +75,18 @@ FETCH_KINDS = {
 KIND_KEYS = ("hf", "records", "uhn_of", "members", "uuids")
 DOWNLOAD_KINDS = ("copy", "members", "uuids")  # the steps that read a `url` file
 HF_FORMATS = ("jsonl", "csv", "tsv")
+
+
+@dataclass(frozen=True)
+class Report:
+    """Where a task's numbers go in the report (config/tasks.yaml ``report``): its table, its column there and the
+    key of the paper's number (npm/report/paper_values.yaml); ``subsets``: Table 8's extra columns of a task,
+    ``{subset: (column, paper_key)}`` (LAMA's UHN and Hard)."""
+
+    table: str
+    column: str
+    paper_key: str | None
+    subsets: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,10 +114,21 @@ class Task:
     outdated_corpus: tuple[str, ...] = field(default_factory=tuple)
     fetch: tuple[dict, ...] = field(default_factory=tuple)
     require_one_mask: bool | None = None  # load_lama's switch (None: the loader's default, the original's filter)
+    label: str = ""  # the task's name in figures (and its table column unless report.column)
+    report: Report | None = None
+    pmi_premise: str | None = None  # closed set: the domain premise of lm_pmi (verbalizer.premise)
 
     @property
     def closed(self) -> bool:
         return self.family == "closed"
+
+    @property
+    def prompt_family(self) -> str | None:
+        """The decoders' open-set prompt form (npm.baselines.lm.open_set_prompt): question (``is_question``),
+        translation (template ``translation``) or cloze; None for a closed-set task."""
+        if self.closed:
+            return None
+        return "question" if self.is_question else "translation" if self.template == "translation" else "cloze"
 
     def where(self) -> str:
         """Where this task's files come from, for a missing-file error."""
@@ -251,22 +274,52 @@ def _check_keys(name: str, entry) -> None:
         raise _err(name, sorted(unknown)[0], f"unknown key (allowed: {list(REQUIRED + OPTIONAL)})")
 
 
-def _verbalizer(name: str, verbalizer, closed: bool, template: str) -> tuple[tuple[str, ...] | None, str | None]:
-    """(label words, fuzzy verbalizer file) of a closed-set task's ``verbalizer``; (None, None) for an open-set one."""
+def _verbalizer(name: str, verbalizer, closed: bool) -> dict:
+    """``label_words``, ``fuzzy`` (verbalizer file) and ``pmi_premise`` of a closed-set task's ``verbalizer``; all
+    None for an open-set one. Label words keep their leading space (each must encode to one token)."""
     if not closed:
         if verbalizer is not None:
             raise _err(name, "verbalizer", "an open-set task has no verbalizer (null)")
-        return None, None
-    if not isinstance(verbalizer, Mapping) or "words" not in verbalizer or "fuzzy" not in verbalizer:
-        raise _err(name, "verbalizer", f"a closed-set task needs {{words, fuzzy}}, got {verbalizer!r}")
+        return {"label_words": None, "fuzzy": None, "pmi_premise": None}
+    if not isinstance(verbalizer, Mapping) or set(verbalizer) != {"words", "fuzzy", "premise"}:
+        raise _err(name, "verbalizer", f"a closed-set task needs {{words, fuzzy, premise}}, got {verbalizer!r}")
     label_words = _str_list(name, "verbalizer.words", verbalizer["words"])
-    if label_words != LABEL_WORDS[template]:
-        raise _err(name, "verbalizer.words", f"{list(label_words)} differ from templates.LABEL_WORDS"
-                   f"[{template!r}] = {list(LABEL_WORDS[template])}")
+    if len(label_words) < 2 or not all(w.startswith(" ") and w.strip() for w in label_words):
+        raise _err(name, "verbalizer.words", f"must be two or more words, each with one leading space, got "
+                                             f"{list(label_words)}")
     fuzzy = verbalizer["fuzzy"]
     if fuzzy is not None and fuzzy not in FUZZY_FILES:
         raise _err(name, "verbalizer.fuzzy", f"must be one of {list(FUZZY_FILES)} or null, got {fuzzy!r}")
-    return label_words, fuzzy
+    premise = verbalizer["premise"]
+    if not isinstance(premise, str) or not premise.strip():
+        raise _err(name, "verbalizer.premise", f"must be the PMI domain premise (a non-empty string), got {premise!r}")
+    return {"label_words": label_words, "fuzzy": fuzzy, "pmi_premise": premise}
+
+
+def _report(name: str, entry: Mapping, family: str) -> dict:
+    """``label`` and ``report`` (a Report) of a task: its name in figures and its place in the report's tables."""
+    label, report = entry["label"], entry["report"]
+    if not isinstance(label, str) or not label.strip():
+        raise _err(name, "label", f"must name the task in tables and figures, got {label!r}")
+    allowed = REPORT_TABLES[family]
+    if not isinstance(report, Mapping) or report.get("table") not in allowed:
+        raise _err(name, "report", f"must be {{table, paper_key, column?}} with table one of {list(allowed)} for a "
+                                   f"{family}-set task, got {report!r}")
+    table = report["table"]
+    required = set() if table == "table3" else {"paper_key"}
+    optional = set() if table == "table3" else {"column", "subsets"} if table == "table8" else {"column"}
+    if not required <= set(report) - {"table"} <= required | optional:
+        raise _err(name, "report", f"a {table} task's report needs {sorted(required)} and may have {sorted(optional)}, "
+                                   f"got {sorted(report)}")
+    texts = [report.get("column", label), report.get("paper_key", "-")]
+    subsets = report.get("subsets") or {}
+    if not isinstance(subsets, Mapping) or not all(isinstance(v, list) and len(v) == 2 for v in subsets.values()):
+        raise _err(name, "report.subsets", f"must map subsets to [column, paper_key], got {subsets!r}")
+    texts += [t for pair in subsets.values() for t in pair]
+    if not all(isinstance(t, str) and t for t in texts):
+        raise _err(name, "report", f"column and paper keys must be non-empty strings, got {report!r}")
+    return {"label": label, "report": Report(table, report.get("column", label), report.get("paper_key"),
+                                             {str(k): tuple(v) for k, v in subsets.items()})}
 
 
 def _sampling(name: str, sampling, template: str) -> tuple[int | None, int | None, str | None]:
@@ -296,8 +349,6 @@ def _scoring(name: str, entry: Mapping, closed: bool, group_by: str | None) -> t
     question = entry["is_question"]
     if not isinstance(question, bool):
         raise _err(name, "is_question", f"must be true or false, got {question!r}")
-    if question != is_question(name):
-        raise _err(name, "is_question", f"{question} disagrees with templates.is_question({name!r})")
     if closed:
         if entry["l_max"] is not None:
             raise _err(name, "l_max", "closed-set tasks predict one token: l_max must be null")
@@ -336,7 +387,7 @@ def parse_task(name: str, entry) -> Task:
     allowed = tuple(CLOSED_SET_TEMPLATES) if closed else OPEN_TEMPLATES
     if template not in allowed:
         raise _err(name, "template", f"{template!r} is not one of {list(allowed)}")
-    label_words, fuzzy = _verbalizer(name, entry["verbalizer"], closed, template)
+    words = _verbalizer(name, entry["verbalizer"], closed)
     metric, expected = entry["metric"], "accuracy" if closed else "em"
     if metric != expected:
         raise _err(name, "metric", f"a {family}-set task is scored with {expected}, not {metric!r}")
@@ -349,8 +400,8 @@ def parse_task(name: str, entry) -> Task:
             raise _err(name, "require_one_mask", f"must be true or false, got {require_one_mask!r}")
         if loader != "load_lama":
             raise _err(name, "require_one_mask", f"only the LAMA loader load_lama reads it, not {loader}")
-    return Task(name=name, family=family, loader=loader, files=files, template=template, label_words=label_words,
-                fuzzy=fuzzy, metric=metric, average=entry["average"], n_samples=n_samples,
+    return Task(name=name, family=family, loader=loader, files=files, template=template, **words,
+                **_report(name, entry, family), metric=metric, average=entry["average"], n_samples=n_samples,
                 per_group=per_group, group_by=group_by,
                 reference_corpus=_str_list(name, "reference_corpus", entry["reference_corpus"]), is_question=question,
                 l_max=l_max, **origin,
@@ -372,6 +423,27 @@ def read_registry_file(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
 def load_registry(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict[str, Task]:
     """``{task name: Task}`` of config/tasks.yaml, in file order, every entry validated."""
     return {str(name): parse_task(str(name), entry) for name, entry in read_registry_file(path)["tasks"].items()}
+
+
+def task_names(registry: Mapping[str, Task] | str | os.PathLike | None = None, *, family: str | None = None,
+               table: str | None = None) -> list[str]:
+    """The registry's task names, in file order: those of ``family`` (closed | open) and of the report ``table``
+    (table1 | table2 | table3 | table8) when given. Every list of tasks in the code and the workflow is one of these."""
+    tasks = registry if isinstance(registry, Mapping) else load_registry(registry or DEFAULT_REGISTRY)
+    return [name for name, t in tasks.items()
+            if (family is None or t.family == family) and (table is None or (t.report and t.report.table == table))]
+
+
+def config_task_lists(config: dict, registry: str | os.PathLike = DEFAULT_REGISTRY) -> dict:
+    """Fill in the workflow config's task lists that it leaves out, from the registry (the config schema names no
+    task): ``evaluation.closed_set_tasks`` every closed-set task, ``evaluation.open_set_tasks`` every open-set task,
+    ``ablation.tasks`` the Table 8 tasks, each in file order. Returns ``config``, changed in place."""
+    tasks = load_registry(registry)
+    evaluation, ablation = config.setdefault("evaluation", {}), config.setdefault("ablation", {})
+    evaluation.setdefault("closed_set_tasks", task_names(tasks, family="closed"))
+    evaluation.setdefault("open_set_tasks", task_names(tasks, family="open"))
+    ablation.setdefault("tasks", task_names(tasks, table="table8"))
+    return config
 
 
 def download_checksums(path: str | os.PathLike = DEFAULT_REGISTRY) -> dict[str, str]:
@@ -422,10 +494,10 @@ def load_fuzzy_words(path: str | os.PathLike, registry: str | os.PathLike = DEFA
     except ValueError as e:  # a JSON or encoding error too
         raise ValueError(f"fuzzy verbalizer {path.name}: {e}") from None
     names = [t.name for t in tasks]
-    if len(words) != len(LABEL_WORDS[template]):
+    if len(words) != len(tasks[0].label_words):
         also = f" (and {', '.join(names[1:])})" if len(names) > 1 else ""
         raise ValueError(f"fuzzy verbalizer {path.name} has {len(words)} labels, task {names[0]}{also} has "
-                         f"{len(LABEL_WORDS[template])}")
+                         f"{len(tasks[0].label_words)}")
     return words
 
 
@@ -457,13 +529,13 @@ def label_verbalizers(task: Task | str, tokenizer, tasks_root: str | os.PathLike
     """Token ids (int64 arrays, label-id order) of each label's verbalizer (paper-map §4.1 step 6).
 
     The fuzzy verbalizer ``{tasks_root}/fuzzy_verbalizers/{task.fuzzy}`` when ``fuzzy`` and the registry names one
-    and the file exists (a warning when it is missing); else the single label word of ``templates.LABEL_WORDS``.
+    and the file exists (a warning when it is missing); else the task's single label words (``verbalizer.words``).
     Every word must be one token after a leading space (a clear ValueError otherwise).
     """
     task = resolve_task(task)
     if not task.closed:
         raise ValueError(f"task {task.name} is open-set: it has no verbalizer")
-    words = LABEL_WORDS[task.template]
+    words = task.label_words
     path = fuzzy_verbalizer_path(task, tasks_root) if fuzzy else None
     if path is not None and path.is_file():
         if path.suffix == ".json":

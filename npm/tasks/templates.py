@@ -3,10 +3,11 @@
 
 Closed set (paper-map §4.2 table): ``CLOSED_SET_TEMPLATES[task](record)`` gives the text before the mask;
 ``closed_set_text`` passes it through ``closed_set_input``, which appends "<mask>." with no space
-when the template has no mask (§9 item 27; RTE has its mask inside). ``LABEL_WORDS[task]`` lists the label words with
-their leading space, in label-id order. Record fields (names chosen here, the loaders must map their sources to
-them): agn ``title``/``description``; yahoo ``question_title``/``question_content``/``best_answer``; rte
-``sentence1``/``sentence2`` (GLUE); subj, sst2, mr, rt, cr ``text``; amazon ``title``/``content``.
+when the template has no mask (§9 item 27; RTE has its mask inside). A template is a format, shared by the tasks that
+name it; a task's label words, in label-id order, are its config/tasks.yaml ``verbalizer.words``. Record fields
+(names chosen here, the loaders must map their sources to them): agn ``title``/``description``; yahoo
+``question_title``/``question_content``/``best_answer``; rte ``sentence1``/``sentence2`` (GLUE); subj, sst2, mr, rt,
+cr ``text``; amazon ``title``/``content``.
 
 Causal-LM form (the decoder rows of Table 1, ``lm`` and ``lm_pmi``): a left-to-right LM scores the label word as the
 continuation of a prompt, so the label must come last. ``causal_text`` gives that prompt: the NPM text before its
@@ -14,7 +15,8 @@ mask for the templates that end with the mask, and for RTE, whose NPM template p
 the prompt of Shi et al. (2022, kNN-Prompt; from Holtzman et al. 2021), where the paper's GPT-2 / GPT-3 rows come
 from, with its label words ``CAUSAL_LABEL_WORDS["rte"]`` (" true", " false").
 
-Open set (paper-map §5.1): LAMA, KAMEL, NQ/TriviaQA and entity-translation inputs, and ``is_question``.
+Open set (paper-map §5.1): LAMA, KAMEL, NQ/TriviaQA and entity-translation inputs (which tasks are questions is
+their config/tasks.yaml ``is_question``).
 
 Fuzzy verbalizers (paper-map §4.2 notes, §9 item 28): the .txt format (one line per label, words joined by ", ",
 every list truncated to the shortest) and yahoo's .json (topic -> words, not truncated). Every word gets a leading
@@ -99,16 +101,6 @@ CLOSED_SET_TEMPLATES: dict[str, Callable[[Mapping], str]] = {
     "sst2": _sentiment, "mr": _sentiment, "rt": _sentiment, "cr": _sentiment, "amazon": _amazon,
 }
 
-_SENTIMENT = (" terrible", " great")
-LABEL_WORDS: dict[str, tuple[str, ...]] = {
-    "agn": (" politics", " sports", " business", " technology"),
-    "yahoo": (" society", " science", " health", " education", " computer", " sports", " business",
-              " entertainment", " family", " politics"),
-    "rte": (" Yes", " No"),
-    "subj": (" review", " summary"),
-    "sst2": _SENTIMENT, "mr": _SENTIMENT, "rt": _SENTIMENT, "cr": _SENTIMENT, "amazon": _SENTIMENT,
-}
-
 # HF yahoo_answers_topics topic names, in topic-id order (the assumed key order of yahoo.json).
 YAHOO_TOPICS = ("Society & Culture", "Science & Mathematics", "Health", "Education & Reference",
                 "Computers & Internet", "Sports", "Business & Finance", "Entertainment & Music",
@@ -162,26 +154,20 @@ def causal_text(template: str, record: Mapping) -> str | None:
     return None if form is None else form(record)
 
 
-def causal_label_words(template: str) -> tuple[str, ...]:
-    """The label words a causal LM scores after ``causal_text`` (label-id order): the causal form's own, else
-    ``LABEL_WORDS``."""
-    return CAUSAL_LABEL_WORDS.get(template, LABEL_WORDS[template])
+def causal_label_words(template: str, label_words: Sequence[str]) -> tuple[str, ...]:
+    """The label words a causal LM scores after ``causal_text`` (label-id order): the causal form's own, else the
+    task's ``label_words``."""
+    return CAUSAL_LABEL_WORDS.get(template, tuple(label_words))
 
 
 # ------------------------------------------------------------------------------------------------ open set
 
-QUESTION_TASKS = frozenset({"kamel", "nq", "triviaqa"})
 # Entity translation (paper-map §5.1, Table 7): the 15 codes of the data and the language names of the template.
 TRANSLATION_LANGUAGES = {
     "zh": "Chinese", "ar": "Arabic", "el": "Greek", "iw": "Hebrew", "ru": "Russian", "jp": "Japanese",
     "hi": "Hindi", "ko": "Korean", "pl": "Polish", "tr": "Turkish", "cs": "Czech", "ta": "Tamil", "th": "Thai",
     "mn": "Mongolian", "ml": "Malayalam",
 }
-
-
-def is_question(task: str) -> bool:
-    """True for kamel, nq and triviaqa only (it only changes the BM25 query string)."""
-    return task in QUESTION_TASKS
 
 
 def lama_input(template: str, subject: str) -> str:

@@ -23,6 +23,7 @@ from npm.settings import (
 )
 from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
+from npm.tasks.registry import config_task_lists
 from npm import progress
 from npm.io import resolve_package_path
 from npm.model import locate_checkpoint
@@ -181,6 +182,7 @@ def model_input(model):
 # Systems come from the registry npm.evaluation.systems (what each needs); the inference switches from
 # npm.settings (config `inference`, defaults filled in and validated there).
 TASKS = yaml.safe_load(Path(REPO, "config", "tasks.yaml").read_text(encoding="utf-8"))["tasks"]
+config_task_lists(config)  # task lists the config leaves out: config/tasks.yaml's
 EVAL = config["evaluation"]
 try:
     INFERENCE = Settings.from_mapping(config.get("inference"))

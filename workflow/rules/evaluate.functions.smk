@@ -1,8 +1,10 @@
 # Input functions and names of the rules in evaluate.smk (included at its top), out of its rules for `snakemake --lint`.
 from types import SimpleNamespace
 
-# TempLAMA's tasks of Table 2 (evaluated on the updated and the outdated corpus).
-TEMPLAMA_TASKS = [t for t in ["templama_unchanged", "templama_changed"] if t in EVAL["open_set_tasks"]]
+from npm.report.tables import LAYOUT as REPORT_TASKS
+
+# TempLAMA's tasks of Table 2 (evaluated on the updated and the outdated corpus), in the table's column order.
+TEMPLAMA_TASKS = [t for t in REPORT_TASKS.templama if t in EVAL["open_set_tasks"]]
 
 
 def task_corpora(task):

@@ -59,7 +59,7 @@ rule table2:
 rule table3:
     """Table 3: entity translation."""
     input:
-        metrics([t for t in ["entity_translation"] if t in EVAL["open_set_tasks"]], EVAL["open_set_systems"]),
+        metrics(TABLE3_TASKS, EVAL["open_set_systems"]),
     output:
         csv=report("results/tables/table3.csv", category="Tables", caption="../report/table3.rst"),
         md="results/tables/table3.md",
