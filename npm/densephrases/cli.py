@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from npm import tracking
 from npm.densephrases.evaluate import (
     d_small_evaluate,
+    d_small_index,
     open_domain,
     random_span_baseline,
     rc_evaluate,
@@ -23,6 +25,7 @@ from npm.densephrases.evaluate import (
     teacher_filter,
 )
 from npm.densephrases.rc import read_squad, write_squad
+from npm.densephrases.search import VECTORS
 from npm.io import provenance, read_json, read_jsonl, write_json
 from npm.model import load_tokenizer, torch_device
 from npm.options import DEVICE, MEM_MB, OUT, SEED, TASKS_ROOT, Command, option, section
@@ -118,6 +121,15 @@ def cmd_combine(args) -> int:
     return 0
 
 
+def cmd_trim(args) -> int:
+    from npm.densephrases.dump import trim_dump  # deferred: loads torch
+
+    meta = trim_dump(args.dump, args.out)
+    log.info("phrase edges: %d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"],
+             100 * meta["kept_share"], args.out)
+    return 0
+
+
 def cmd_index(args) -> int:
     from npm.densephrases.dump import build_index  # deferred: loads torch
 
@@ -155,6 +167,15 @@ def cmd_evaluate(args) -> int:
         out["rc_d_small"] = {"pool": [str(p) for p in args.d_small_pool],
                              **d_small_evaluate(model, examples, *lengths, precision=args.precision, pool=pool)}
         out["rc_random_span"] = random_span_baseline(examples, model.tokenizer, args.max_passage_tokens)
+        if args.d_small_index:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=Path(args.out).parent) as work:  # its dump and indexes, then gone
+                out["rc_d_small_index"] = d_small_index(args.checkpoint, examples, args.d_small_index, work, pool,
+                                                        args.max_passage_tokens, args.k, args.max_words,
+                                                        args.precision)
+            log.info("D_small over its phrase index: %s %.1f x smaller, EM %.1f (Flat: %.1f)",
+                     args.d_small_index, out["rc_d_small_index"]["ratio"], out["rc_d_small_index"]["em"],
+                     out["rc_d_small_index"]["flat_em"])
         if args.teacher:
             from npm.densephrases.train import load_teacher  # deferred: loads torch
 
@@ -169,14 +190,16 @@ def cmd_evaluate(args) -> int:
 
         if not (args.dump and args.index):
             raise ValueError("--questions / --task need --dump and --index (open-domain search)")
-        searcher = PhraseSearcher(args.checkpoint, args.dump, args.index, device=args.device, precision=args.precision)
+        searcher = PhraseSearcher(args.checkpoint, args.dump, args.index, device=args.device, precision=args.precision,
+                                  vectors=args.vectors)
         out["index"] = read_json(Path(str(args.index) + ".json"), "rebuild the index")
-        out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes")}
+        out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes", "token_filter")
+                       if k in searcher.dump.meta}
         out["open"] = {}
         for name, (kind, where) in sets.items():
             questions = _questions(where) if kind == "file" else \
                 task_questions(where, args.tasks_root, searcher.model.tokenizer)
-            out["open"][name] = {"source": str(where), "refine_factor": args.refine_factor,
+            out["open"][name] = {"source": str(where), "refine_factor": args.refine_factor, "vectors": args.vectors,
                                  **open_domain(searcher, questions, args.k, args.max_words, args.refine_factor)}
             if args.refine_factor > 1:  # what the index alone ranks
                 out.setdefault("open_index_only", {})[name] = open_domain(searcher, questions, args.k, args.max_words)
@@ -278,6 +301,11 @@ STEPS = (
             options=(DUMP(help="dump folder"),
                      option("--shards", type=positive_int, required=True,
                             help="shards of the dump (blocks files of the corpus)"))),
+    Command("trim", "the dump's tokens that can begin or end a phrase (the compressed index's filter)", cmd_trim,
+            description="A dump folder of the rows of --dump whose token begins or ends a word that may begin or end "
+                        "a phrase; the others are never a phrase's start or end, so no phrase is lost "
+                        "(npm.densephrases.dump.trim_dump).",
+            options=(DUMP(help="dump folder"), OUT(help="trimmed dump folder"))),
     Command("index", "FAISS index of a dump from a factory string", cmd_index,
             description="Flat (exact), the paper's IVF{n},SQ4, the code's OPQ{M},IVF{n},PQ{M}; inner product "
                         "(npm.densephrases.dump.build_index).",
@@ -300,6 +328,10 @@ STEPS = (
                      option("--d-small-pool", type=Path, nargs="*", default=[],
                             help="SQuAD JSON files whose passages join the --rc passages in D_small (Table 6's "
                                  "semi-open setting: every --rc question over all pooled passages)"),
+                     option("--d-small-index", default=None, metavar="FACTORY",
+                            help="with --rc: D_small through phrase indexes too, the pooled passages dumped: the "
+                                 "Flat index of the dump (fp16 scores) and this FAISS factory's index of its trimmed "
+                                 "dump, scored from its codes (npm.densephrases.evaluate.d_small_index)"),
                      option("--questions", type=Path, nargs="+", default=[],
                             help="open-domain question files (SQuAD .json or JSONL {question, answers}), each named "
                                  "by its stem"),
@@ -308,7 +340,10 @@ STEPS = (
                                  "(npm.densephrases.evaluate.task_question)"),
                      TASKS_ROOT,
                      DUMP(required=False, default=None, help="dump folder (--questions, --task)"),
-                     INDEX(required=False, default=None, help="index file (--questions, --task)"), K, MAX_WORDS,
+                     INDEX(required=False, default=None, help="index file (--questions, --task)"),
+                     option("--vectors", choices=VECTORS, default="dump",
+                            help="what phrases are scored from: the dump's fp16 vectors, or the index's own codes "
+                                 "(index: the dump's vectors are never read; npm.densephrases.searcher)"), K, MAX_WORDS,
                      OUT(help="results JSON"), _settings("evaluate"), tracking.OPTIONS)),
     Command("search", "print the top phrases of questions with their passages", cmd_search,
             description="npm-repro densephrases search --checkpoint M --dump D --index I \"What is the capital of "
