@@ -1,4 +1,4 @@
-"""``npm-repro densephrases rc | train-teacher | filter | train | dump | combine | index | query-ft | evaluate |
+"""``npm-repro densephrases rc | train-teacher | filter | train | dump | combine | trim | index | query-ft | evaluate |
 search``: DensePhrases (Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``);
 docs/paper-map.md §D. Its command is ``commands(rc)`` (npm.options); step ``rc`` builds the embedded default's demo data
 (``npm.embedded.rc``), so its handler is the caller's (npm.cli): this package never imports the demo-data
@@ -173,7 +173,7 @@ def cmd_evaluate(args) -> int:
                 out["rc_d_small_index"] = d_small_index(args.checkpoint, examples, args.d_small_index, work, pool,
                                                         args.max_passage_tokens, args.k, args.max_words,
                                                         args.precision)
-            log.info("D_small over its phrase index: %s %.1f x smaller, EM %.1f (Flat: %.1f)",
+            log.info("D_small over its phrase index: %s %.1fx smaller, EM %.1f (Flat: %.1f)",
                      args.d_small_index, out["rc_d_small_index"]["ratio"], out["rc_d_small_index"]["em"],
                      out["rc_d_small_index"]["flat_em"])
         if args.teacher:

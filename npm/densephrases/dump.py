@@ -14,7 +14,8 @@ by one job per shard (rule densephrases_dump).
 offsets that turn a shard's token, passage and segment ids into the corpus's (global block order), the phrase
 encoder's and the corpus's fingerprints, hidden size, row counts, the filter. :class:`PhraseDump` reads a dump as one
 table over its shards' memmaps (:class:`Concat`: nothing is joined, nothing per token in Python).
-:func:`dump_phrases` makes a whole dump in one process (every shard, then the meta).
+:func:`dump_phrases` makes a whole dump in one process (every shard, then the meta). :func:`trim_dump` writes the dump
+of the rows that can begin or end a phrase (the compressed index's filter: no phrase is lost).
 
 :func:`build_index`: the rows in a FAISS index from a factory string (``Flat``; the paper's ``IVF{n},SQ4``; the
 code's ``OPQ{M},IVF{n},PQ{M}``), inner product, through ``npm.datastore.faiss_index.build_faiss_index`` over the
