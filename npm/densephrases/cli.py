@@ -153,12 +153,15 @@ def cmd_query_ft(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    """RC EM/F1 on SQuAD examples (--rc), open-domain EM@1 and queries/s over the index (--questions)."""
+    """RC EM/F1 on SQuAD examples (--rc; with --d-small-index, D_small through phrase indexes instead), open-domain
+    EM@1 and queries/s over the index (--questions, --task)."""
     from npm.densephrases.model import DensePhrases  # deferred: loads torch
 
     out: dict = {"model": str(args.checkpoint)}
     device = torch_device(args.device)
-    if args.rc:
+    if args.rc and args.d_small_index:  # D_small through indexes only: rule densephrases_evaluate_rc has the rest
+        out["rc_d_small_index"] = _d_small_index(args)
+    elif args.rc:
         examples = read_squad(args.rc)
         model = DensePhrases.load(args.checkpoint).to(device)
         lengths = (args.max_passage_tokens, args.max_question_tokens)
@@ -167,15 +170,6 @@ def cmd_evaluate(args) -> int:
         out["rc_d_small"] = {"pool": [str(p) for p in args.d_small_pool],
                              **d_small_evaluate(model, examples, *lengths, precision=args.precision, pool=pool)}
         out["rc_random_span"] = random_span_baseline(examples, model.tokenizer, args.max_passage_tokens)
-        if args.d_small_index:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=Path(args.out).parent) as work:  # its dump and indexes, then gone
-                out["rc_d_small_index"] = d_small_index(args.checkpoint, examples, args.d_small_index, work, pool,
-                                                        args.max_passage_tokens, args.k, args.max_words,
-                                                        args.precision)
-            log.info("D_small over its phrase index: %s %.1fx smaller, EM %.1f (Flat: %.1f)",
-                     args.d_small_index, out["rc_d_small_index"]["ratio"], out["rc_d_small_index"]["em"],
-                     out["rc_d_small_index"]["flat_em"])
         if args.teacher:
             from npm.densephrases.train import load_teacher  # deferred: loads torch
 
@@ -213,6 +207,20 @@ def cmd_evaluate(args) -> int:
     with tracking.from_args(args, "densephrases_evaluate", Path(args.checkpoint).name) as run:  # every number of --out
         run.log(0, **tracking.numbers(out))
     return 0
+
+
+def _d_small_index(args) -> dict:
+    """``evaluate --rc --d-small-index``: the --rc questions over all D_small passages through phrase indexes
+    (``npm.densephrases.evaluate.d_small_index``), built in a folder beside --out that is removed after."""
+    examples = read_squad(args.rc)
+    pool = [ex for path in args.d_small_pool for ex in read_squad(path)]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=Path(args.out).parent) as work:
+        result = d_small_index(args.checkpoint, examples, args.d_small_index, work, pool, args.max_passage_tokens,
+                               args.k, args.max_words, args.precision)
+    log.info("D_small over its phrase index: %s %.1fx smaller, EM %.1f (Flat: %.1f) on %d questions",
+             args.d_small_index, result["ratio"], result["em"], result["flat_em"], result["n"])
+    return result
 
 
 def cmd_search(args) -> int:
@@ -329,9 +337,9 @@ STEPS = (
                             help="SQuAD JSON files whose passages join the --rc passages in D_small (Table 6's "
                                  "semi-open setting: every --rc question over all pooled passages)"),
                      option("--d-small-index", default=None, metavar="FACTORY",
-                            help="with --rc: D_small through phrase indexes too, the pooled passages dumped: the "
-                                 "Flat index of the dump (fp16 scores) and this FAISS factory's index of its trimmed "
-                                 "dump, scored from its codes (npm.densephrases.evaluate.d_small_index)"),
+                            help="with --rc: D_small through phrase indexes instead, the pooled passages dumped: "
+                                 "the Flat index of the dump (fp16 scores) and this FAISS factory's index of its "
+                                 "trimmed dump, scored from its codes (npm.densephrases.evaluate.d_small_index)"),
                      option("--questions", type=Path, nargs="+", default=[],
                             help="open-domain question files (SQuAD .json or JSONL {question, answers}), each named "
                                  "by its stem"),
