@@ -569,6 +569,11 @@ class DensePhrasesSettings(Section):
     index: str = _setting("Flat", "FAISS factory string of the knowledge-table row's index", option=False)
     compare_indexes: tuple = _setting((), "other factory strings evaluated in the table (size, build time, EM, "
                                           "queries/s)", kinds=(list, tuple), option=False)
+    compressed: str | None = _setting(None, "FAISS factory string of the compressed index: over the trimmed dump "
+                                            "(the tokens that can begin or end a phrase), phrases retrieved and "
+                                            "scored from its codes alone, no fp16 dump (rules densephrases_trim, "
+                                            "densephrases_evaluate_compressed); null = none", kinds=(str,),
+                                      option=False)
     nprobe: int = _setting(256, "IVF lists probed (paper: 256)", minimum=1, option=("index",))
     index_train_sample: int = _setting(1_000_000, "dump vectors an IVF / PQ / OPQ index trains on (a seeded sample)",
                                        minimum=1, option=("index",))

@@ -354,3 +354,76 @@ def test_a_dry_run_of_the_paper_config_plans_one_dump_job_per_blocks_shard(tmp_p
     assert re.search(r"densephrases index --dump data/densephrases/dump/pre_batch/enwiki .*--factory IVF1048576,SQ4 .*"
                      r"--mem-mb \d+", out.stdout)
     assert "data/raw/squad/train-v1.1.json does not exist; place it there by hand" in out.stdout
+
+
+def test_a_compressed_index_of_the_phrase_edges_is_smaller_by_its_recorded_ratio_and_searched_alone(world, tmp_path):
+    """The compressed route (config densephrases.compressed): `densephrases trim` keeps the tokens that can begin or
+    end a phrase, the index of that dump is built from a factory string, and `evaluate --vectors index` retrieves and
+    scores the phrases from the index's codes alone: the trimmed dump's vectors deleted, it still answers; over a
+    lossless (Flat) index and every row retrieved it finds the phrases and scores of the untrimmed dump; the table's
+    row records the index's size against the untrimmed fp16 dump and its EM as index only."""
+    from npm.cli import main
+    from npm.densephrases.rc import write_squad
+    from npm.densephrases.search import search
+    from npm.densephrases.searcher import PhraseSearcher
+    from npm.report.densephrases import densephrases_table
+
+    root = world["root"]
+    write_jsonl(tmp_path / "many.jsonl", [{"id": f"m{n}", "units": [t, t.upper()]} for n in range(40) for t in DOCS])
+    build_blocks(tmp_path / "many.jsonl", tmp_path / "many.npz", WORDPIECE, max_seq_length=32)
+    full = dump_phrases(root / "model", [str(tmp_path / "many.npz")], tmp_path / "dump", progress=False)
+    assert main(["densephrases", "trim", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "trimmed")]) == 0
+    whole, trimmed = PhraseDump(tmp_path / "dump"), PhraseDump(tmp_path / "trimmed")
+    edges = np.flatnonzero(whole.tokens.word_start[:] | whole.tokens.word_end[:])
+    assert 0 < trimmed.meta["rows"] == len(edges) < full["rows"] == trimmed.meta["tokens"]
+    assert trimmed.meta["token_filter"] == "edges" and trimmed.token[:].tolist() == whole.token[edges].tolist()
+    assert np.array_equal(trimmed.vectors[:], whole.vectors[edges])
+    for name, values in trimmed.tokens.arrays().items():
+        assert values[:].tolist() == whole.tokens.arrays()[name][edges].tolist(), name
+
+    # lossless: Flat over the trimmed dump, every row retrieved, scored from the index = the untrimmed dump's search
+    build_index(tmp_path / "dump", tmp_path / "flat.faiss")
+    build_index(tmp_path / "trimmed", tmp_path / "trimmed_flat.faiss")
+    untrimmed = PhraseSearcher(root / "model", tmp_path / "dump", tmp_path / "flat.faiss")
+    alone = PhraseSearcher(root / "model", tmp_path / "trimmed", tmp_path / "trimmed_flat.faiss", vectors="index")
+    qs, qe = untrimmed.encode(["What is the capital of Greece?", "Where is the Parthenon?"])
+    for a, b in zip(search(untrimmed.index, whole.vectors, whole.tokens, qs, qe, full["rows"], 3, top_n=20),
+                    search(alone.index, alone.vectors, trimmed.tokens, qs, qe, full["rows"], 3, top_n=20),
+                    strict=True):
+        assert whole.token[a[0]].tolist() == trimmed.token[b[0]].tolist()
+        assert np.allclose(a[1], b[1], atol=1e-4)
+
+    # compressed: PCA + 4-bit codes, read back and searched with the trimmed dump's vectors gone
+    record = build_index(tmp_path / "trimmed", tmp_path / "small.faiss", "PCA8,SQ4")
+    assert record["index_bytes"] == (tmp_path / "small.faiss").stat().st_size
+    ratio = full["bytes"] / record["index_bytes"]
+    assert ratio > 8  # 4 bytes per kept token and a 1 KB transform, against 64 bytes per token
+    for shard in trimmed.meta["shards"]:
+        (tmp_path / "trimmed" / shard["path"] / "vectors.f16").unlink()
+    with pytest.raises(FileNotFoundError):
+        PhraseSearcher(root / "model", tmp_path / "trimmed", tmp_path / "small.faiss")  # the fp16 scores need them
+    found = PhraseSearcher(root / "model", tmp_path / "trimmed", tmp_path / "small.faiss", vectors="index").search(
+        ["What is the capital of Greece?"], k=8, max_words=3, top_n=3)
+    assert 1 <= len(found[0]) <= 3 and all(p["text"] in p["context"] for p in found[0])
+
+    write_jsonl(tmp_path / "nq.jsonl", [{"question": "What is the capital of Greece?", "answers": ["Athens"]}])
+    rc = [{"id": f"r{n}", "title": f"t{n}", "context": text, "question": f"Which city is named in {n}?",
+           "answers": ["Athens"], "answer_start": [text.index("Athens")]} for n, text in enumerate(DOCS[:2])]
+    write_squad(tmp_path / "rc.json", rc, "test")
+    out = tmp_path / "eval" / "pre_batch" / "compressed.json"
+    assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--dump", str(tmp_path / "trimmed"),
+                 "--index", str(tmp_path / "small.faiss"), "--vectors", "index", "--questions",
+                 str(tmp_path / "nq.jsonl"), "--rc", str(tmp_path / "rc.json"), "--d-small-index", "SQ8", "--k", "8",
+                 "--max-words", "3", "--max-passage-tokens", "32", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["open"]["nq"]["vectors"] == "index" and results["dump"]["token_filter"] == "edges"
+    small = results["rc_d_small_index"]
+    assert small["passages"] == 2 and small["n"] == 2 and 0 < small["kept"] < small["tokens"]
+    assert 0 <= small["em"] <= 100 and 0 <= small["flat_em"] <= 100 and small["ratio"] > 1
+    rows = {(r["Row"], r["Column"]): r for r in densephrases_table([out]).rows if r["Part"] == "index"}
+    assert rows[("PCA8,SQ4, phrase edges", "times smaller than the fp16 dump")]["Ours"] == round(ratio, 2)
+    assert rows[("PCA8,SQ4, phrase edges", "bytes per vector")]["Ours"] == round(
+        record["index_bytes"] / full["rows"], 1)
+    assert "codes alone" in rows[("PCA8,SQ4, phrase edges", "EM@1 nq (index only)")]["Note"]
+    assert rows[("PCA8,SQ4, phrase edges", "EM RC D_small (index only)")]["Ours"] == round(small["em"], 2)
+    assert ("PCA8,SQ4, phrase edges", "EM@1 nq") not in rows

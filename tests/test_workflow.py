@@ -222,7 +222,7 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
         assert f"results/densephrases/eval/{variant}/{index}.json" in report
     assert "results/densephrases/eval/none/Flat.json" not in report  # the ablation needs no dump: {p} and D_small
     rc = {re.search(r"--checkpoint results/densephrases/model_(\w+) ", s).group(1): s
-          for s in shells if "densephrases evaluate" in s and "--rc " in s}
+          for s in shells if "densephrases evaluate" in s and "--rc " in s and "--vectors index" not in s}
     assert sorted(rc) == ["none", "pre_batch"] and not any("--index" in s for s in rc.values())
     assert "--teacher results/densephrases/teacher" in rc["pre_batch"] and "--teacher" not in rc["none"]
     assert "--d-small-pool data/densephrases/rc/train.json data/densephrases/rc/dev.json" in rc["none"]
@@ -230,6 +230,16 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     assert len(encoders) >= 8 and all("--precision bf16" in s for s in encoders)  # config densephrases.precision
     (pq,) = [s for s in shells if "densephrases evaluate" in s and "IVF256_PQ32.faiss" in s]
     assert "--refine-factor 100" in pq
+    # config `compressed`: the dump trimmed to its phrase edges, its index, evaluated from the codes alone
+    (trim,) = [s for s in shells if "densephrases trim" in s]
+    assert "--dump data/densephrases/dump/pre_batch/enwiki --out data/densephrases/trimmed/pre_batch/enwiki" in trim
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", cfg["densephrases"]["compressed"])
+    (small,) = [s for s in shells if f"--out data/densephrases/index_trimmed/pre_batch/enwiki/{slug}.faiss" in s]
+    assert "--dump data/densephrases/trimmed/pre_batch/enwiki " in small
+    (alone,) = [s for s in shells if "densephrases evaluate" in s and "--vectors index" in s]
+    assert f"index_trimmed/pre_batch/enwiki/{slug}.faiss" in alone and "--d-small-index" in alone
+    assert alone.index("--refine-factor 1 ") > alone.index("--refine-factor 100")  # never re-ranked by the dump
+    assert "results/densephrases/eval/pre_batch/compressed.json" in report
     del cfg["densephrases"]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = subprocess.run([SNAKEMAKE, "-n", "--cores", "1", "--directory", str(tmp_path / "w"), "-s",

@@ -1,4 +1,4 @@
-"""``npm-repro densephrases rc | train-teacher | filter | train | dump | combine | index | query-ft | evaluate |
+"""``npm-repro densephrases rc | train-teacher | filter | train | dump | combine | trim | index | query-ft | evaluate |
 search``: DensePhrases (Lee et al. 2021) as its own system (its table: ``npm-repro report densephrases``);
 docs/paper-map.md §D. Its command is ``commands(rc)`` (npm.options); step ``rc`` builds the embedded default's demo data
 (``npm.embedded.rc``), so its handler is the caller's (npm.cli): this package never imports the demo-data
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from npm import tracking
 from npm.densephrases.evaluate import (
     d_small_evaluate,
+    d_small_index,
     open_domain,
     random_span_baseline,
     rc_evaluate,
@@ -23,6 +25,7 @@ from npm.densephrases.evaluate import (
     teacher_filter,
 )
 from npm.densephrases.rc import read_squad, write_squad
+from npm.densephrases.search import VECTORS
 from npm.io import provenance, read_json, read_jsonl, write_json
 from npm.model import load_tokenizer, torch_device
 from npm.options import DEVICE, MEM_MB, OUT, SEED, TASKS_ROOT, Command, option, section
@@ -118,6 +121,15 @@ def cmd_combine(args) -> int:
     return 0
 
 
+def cmd_trim(args) -> int:
+    from npm.densephrases.dump import trim_dump  # deferred: loads torch
+
+    meta = trim_dump(args.dump, args.out)
+    log.info("phrase edges: %d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"],
+             100 * meta["kept_share"], args.out)
+    return 0
+
+
 def cmd_index(args) -> int:
     from npm.densephrases.dump import build_index  # deferred: loads torch
 
@@ -141,12 +153,15 @@ def cmd_query_ft(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    """RC EM/F1 on SQuAD examples (--rc), open-domain EM@1 and queries/s over the index (--questions)."""
+    """RC EM/F1 on SQuAD examples (--rc; with --d-small-index, D_small through phrase indexes instead), open-domain
+    EM@1 and queries/s over the index (--questions, --task)."""
     from npm.densephrases.model import DensePhrases  # deferred: loads torch
 
     out: dict = {"model": str(args.checkpoint)}
     device = torch_device(args.device)
-    if args.rc:
+    if args.rc and args.d_small_index:  # D_small through indexes only: rule densephrases_evaluate_rc has the rest
+        out["rc_d_small_index"] = _d_small_index(args)
+    elif args.rc:
         examples = read_squad(args.rc)
         model = DensePhrases.load(args.checkpoint).to(device)
         lengths = (args.max_passage_tokens, args.max_question_tokens)
@@ -169,14 +184,16 @@ def cmd_evaluate(args) -> int:
 
         if not (args.dump and args.index):
             raise ValueError("--questions / --task need --dump and --index (open-domain search)")
-        searcher = PhraseSearcher(args.checkpoint, args.dump, args.index, device=args.device, precision=args.precision)
+        searcher = PhraseSearcher(args.checkpoint, args.dump, args.index, device=args.device, precision=args.precision,
+                                  vectors=args.vectors)
         out["index"] = read_json(Path(str(args.index) + ".json"), "rebuild the index")
-        out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes")}
+        out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes", "token_filter")
+                       if k in searcher.dump.meta}
         out["open"] = {}
         for name, (kind, where) in sets.items():
             questions = _questions(where) if kind == "file" else \
                 task_questions(where, args.tasks_root, searcher.model.tokenizer)
-            out["open"][name] = {"source": str(where), "refine_factor": args.refine_factor,
+            out["open"][name] = {"source": str(where), "refine_factor": args.refine_factor, "vectors": args.vectors,
                                  **open_domain(searcher, questions, args.k, args.max_words, args.refine_factor)}
             if args.refine_factor > 1:  # what the index alone ranks
                 out.setdefault("open_index_only", {})[name] = open_domain(searcher, questions, args.k, args.max_words)
@@ -190,6 +207,20 @@ def cmd_evaluate(args) -> int:
     with tracking.from_args(args, "densephrases_evaluate", Path(args.checkpoint).name) as run:  # every number of --out
         run.log(0, **tracking.numbers(out))
     return 0
+
+
+def _d_small_index(args) -> dict:
+    """``evaluate --rc --d-small-index``: the --rc questions over all D_small passages through phrase indexes
+    (``npm.densephrases.evaluate.d_small_index``), built in a folder beside --out that is removed after."""
+    examples = read_squad(args.rc)
+    pool = [ex for path in args.d_small_pool for ex in read_squad(path)]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=Path(args.out).parent) as work:
+        result = d_small_index(args.checkpoint, examples, args.d_small_index, work, pool, args.max_passage_tokens,
+                               args.k, args.max_words, args.precision)
+    log.info("D_small over its phrase index: %s %.1fx smaller, EM %.1f (Flat: %.1f) on %d questions",
+             args.d_small_index, result["ratio"], result["em"], result["flat_em"], result["n"])
+    return result
 
 
 def cmd_search(args) -> int:
@@ -278,6 +309,11 @@ STEPS = (
             options=(DUMP(help="dump folder"),
                      option("--shards", type=positive_int, required=True,
                             help="shards of the dump (blocks files of the corpus)"))),
+    Command("trim", "the dump's tokens that can begin or end a phrase (the compressed index's filter)", cmd_trim,
+            description="A dump folder of the rows of --dump whose token begins or ends a word that may begin or end "
+                        "a phrase; the others are never a phrase's start or end, so no phrase is lost "
+                        "(npm.densephrases.dump.trim_dump).",
+            options=(DUMP(help="dump folder"), OUT(help="trimmed dump folder"))),
     Command("index", "FAISS index of a dump from a factory string", cmd_index,
             description="Flat (exact), the paper's IVF{n},SQ4, the code's OPQ{M},IVF{n},PQ{M}; inner product "
                         "(npm.densephrases.dump.build_index).",
@@ -300,6 +336,10 @@ STEPS = (
                      option("--d-small-pool", type=Path, nargs="*", default=[],
                             help="SQuAD JSON files whose passages join the --rc passages in D_small (Table 6's "
                                  "semi-open setting: every --rc question over all pooled passages)"),
+                     option("--d-small-index", default=None, metavar="FACTORY",
+                            help="with --rc: D_small through phrase indexes instead, the pooled passages dumped: "
+                                 "the Flat index of the dump (fp16 scores) and this FAISS factory's index of its "
+                                 "trimmed dump, scored from its codes (npm.densephrases.evaluate.d_small_index)"),
                      option("--questions", type=Path, nargs="+", default=[],
                             help="open-domain question files (SQuAD .json or JSONL {question, answers}), each named "
                                  "by its stem"),
@@ -308,7 +348,10 @@ STEPS = (
                                  "(npm.densephrases.evaluate.task_question)"),
                      TASKS_ROOT,
                      DUMP(required=False, default=None, help="dump folder (--questions, --task)"),
-                     INDEX(required=False, default=None, help="index file (--questions, --task)"), K, MAX_WORDS,
+                     INDEX(required=False, default=None, help="index file (--questions, --task)"),
+                     option("--vectors", choices=VECTORS, default="dump",
+                            help="what phrases are scored from: the dump's fp16 vectors, or the index's own codes "
+                                 "(index: the dump's vectors are never read; npm.densephrases.searcher)"), K, MAX_WORDS,
                      OUT(help="results JSON"), _settings("evaluate"), tracking.OPTIONS)),
     Command("search", "print the top phrases of questions with their passages", cmd_search,
             description="npm-repro densephrases search --checkpoint M --dump D --index I \"What is the capital of "

@@ -14,7 +14,8 @@ by one job per shard (rule densephrases_dump).
 offsets that turn a shard's token, passage and segment ids into the corpus's (global block order), the phrase
 encoder's and the corpus's fingerprints, hidden size, row counts, the filter. :class:`PhraseDump` reads a dump as one
 table over its shards' memmaps (:class:`Concat`: nothing is joined, nothing per token in Python).
-:func:`dump_phrases` makes a whole dump in one process (every shard, then the meta).
+:func:`dump_phrases` makes a whole dump in one process (every shard, then the meta). :func:`trim_dump` writes the dump
+of the rows that can begin or end a phrase (the compressed index's filter: no phrase is lost).
 
 :func:`build_index`: the rows in a FAISS index from a factory string (``Flat``; the paper's ``IVF{n},SQ4``; the
 code's ``OPQ{M},IVF{n},PQ{M}``), inner product, through ``npm.datastore.faiss_index.build_faiss_index`` over the
@@ -50,7 +51,7 @@ from npm.settings import DensePhrasesSettings
 COLUMNS = ("token", *(f.name for f in fields(PhraseTokens)))  # one .npy per column of a shard's token table
 OFFSETS = {"token": "token_offset", "passage": "passage_offset", "segment": "segment_offset"}  # local -> global ids
 WRITE_CHUNK = 1 << 16  # rows copied at a time from the encoded vectors to the shard's file
-SHARD_KEYS = ("phrase_side", "hidden_size", "filter_threshold", "precision")  # every shard of a dump agrees on these
+SHARD_KEYS = ("phrase_side", "hidden_size", "filter_threshold", "precision", "token_filter")  # every shard agrees
 
 
 def shard_dir(dump_dir: str | os.PathLike, shard: int) -> Path:
@@ -116,8 +117,9 @@ def combine_shards(dump_dir: str | os.PathLike, n_shards: int) -> dict:
                                     f"meta.json); dump it with `npm-repro densephrases dump --shard {k}`")
         meta = read_json(path / "meta.json", "dump the shard again")
         for key in SHARD_KEYS:
-            if meta[key] != (metas[0][key] if metas else meta[key]):
-                raise ValueError(f"{path}: its {key} ({meta[key]!r}) differs from shard0's ({metas[0][key]!r}): the "
+            if meta.get(key) != (metas[0].get(key) if metas else meta.get(key)):
+                raise ValueError(f"{path}: its {key} ({meta.get(key)!r}) differs from shard0's "
+                                 f"({metas[0].get(key)!r}): the "
                                  "shards of one dump come from one model and one setting; dump it again")
         metas.append(meta)
         shards.append({"path": path.name, "rows": meta["rows"], "blocks": meta["blocks"], **first})
@@ -129,6 +131,7 @@ def combine_shards(dump_dir: str | os.PathLike, n_shards: int) -> dict:
     meta = {"model": metas[0]["model"], "phrase_side": metas[0]["phrase_side"], "corpus_fingerprint": fingerprint,
             "blocks": [m["blocks"] for m in metas], "shards": shards, "hidden_size": d, "rows": rows,
             "tokens": tokens, "filter_threshold": metas[0]["filter_threshold"],
+            **({"token_filter": metas[0]["token_filter"]} if metas[0].get("token_filter") else {}),
             "kept_share": round(rows / max(1, tokens), 4), "bytes": rows * d * 2, "precision": metas[0]["precision"],
             "seconds": round(sum(m["seconds"] for m in metas), 2)}
     write_json(dump_dir / "meta.json", meta)
@@ -148,6 +151,32 @@ def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir:
             dump_shard(model_dir, path, shard_dir(tmp, k), filter_threshold, batch_blocks, progress, precision,
                        device, model)
         meta = combine_shards(tmp, len(blocks_paths))
+    return meta
+
+
+def trim_dump(dump_dir: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
+    """The dump of the rows of ``dump_dir`` that can begin or end a phrase (``PhraseTokens.word_start | word_end``),
+    shard by shard, written atomically; returns its meta (``token_filter``: ``edges``). A token that is neither is
+    never a phrase's start or end (``npm.densephrases.search.candidates``), so no phrase and no phrase score is lost:
+    only the index rows that a search would spend on tokens that yield none (the compressed index's filter; the
+    original's learned filter needs a trained filter head, ``train.lambda_filter``)."""
+    src = PhraseDump(dump_dir)
+    d = src.meta["hidden_size"]
+    with atomic_dir(out_dir) as tmp:
+        for k, shard in enumerate(src.meta["shards"]):
+            path, out = Path(dump_dir) / shard["path"], shard_dir(tmp, k)
+            out.mkdir(parents=True)
+            rows = np.flatnonzero(_load(path / "word_start.npy", shard["rows"])
+                                  | _load(path / "word_end.npy", shard["rows"]))
+            vectors = _load(path / "vectors.f16", shard["rows"], (d,))
+            with open(out / "vectors.f16", "wb") as f:
+                for a in range(0, len(rows), WRITE_CHUNK):
+                    np.asarray(vectors[rows[a:a + WRITE_CHUNK]]).tofile(f)
+            for name in COLUMNS:
+                np.save(out / f"{name}.npy", _load(path / f"{name}.npy", shard["rows"])[rows])
+            meta = read_json(path / "meta.json", "dump the shard again")
+            write_json(out / "meta.json", {**meta, "rows": len(rows), "token_filter": "edges"})
+        meta = combine_shards(tmp, len(src.meta["shards"]))
     return meta
 
 
@@ -226,10 +255,11 @@ def _load(path: Path, rows: int, shape: tuple = ()) -> np.ndarray:
 
 
 class PhraseDump:
-    """A dump folder, read back: ``meta``, ``vectors`` (fp16 [rows, d]), ``token`` (global token positions) and
-    ``tokens`` (:class:`PhraseTokens`), each a :class:`Concat` over the shards' memmaps."""
+    """A dump folder, read back: ``meta``, ``vectors`` (fp16 [rows, d]; None with ``vectors=False``: a search that
+    scores from its index's codes never reads the dump's vectors, which need not be on disk), ``token`` (global token
+    positions) and ``tokens`` (:class:`PhraseTokens`), each a :class:`Concat` over the shards' memmaps."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, vectors: bool = True):
         path = Path(path)
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{path} is not a phrase dump (no meta.json); make one with "
@@ -239,7 +269,8 @@ class PhraseDump:
             raise ValueError(f"{path}: a phrase dump of the earlier one-file layout (no 'shards' in meta.json); "
                              "dump it again with `npm-repro densephrases dump`")
         shards, d = self.meta["shards"], self.meta["hidden_size"]
-        self.vectors = Concat([_load(path / s["path"] / "vectors.f16", s["rows"], (d,)) for s in shards])
+        self.vectors = Concat([_load(path / s["path"] / "vectors.f16", s["rows"], (d,)) for s in shards]) \
+            if vectors else None
         columns = {name: Concat([_load(path / s["path"] / f"{name}.npy", s["rows"]) for s in shards],
                                 [s[OFFSETS[name]] if name in OFFSETS else 0 for s in shards]) for name in COLUMNS}
         self.token = columns.pop("token")

@@ -172,6 +172,54 @@ def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = Dens
                                                      strict=True)]}
 
 
+def d_small_blocks(contexts: list[str], tokenizer, max_passage_tokens: int, out_path) -> None:
+    """A blocks file (docs/data-contracts.md) of ``contexts``, one document and one block each (a passage longer
+    than ``max_passage_tokens`` is cut as the blocks of a corpus are): the D_small passages as a corpus to dump."""
+    from npm.data.blocks import tokenize_documents
+    from npm.io import save_npz
+
+    docs = ({"id": f"passage{n}", "units": [c]} for n, c in enumerate(contexts))
+    save_npz(out_path, **tokenize_documents(docs, tokenizer, max_passage_tokens))
+
+
+def d_small_index(model_dir, examples: list[dict], factory: str, workdir, pool: list[dict] | None = None,
+                  max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens, k: int = 10,
+                  max_words: int = 20, precision: str = "fp32") -> dict:
+    """D_small (:func:`d_small_evaluate`'s passages) through phrase indexes, as the open-domain search runs: the
+    pooled passages (:func:`d_small_blocks`) dumped by the phrase encoder of ``model_dir`` into ``workdir``, and
+    each question of ``examples`` answered by the top phrase (:func:`open_domain`) over (a) the Flat index of the
+    whole dump, phrases scored from its fp16 vectors (the uncompressed reference), and (b) the ``factory`` index of
+    its trimmed dump (``npm.densephrases.dump.trim_dump``), phrases retrieved and scored from the index's codes alone
+    (the compressed index, nothing else on disk). EM (percent) of each, the index's bytes and its ratio to the
+    untrimmed fp16 dump."""
+    from pathlib import Path
+
+    from npm.densephrases.dump import build_index, dump_phrases, trim_dump
+    from npm.densephrases.searcher import PhraseSearcher
+    from npm.model import load_tokenizer
+
+    workdir = Path(workdir)
+    contexts = list(dict.fromkeys([ex["context"] for ex in examples] + [ex["context"] for ex in pool or []]))
+    d_small_blocks(contexts, load_tokenizer(str(Path(model_dir) / "phrase")), max_passage_tokens,
+                   workdir / "blocks.npz")
+    meta = dump_phrases(model_dir, [str(workdir / "blocks.npz")], workdir / "dump", progress=False,
+                        precision=precision)
+    trimmed = trim_dump(workdir / "dump", workdir / "trimmed")
+    build_index(workdir / "dump", workdir / "flat.faiss", "Flat")
+    record = build_index(workdir / "trimmed", workdir / "compressed.faiss", factory)
+    questions = [{"id": ex["id"], "question": ex["question"], "answers": ex["answers"]} for ex in examples]
+    found = {}
+    for name, dump, vectors in (("flat", "dump", "dump"), ("compressed", "trimmed", "index")):
+        searcher = PhraseSearcher(model_dir, workdir / dump, workdir / f"{name}.faiss", precision=precision,
+                                  vectors=vectors)
+        found[name] = open_domain(searcher, questions, k, max_words, refine_factor=1)
+    fp16_bytes = 2 * meta["rows"] * meta["hidden_size"]
+    return {"factory": factory, "passages": len(contexts), "tokens": meta["rows"], "kept": trimmed["rows"],
+            "index_bytes": record["index_bytes"], "ratio": round(fp16_bytes / record["index_bytes"], 2),
+            "em": found["compressed"]["em"], "n": found["compressed"]["n"], "flat_em": found["flat"]["em"],
+            "predictions": found["compressed"]["predictions"]}
+
+
 def teacher_filter(examples: list[dict], teacher, tokenizer,
                    max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
                    max_question_tokens: int = DensePhrasesSettings.max_question_tokens,

@@ -135,6 +135,32 @@ def phrase_scores(h: np.ndarray, q_start: np.ndarray, q_end: np.ndarray, pairs: 
     return (hi @ np.asarray(q_start, dtype=np.float32) + hj @ np.asarray(q_end, dtype=np.float32)).astype(np.float32)
 
 
+VECTORS = ("dump", "index")  # what phrases are scored from: the fp16 dump, or the index's codes (IndexVectors)
+
+
+class IndexVectors:
+    """The rows of a FAISS index decoded from its own codes (``h[rows]``: float32 [..., d]), for
+    :func:`phrase_scores` when the index is all that is kept on disk (no fp16 dump beside it): a quantised index's
+    phrases are then scored, as they are retrieved, from its codes. An IVF index gets its id -> list map in memory."""
+
+    def __init__(self, index):
+        import faiss
+
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None:
+            ivf.make_direct_map()
+        self.index, self.shape = index, (int(index.ntotal), int(index.d))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        flat = rows.reshape(-1)
+        out = self.index.reconstruct_batch(flat) if flat.size else np.zeros((0, self.shape[1]), np.float32)
+        return out.reshape(rows.shape + (self.shape[1],))
+
+
 def refine(rows: np.ndarray, h: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
     """Of each question's candidate rows [Q, k'] (-1 = none), the ``k`` with the highest exact q . h_row (``h`` fp16
     upcast), best first, -1 padded: a compressed index's candidates re-ranked by the dump's vectors."""

@@ -18,7 +18,7 @@ import torch
 from npm.data.blocks import load_blocks
 from npm.densephrases.dump import PhraseDump, load_index
 from npm.densephrases.model import DensePhrases
-from npm.densephrases.search import search
+from npm.densephrases.search import VECTORS, IndexVectors, search
 from npm.model import autocast, torch_device
 from npm.settings import DensePhrasesSettings
 
@@ -27,11 +27,17 @@ MAX_QUESTION_TOKENS = 64
 
 class PhraseSearcher:
     def __init__(self, model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
-                 nprobe: int | None = None, device: str | None = None, precision: str = "fp32"):
+                 nprobe: int | None = None, device: str | None = None, precision: str = "fp32",
+                 vectors: str = "dump"):
         """``device`` (default CUDA when available) and ``precision`` (``npm.model.autocast``) of the query
-        encoders; the search itself runs on the CPU over the FAISS index."""
-        self.dump = PhraseDump(dump_dir)
+        encoders; the search itself runs on the CPU over the FAISS index. ``vectors``: what phrases are scored
+        from, the dump's fp16 vectors (``dump``) or the index's own codes (``index``: the dump's vectors are never
+        read, the index is all that is kept on disk; ``npm.densephrases.search.IndexVectors``)."""
+        if vectors not in VECTORS:
+            raise ValueError(f"vectors must be one of {VECTORS}, got {vectors!r}")
+        self.dump = PhraseDump(dump_dir, vectors=vectors == "dump")
         self.index = load_index(index_path, self.dump, model_dir)
+        self.vectors = self.dump.vectors if vectors == "dump" else IndexVectors(self.index)
         if nprobe is not None:
             import faiss
 
@@ -89,7 +95,7 @@ class PhraseSearcher:
         best occurrence (the original's de-duplication); ``refine_factor``: ``npm.densephrases.search.search``."""
         q_start, q_end = self.encode(questions)
         out = []
-        for pairs, scores in search(self.index, self.dump.vectors, self.dump.tokens, q_start, q_end, k, max_words,
+        for pairs, scores in search(self.index, self.vectors, self.dump.tokens, q_start, q_end, k, max_words,
                                     top_n=max(top_n * 4, top_n), refine_factor=refine_factor):
             seen, best = set(), []
             for (i, j), s in zip(pairs.tolist(), scores.tolist(), strict=True):

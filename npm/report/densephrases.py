@@ -116,9 +116,57 @@ def _open_rows(part: str, row: str, rows: pd.DataFrame, results: dict, paper: di
         em, n = plain(em), plain(n)
         refine = settings.get(task, {}).get("refine_factor", 1)
         note = f"n = {n}" + (f"; the index's top {refine} k re-ranked by the fp16 dump" if refine > 1 else "")
-        out.append({"Part": part, "Row": row, "Column": f"EM@1 {task}{suffix}", "Ours": round(em, 2),
+        alone = settings.get(task, {}).get("vectors") == "index"  # scored from the index's codes: index only
+        note += "; retrieved and scored from the index's codes alone (no fp16 dump)" if alone else ""
+        out.append({"Part": part, "Row": row, "Column": f"EM@1 {task}{' (index only)' if alone else suffix}",
+                    "Ours": round(em, 2),
                     "±": _se(em, n), "Paper": (paper or {}).get(task), "Note": note})
     return out
+
+
+def _index_rows(size: pd.DataFrame, rows: pd.DataFrame, results: dict) -> list[dict]:
+    """The index part's rows of one evaluation of the model of config train (``size``: its bytes_per_vector row):
+    size, build seconds, queries/s, EM@1 per task (as evaluated, and index-only where the evaluation re-ranked or
+    scored from the codes) and the RC EM of ``--d-small-index``. Over a trimmed dump (``npm-repro densephrases
+    trim``: only the tokens that can begin or end a phrase) the row is "FACTORY, phrase edges" and its size is
+    counted against the untrimmed dump, the fp16 vectors it replaces."""
+    factory, (bytes_per_vector, vectors) = size["group"].iloc[0], _one(size)
+    dump, index = results.get("dump") or {}, results.get("index") or {}
+    d = dump.get("hidden_size")
+    fp16 = f"fp16: {2 * d if d else '2 d'} bytes"
+    out = []
+    if dump.get("token_filter") == "edges" and "index_bytes" in index and d:
+        factory, tokens = f"{factory}, phrase edges", dump["tokens"]
+        out += [{"Part": "index", "Row": factory, "Column": "bytes per vector",
+                 "Ours": round(index["index_bytes"] / tokens, 1), "±": None, "Paper": None,
+                 "Note": f"index bytes over the {tokens} tokens of the untrimmed dump ({vectors} kept); {fp16}"},
+                {"Part": "index", "Row": factory, "Column": "times smaller than the fp16 dump",
+                 "Ours": round(2 * d * tokens / index["index_bytes"], 2), "±": None, "Paper": None,
+                 "Note": f"the untrimmed dump's {2 * d * tokens} bytes over the index file's"}]
+    else:
+        out.append({"Part": "index", "Row": factory, "Column": "bytes per vector", "Ours": bytes_per_vector,
+                    "±": None, "Paper": None, "Note": f"{vectors} vectors; {fp16}"})
+    qps = [plain(q) for q in _pick(rows, "queries_per_s")["value"]]
+    out += [{"Part": "index", "Row": factory, "Column": "build seconds", "Ours": _one(_pick(rows, "build_seconds"))[0],
+             "±": None, "Paper": None, "Note": "paper: 20 h for Wikipedia on 4 GPUs (Table A.1)"},
+            {"Part": "index", "Row": factory, "Column": "queries/s (CPU)",
+             "Ours": round(sum(qps) / len(qps), 1) if qps else None, "±": None, "Paper": PAPER_CPU_QPS,
+             "Note": "mean over the tasks; paper: 1,000 NQ questions over all of Wikipedia"}]
+    out += _open_rows("index", factory, rows, results)
+    out += _open_rows("index", factory, rows, results, subset="index_only", suffix=" (index only)")
+    return out + _d_small_index_rows(factory, results.get("rc_d_small_index"))
+
+
+def _d_small_index_rows(row: str, part: dict | None) -> list[dict]:
+    """The RC (SQuAD-style) EM of the compressed index: ``evaluate --d-small-index``'s D_small through the index of
+    the trimmed dump of its passages, scored from the codes, beside the Flat index of the same dump."""
+    if not part:
+        return []
+    return [{"Part": "index", "Row": row, "Column": "EM RC D_small (index only)", "Ours": round(part["em"], 2),
+             "±": _se(part["em"], part["n"]), "Paper": None,
+             "Note": f"RC test, every question over a phrase dump of all {part['passages']} passages ({part['kept']} "
+                     f"of {part['tokens']} tokens kept; index {part['ratio']}x smaller than its fp16 dump); its Flat "
+                     f"index: {part['flat_em']:.1f}; n = {part['n']}"}]
 
 
 def densephrases_table(paths: list[str | os.PathLike]) -> Table:
@@ -177,19 +225,7 @@ def densephrases_table(paths: list[str | os.PathLike]) -> Table:
         size = _pick(runs[run], "bytes_per_vector")
         if variant != main or size.empty:
             continue
-        factory, (bytes_per_vector, vectors) = size["group"].iloc[0], _one(size)
-        d = files[run].get("dump", {}).get("hidden_size")
-        qps = [plain(q) for q in _pick(runs[run], "queries_per_s")["value"]]
-        rows += [{"Part": "index", "Row": factory, "Column": "bytes per vector", "Ours": bytes_per_vector,
-                  "±": None, "Paper": None, "Note": f"{vectors} vectors; fp16: {2 * d if d else '2 d'} bytes"},
-                 {"Part": "index", "Row": factory, "Column": "build seconds",
-                  "Ours": _one(_pick(runs[run], "build_seconds"))[0], "±": None,
-                  "Paper": None, "Note": "paper: 20 h for Wikipedia on 4 GPUs (Table A.1)"},
-                 {"Part": "index", "Row": factory, "Column": "queries/s (CPU)",
-                  "Ours": round(sum(qps) / len(qps), 1) if qps else None, "±": None, "Paper": PAPER_CPU_QPS,
-                  "Note": "mean over the tasks; paper: 1,000 NQ questions over all of Wikipedia"}]
-        rows += _open_rows("index", factory, runs[run], files[run])
-        rows += _open_rows("index", factory, runs[run], files[run], subset="index_only", suffix=" (index only)")
+        rows += _index_rows(size, runs[run], files[run])
     notes = [columns_note("densephrases", COLUMNS, docs=COLUMN_DOCS),
              "EM@1 asks all of each task's questions (n in Note); the knowledge tables' DensePhrases row (Table 8) "
              "answers the seeded sample of evaluation.max_examples of them, so the same model's numbers differ "

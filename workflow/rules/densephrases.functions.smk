@@ -13,7 +13,7 @@ def _slug(factory):
 
 if "densephrases" in evaluated_systems() and not DP:
     _config_error("evaluation lists the system densephrases but config has no `densephrases` section")
-DP_ENCODER = DP_TEACHER_ENCODER = DP_CORPUS = DP_NEGATIVES = DP_INDEX = None
+DP_ENCODER = DP_TEACHER_ENCODER = DP_CORPUS = DP_NEGATIVES = DP_INDEX = DP_COMPRESSED = None
 DP_INDEXES = {}  # file name -> factory string: config `index` first, then `compare_indexes`
 if DP:
     DP_ENCODER = DP["encoder"] or config["model"]["encoder"]
@@ -22,6 +22,7 @@ if DP:
     DP_NEGATIVES = DP["train"]["negatives"]
     DP_INDEXES = {_slug(f): f for f in [DP["index"], *DP["compare_indexes"]]}
     DP_INDEX = _slug(DP["index"])
+    DP_COMPRESSED = _slug(DP["compressed"]) if DP["compressed"] else None  # file name of config `compressed`
     if DP_CORPUS not in config["sources"]:
         _config_error(f"densephrases.corpus: {DP_CORPUS!r} is not a source; sources: {sorted(config['sources'])}")
 
@@ -114,4 +115,18 @@ def dp_report_inputs():
     files += [f"results/densephrases/eval/{DP_NEGATIVES}/{index}.json" for index in DP_INDEXES]
     if DP["query_ft"]:
         files.append(f"results/densephrases/eval/{DP_NEGATIVES}_qft/{DP_INDEX}.json")
+    if DP_COMPRESSED:
+        files.append(f"results/densephrases/eval/{DP_NEGATIVES}/compressed.json")
     return files
+
+
+def dp_compressed_inputs(wildcards):
+    """Model, tasks, trimmed dump and compressed index (config `compressed`), and the RC files of D_small."""
+    return {
+        "model": f"results/densephrases/model_{wildcards.negatives}",
+        "tasks": task_inputs(DP["eval_tasks"]),
+        "dump": f"data/densephrases/trimmed/{wildcards.negatives}/{DP_CORPUS}/meta.json",
+        "index": f"data/densephrases/index_trimmed/{wildcards.negatives}/{DP_CORPUS}/{DP_COMPRESSED}.faiss",
+        "rc": dp_rc("test"),
+        "pool": [dp_rc(split) for split in DP["d_small_pool"]],
+    }

@@ -6,6 +6,9 @@
 #   results/densephrases/teacher, results/densephrases/model_{negatives}[_qft]
 #   data/densephrases/dump/{negatives}/{corpus}/shard{shard}/ (one job per blocks shard), then its meta.json
 #   data/densephrases/index/{negatives}/{corpus}/{index}.faiss
+#   data/densephrases/trimmed/{negatives}/{corpus}/   the dump's phrase edges (config `compressed`), indexed in
+#     data/densephrases/index_trimmed/{negatives}/{corpus}/{index}.faiss, evaluated alone in
+#     results/densephrases/eval/{negatives}/compressed.json
 #   results/densephrases/eval/{variant}/{index}.json     open-domain; variant = {negatives} or {negatives}_qft
 #   results/densephrases/eval/{negatives}/rc.json         reading comprehension ({p} and D_small)
 
@@ -218,6 +221,47 @@ rule densephrases_index:
         " {params.settings} --seed {params.seed} --mem-mb {resources.mem_mb} > {log} 2>&1"
 
 
+rule densephrases_trim:
+    """The dump's tokens that can begin or end a phrase, the compressed index's filter (config `compressed`): the
+    others never start or end one, so no phrase is lost."""
+    input:
+        "data/densephrases/dump/{negatives}/{corpus}/meta.json",
+    output:
+        "data/densephrases/trimmed/{negatives}/{corpus}/meta.json",
+    log:
+        "logs/densephrases/trim/{negatives}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_trim/{negatives}/{corpus}.tsv"
+    wildcard_constraints:
+        negatives="none|in_batch|pre_batch",
+    conda:
+        "../envs/data.yaml"
+    params:
+        dump=lambda wc, input: Path(input[0]).parent,
+        folder=lambda wc, output: Path(output[0]).parent,
+    shell:
+        "npm-repro densephrases trim --dump {params.dump} --out {params.folder} > {log} 2>&1"
+
+
+use rule densephrases_index as densephrases_index_trimmed with:
+    input:
+        "data/densephrases/trimmed/{negatives}/{corpus}/meta.json",
+    output:
+        index="data/densephrases/index_trimmed/{negatives}/{corpus}/{index}.faiss",
+        sidecar="data/densephrases/index_trimmed/{negatives}/{corpus}/{index}.faiss.json",
+    log:
+        "logs/densephrases/index_trimmed/{negatives}/{corpus}/{index}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_index_trimmed/{negatives}/{corpus}/{index}.tsv"
+    wildcard_constraints:
+        index=DP_COMPRESSED or "^$",
+    params:
+        factory=lambda wc: DP["compressed"],
+        folder=lambda wc, input: Path(input[0]).parent,
+        settings=lambda wc: dp_args("index"),
+        seed=config["seed"],
+
+
 rule densephrases_query_ft:
     """Query-side fine-tuning against the frozen dump and index of config `index` (the phrase side unchanged)."""
     input:
@@ -310,6 +354,40 @@ rule densephrases_evaluate:
     shell:
         "npm-repro densephrases evaluate --checkpoint {input.model} --dump {params.dump} --index {input.index}"
         " --task {params.tasks} --tasks-root data/tasks {params.search} {params.settings}"
+        " --out {output} {params.tracking} > {log} 2>&1"
+
+
+rule densephrases_evaluate_compressed:
+    """The compressed index (config `compressed`) alone: open-domain EM@1 with queries/s on the table's tasks, its
+    phrases retrieved and scored from its codes over the trimmed dump (the dump's vectors never read), and the RC
+    test questions over all the D_small passages through the same kind of index beside a Flat one."""
+    input:
+        unpack(dp_compressed_inputs),
+    output:
+        "results/densephrases/eval/{negatives}/compressed.json",
+    log:
+        "logs/densephrases/evaluate_compressed/{negatives}.log",
+    benchmark:
+        "results/benchmarks/rules/densephrases_evaluate_compressed/{negatives}.tsv"
+    wildcard_constraints:
+        negatives="none|in_batch|pre_batch",
+    conda:
+        "../envs/eval.yaml"
+    threads: 1
+    resources:
+        **RESOURCES["gpu"],
+    params:
+        tracking=tracking_args,
+        dump=lambda wc, input: Path(input.dump).parent,
+        tasks=lambda wc: " ".join(DP["eval_tasks"]),
+        pool=lambda wc, input: f"--d-small-pool {input.pool}" if input.pool else "",
+        factory=lambda wc: DP["compressed"],
+        search=lambda wc: dp_search_args(),
+        settings=lambda wc: dp_args("evaluate"),
+    shell:
+        "npm-repro densephrases evaluate --checkpoint {input.model} --dump {params.dump} --index {input.index}"
+        " --vectors index --task {params.tasks} --tasks-root data/tasks --rc {input.rc} {params.pool}"
+        " --d-small-index {params.factory:q} {params.search} {params.settings} --refine-factor 1"
         " --out {output} {params.tracking} > {log} 2>&1"
 
 
