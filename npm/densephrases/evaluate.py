@@ -27,7 +27,8 @@ import numpy as np
 # question and scoring helpers here serve callers that load none (the question files of npm.densephrases.cli).
 from npm.densephrases.features import rc_features
 from npm.densephrases.questions import task_question
-from npm.model import autocast
+from npm.io import save_npz
+from npm.model import autocast, load_tokenizer
 from npm.settings import DensePhrasesSettings
 from npm.tasks.metrics import exact_match, f1_score
 from npm.tasks.registry import resolve_task, task_examples
@@ -175,8 +176,7 @@ def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = Dens
 def d_small_blocks(contexts: list[str], tokenizer, max_passage_tokens: int, out_path) -> None:
     """A blocks file (docs/data-contracts.md) of ``contexts``, one document and one block each (a passage longer
     than ``max_passage_tokens`` is cut as the blocks of a corpus are): the D_small passages as a corpus to dump."""
-    from npm.data.blocks import tokenize_documents
-    from npm.io import save_npz
+    from npm.data.blocks import tokenize_documents  # deferred: only the D_small index needs corpus blocks
 
     docs = ({"id": f"passage{n}", "units": [c]} for n, c in enumerate(contexts))
     save_npz(out_path, **tokenize_documents(docs, tokenizer, max_passage_tokens))
@@ -192,11 +192,8 @@ def d_small_index(model_dir, examples: list[dict], factory: str, workdir, pool: 
     its trimmed dump (``npm.densephrases.dump.trim_dump``), phrases retrieved and scored from the index's codes alone
     (the compressed index, nothing else on disk). EM (percent) of each, the index's bytes and its ratio to the
     untrimmed fp16 dump."""
-    from pathlib import Path
-
-    from npm.densephrases.dump import build_index, dump_phrases, trim_dump
-    from npm.densephrases.searcher import PhraseSearcher
-    from npm.model import load_tokenizer
+    from npm.densephrases.dump import build_index, dump_phrases, trim_dump  # deferred: torch, off the parser's path
+    from npm.densephrases.searcher import PhraseSearcher  # deferred: torch and FAISS, as above
 
     workdir = Path(workdir)
     contexts = list(dict.fromkeys([ex["context"] for ex in examples] + [ex["context"] for ex in pool or []]))

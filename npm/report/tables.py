@@ -68,12 +68,12 @@ def task_layout(registry: str | os.PathLike = DEFAULT_REGISTRY) -> TaskLayout:
         return sorted((tasks[n] for n in task_names(tasks, table=table)),
                       key=lambda t: keys.index(t.report.paper_key) if t.report.paper_key in keys else len(keys))
 
-    table8 = in_table("table8")
-    columns = tuple(column for t in table8 for column in (
+    knowledge = in_table("table8")  # not named table8: the function of that name draws the table
+    columns = tuple(column for t in knowledge for column in (
         (t.report.column, t.name, None, t.report.paper_key),
         *((label, t.name, subset, key) for subset, (label, key) in t.report.subsets.items())))
     return TaskLayout(closed={t.name: t.report.column for t in in_table("table1")},
-                      knowledge={t.name: t.report.paper_key for t in table8},
+                      knowledge={t.name: t.report.paper_key for t in knowledge},
                       templama={t.name: t.report.column for t in in_table("table2")},
                       translation=next(iter(task_names(tasks, table="table3")), None), table8_columns=columns,
                       labels={name: t.label for name, t in tasks.items()},
