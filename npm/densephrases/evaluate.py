@@ -210,9 +210,8 @@ def d_small_index(model_dir, examples: list[dict], factory: str, workdir, pool: 
         searcher = PhraseSearcher(model_dir, workdir / dump, workdir / f"{name}.faiss", precision=precision,
                                   vectors=vectors)
         found[name] = open_domain(searcher, questions, k, max_words, refine_factor=1)
-    fp16_bytes = 2 * meta["rows"] * meta["hidden_size"]
     return {"factory": factory, "passages": len(contexts), "tokens": meta["rows"], "kept": trimmed["rows"],
-            "index_bytes": record["index_bytes"], "ratio": round(fp16_bytes / record["index_bytes"], 2),
+            "index_bytes": record["index_bytes"], "ratio": round(meta["bytes"] / record["index_bytes"], 2),
             "em": found["compressed"]["em"], "n": found["compressed"]["n"], "flat_em": found["flat"]["em"],
             "predictions": found["compressed"]["predictions"]}
 
