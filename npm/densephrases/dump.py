@@ -140,12 +140,13 @@ def combine_shards(dump_dir: str | os.PathLike, n_shards: int) -> dict:
 
 def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir: str | os.PathLike,
                  filter_threshold: float | None = None, batch_blocks: int = 32, progress: bool = True,
-                 precision: str = "fp32", device: str | None = None) -> dict:
+                 precision: str = "fp32", device: str | None = None, model=None) -> dict:
     """The whole dump of the blocks files ``blocks_paths`` (in corpus order) in one process: shard ``k`` from the
-    ``k``-th file (:func:`dump_shard`), then the meta (:func:`combine_shards`); ``out_dir`` is written atomically."""
+    ``k``-th file (:func:`dump_shard`), then the meta (:func:`combine_shards`); ``out_dir`` is written atomically.
+    ``model``: the ``DensePhrases`` of ``model_dir`` already loaded (None: loaded here)."""
     if not blocks_paths:
         raise ValueError("no blocks files to dump")
-    model = DensePhrases.load(model_dir).eval().to(torch_device(device))
+    model = (DensePhrases.load(model_dir) if model is None else model).eval().to(torch_device(device))
     with atomic_dir(out_dir) as tmp:
         for k, path in enumerate(blocks_paths):
             dump_shard(model_dir, path, shard_dir(tmp, k), filter_threshold, batch_blocks, progress, precision,

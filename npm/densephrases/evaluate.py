@@ -193,14 +193,16 @@ def d_small_index(model_dir, examples: list[dict], factory: str, workdir, pool: 
     (the compressed index, nothing else on disk). EM (percent) of each, the index's bytes and its ratio to the
     untrimmed fp16 dump."""
     from npm.densephrases.dump import build_index, dump_phrases, trim_dump  # deferred: torch, off the parser's path
+    from npm.densephrases.model import DensePhrases  # deferred: torch, as above
     from npm.densephrases.searcher import PhraseSearcher  # deferred: torch and FAISS, as above
 
     workdir = Path(workdir)
+    model = DensePhrases.load(model_dir)  # loaded once: the dump's phrase encoder and both searches' query encoders
     contexts = list(dict.fromkeys([ex["context"] for ex in examples] + [ex["context"] for ex in pool or []]))
     d_small_blocks(contexts, load_tokenizer(str(Path(model_dir) / "phrase")), max_passage_tokens,
                    workdir / "blocks.npz")
     meta = dump_phrases(model_dir, [str(workdir / "blocks.npz")], workdir / "dump", progress=False,
-                        precision=precision)
+                        precision=precision, model=model)
     trimmed = trim_dump(workdir / "dump", workdir / "trimmed")
     build_index(workdir / "dump", workdir / "flat.faiss", "Flat")
     record = build_index(workdir / "trimmed", workdir / "compressed.faiss", factory)
@@ -208,7 +210,7 @@ def d_small_index(model_dir, examples: list[dict], factory: str, workdir, pool: 
     found = {}
     for name, dump, vectors in (("flat", "dump", "dump"), ("compressed", "trimmed", "index")):
         searcher = PhraseSearcher(model_dir, workdir / dump, workdir / f"{name}.faiss", precision=precision,
-                                  vectors=vectors)
+                                  vectors=vectors, model=model)
         found[name] = open_domain(searcher, questions, k, max_words, refine_factor=1)
     return {"factory": factory, "passages": len(contexts), "tokens": meta["rows"], "kept": trimmed["rows"],
             "index_bytes": record["index_bytes"], "ratio": round(meta["bytes"] / record["index_bytes"], 2),

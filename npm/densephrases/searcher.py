@@ -28,11 +28,12 @@ MAX_QUESTION_TOKENS = 64
 class PhraseSearcher:
     def __init__(self, model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
                  nprobe: int | None = None, device: str | None = None, precision: str = "fp32",
-                 vectors: str = "dump"):
+                 vectors: str = "dump", model=None):
         """``device`` (default CUDA when available) and ``precision`` (``npm.model.autocast``) of the query
         encoders; the search itself runs on the CPU over the FAISS index. ``vectors``: what phrases are scored
         from, the dump's fp16 vectors (``dump``) or the index's own codes (``index``: the dump's vectors are never
-        read, the index is all that is kept on disk; ``npm.densephrases.search.IndexVectors``)."""
+        read, the index is all that is kept on disk; ``npm.densephrases.search.IndexVectors``). ``model``: the
+        ``DensePhrases`` of ``model_dir`` already loaded (None: loaded here)."""
         if vectors not in VECTORS:
             raise ValueError(f"vectors must be one of {VECTORS}, got {vectors!r}")
         self.dump = PhraseDump(dump_dir, vectors=vectors == "dump")
@@ -43,7 +44,7 @@ class PhraseSearcher:
 
             faiss.ParameterSpace().set_index_parameter(self.index, "nprobe", int(nprobe))
         self.device, self.precision = torch_device(device), precision
-        self.model = DensePhrases.load(model_dir).eval().to(self.device)
+        self.model = (DensePhrases.load(model_dir) if model is None else model).eval().to(self.device)
         self._files, firsts_b, firsts_t = [], [0], [0]
         for path in self.dump.meta["blocks"]:
             arrays = load_blocks(path, text=True)
