@@ -130,10 +130,10 @@ def _open_rows(part: str, row: str, rows: pd.DataFrame, results: dict, paper: di
 
 def _index_rows(size: pd.DataFrame, rows: pd.DataFrame, results: dict) -> list[dict]:
     """The index part's rows of one evaluation of the model of config train (``size``: its bytes_per_vector row):
-    size, build seconds, queries/s, EM@1 per task (as evaluated, not re-ranked where the evaluation re-ranked, index
-    only where it scored from the codes) and the RC EM of ``--d-small-index``. Over a trimmed dump (``npm-repro densephrases
-    trim``: only the tokens that can begin or end a phrase) the row is "FACTORY, phrase edges" and its size is
-    counted against the untrimmed dump, the fp16 vectors it replaces."""
+    size, build seconds, queries/s, EM@1 per task (as evaluated, not re-ranked where the evaluation re-ranked,
+    index only where it scored from the codes) and the RC EM of ``--d-small-index``. Over a trimmed dump
+    (``npm-repro densephrases trim``: only the tokens that can begin or end a phrase) the row is "FACTORY, phrase
+    edges" and its size is counted against the untrimmed dump, the fp16 vectors it replaces."""
     factory, (bytes_per_vector, vectors) = size["group"].iloc[0], _one(size)
     dump, index = results.get("dump") or {}, results.get("index") or {}
     d = dump.get("hidden_size")
