@@ -447,6 +447,7 @@ class Code(ast.NodeVisitor):
     def __init__(self, mode, consts):
         self.mode, self.consts, self.optional = mode, consts, False
         self.imports, self.refs, self.entries, self.calls, self.strings = [], set(), set(), set(), set()
+        self.locals = set()  # of a function: the names it binds itself, never the module's definitions
 
     def ref(self, node):
         if isinstance(node, ast.Name):
@@ -531,6 +532,30 @@ class Code(ast.NodeVisitor):
             self.visit(child)
 
 
+def local_names(fn):
+    """The names function ``fn`` binds in its own scope: its parameters, its assignment, ``for`` and ``with``
+    targets and its nested definitions, less those it declares ``global`` / ``nonlocal``. In its body such a name is
+    the local, not a module-level definition of the same name (``tables.task_layout``'s local ``knowledge`` once
+    shadowed the function ``table8``). Comprehensions and lambdas have scopes of their own and are left out, so a
+    name bound only there still counts as the module's (the analysis may reach too much, never too little)."""
+    args = fn.args
+    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
+    declared, todo = set(), list(fn.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared.update(node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        todo.extend(ast.iter_child_nodes(node))
+    return names - declared
+
+
 @functools.cache
 def npm_modules():
     """{dotted name: file} of the npm package."""
@@ -565,6 +590,8 @@ class Module:
             mode, node = ("module", self.tree) if name is None else self.defs[name]
             self._code[name] = code = Code(mode, self.consts)
             code.visit(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                code.locals = local_names(node)
         return self._code[name]
 
     def absolute(self, name, level):
@@ -629,7 +656,7 @@ def reach(entries, scripts=()):
             if ref in local:
                 unit = resolve(*local[ref])
                 todo.append(resolve(unit[0], sub) if unit and unit[1] is None and sub else unit)
-            elif ref in mod.defs and ref != attr:
+            elif ref in mod.defs and ref != attr and ref not in code.locals:
                 todo.append((name, ref))
         for key, ref in code.entries:
             if ref in mod.defs:
@@ -823,6 +850,25 @@ def test_import_analysis_covers_what_npm_repro_really_imports():
     real = {m for m in real.stdout.split() if m != "cython_runtime" and not m.startswith("_cython_")} - {"npm"}
     found, _ = reach([("npm.cli", None), ("npm.cli", "main")])
     assert real and real <= set(found), real - set(found)
+
+
+def test_import_analysis_keeps_a_functions_own_names_apart_from_the_modules(tmp_path):
+    """A function's local variable named like a module-level function is not that function: it reaches none of
+    that function's imports (a local once made every rule's analysis import pandas), while a call of the
+    function does, and so does a name bound only in a comprehension."""
+    script = tmp_path / "shadow.py"
+    script.write_text(
+        "def table8():\n    import pandas\n    return pandas\n\n\n"
+        "def helper():\n    import yaml\n    return yaml\n\n\n"
+        "def layout(rows):\n    table8 = [r for r in rows]\n    helper = 1\n    return table8, helper\n\n\n"
+        "def uses(rows):\n    return table8(), [helper for helper in rows]\n\n\n"
+        "layout([])\n", encoding="utf-8")
+    shadowed, _ = reach([], [script])
+    assert "pandas" not in shadowed and "yaml" not in shadowed
+    script.write_text(script.read_text(encoding="utf-8").replace("layout([])", "uses([])"), encoding="utf-8")
+    module.cache_clear()
+    called, _ = reach([], [script])
+    assert {"pandas", "yaml"} <= set(called)
 
 
 def test_import_analysis_follows_lazy_imports_subprocesses_and_data_paths():
