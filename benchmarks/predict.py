@@ -11,9 +11,13 @@ results/benchmarks/predict-<device>.json. It measures; it asserts nothing.
 
 Closed set against the original (issue 42, ``closed_vs_original``): NPM over the enwiki and cc_news datastores and
 NPM-single over its own two, the project's scoring (an exact search in torch over the Flat index,
-``npm.datastore.exact_knn``) against a stand-in of the original's algorithm (``original_closed_set``: FAISS Flat at
-the same k with FAISS's own settings, a Python token lookup per neighbour), in the same process on the same model,
-datastores and queries, at each batch size: medians of interleaved runs, the ratio, and how many predictions agree.
+``npm.datastore.exact_knn``) against a stand-in of the original's algorithm (``original_closed_set``: one example at
+a time, as the original has no batched path; a masked-LM forward with its logits and hidden states; one FAISS Flat
+search per query vector and datastore at the same k with FAISS's own settings; a Python token lookup per neighbour),
+in the same process on the same encoder weights, datastores and queries, at each batch size of the project's (the
+original's time does not depend on it): medians of interleaved runs, the ratio, and how many predictions agree.
+``encoder_floor`` is the ratio the project would reach if its search and scoring took no time: the original's time
+over the project's encoder pass alone.
 
     .venv/bin/python benchmarks/predict.py [--root .] [--threads 1 2] [--batch-sizes 1 16 64]
 """
@@ -75,29 +79,50 @@ def _run(fn, queries: list[str], batch: int, clock: Clock, clear) -> dict:
             "share": shares}
 
 
-def original_closed_set(predictors, texts: list[str], verbalizers, tau: float):
-    """The stand-in of the original's closed-set scoring (issue 42): the same encoder pass, then per datastore one
-    FAISS Flat search of all the query vectors at the same k with FAISS's own settings (the original sets no BLAS
-    threshold), each neighbour's token looked up one at a time in Python, the exact scores, and one softmax over
-    the union of the datastores (``label_scores``). Label scores float64 [n, n_labels]."""
+def original_closed_set(predictors, texts: list[str], verbalizers, tau: float, mlm):
+    """The stand-in of the original's closed-set scoring (issue 42), which has no batched path: one example at a
+    time (facebookresearch/NPM ``npm/npm_single.py`` ``evaluate`` loops over the examples; ``npm/model.py``
+    ``Model.forward`` asserts a single sequence). Per example: one forward of the masked-LM model (``mlm``,
+    ``AutoModelForMaskedLM`` of the same checkpoint) with its logits over every position and all hidden states, as
+    the original's ``forward``; the query vectors from the final hidden layer at the mask(s); per query vector
+    (the start, then the end for NPM: ``npm/npm.py`` ``get_all_scores``) one FAISS Flat search per datastore at the
+    same k with FAISS's own settings (the original sets no BLAS threshold; ``npm/dstore.py`` ``DataStoreUnion``);
+    the exact scores from the stored vectors; each neighbour's token looked up one at a time in Python; one
+    softmax over all the neighbours (``label_scores``). Label scores float64 [n, n_labels]."""
     import numpy as np
+    import torch
 
     from npm.datastore.faiss_index import exact_scores
     from npm.inference.closed_set import label_scores
+    from npm.inference.query import query_ids
 
-    vectors = predictors[0].encode(list(texts))
-    n, m, h = vectors.shape
-    flat = np.ascontiguousarray(vectors.reshape(n * m, h), dtype=np.float32)
-    per_store = []
-    for p in predictors:
-        _, rows = p._faiss_index().search(flat, min(p.settings.k, p.ds.n_rows))
-        sims = exact_scores(flat, rows, p.ds.vectors).reshape(n, -1)
-        tokens = p.ds.row_tokens
-        per_store.append([(np.array([int(tokens[r]) for r in row]), s)
-                          for row, s in zip(rows.reshape(n, -1), sims, strict=True)])
-    return np.stack([label_scores(np.concatenate([s[i][0] for s in per_store]),
-                                  np.concatenate([s[i][1] for s in per_store]), verbalizers, tau=tau)
-                     for i in range(n)])
+    first = predictors[0]
+    n_masks = 2 if first.model == "npm" else 1
+    out = []
+    for text in texts:
+        ids, pos = query_ids(first.tokenizer, text, n_masks)
+        with torch.inference_mode():
+            outputs = mlm(torch.from_numpy(ids)[None], output_hidden_states=True, return_dict=True)
+        vectors = outputs.hidden_states[-1][0, pos:pos + n_masks].float().numpy()
+        tokens, sims = [], []
+        for v in vectors:
+            for p in predictors:
+                _, rows = p._faiss_index().search(v[None], min(p.settings.k, p.ds.n_rows))
+                sims.append(exact_scores(v[None], rows, p.ds.vectors)[0])
+                row_tokens = p.ds.row_tokens
+                tokens.append(np.array([int(row_tokens[r]) for r in rows[0]]))
+        out.append(label_scores(np.concatenate(tokens), np.concatenate(sims), verbalizers, tau=tau))
+    return np.stack(out)
+
+
+def _masked_lm(encoder):
+    """A masked-LM model around ``encoder`` (the same weights), as the original loads (``AutoModelForMaskedLM``):
+    its head costs what the original's does; its logits are computed and not used, as in the original's closed set."""
+    from transformers import AutoModelForMaskedLM
+
+    mlm = AutoModelForMaskedLM.from_config(encoder.config)
+    setattr(mlm, mlm.base_model_prefix, encoder)
+    return mlm.eval()
 
 
 def closed_vs_original(systems: dict, queries: list[str], verbalizers, batch_sizes, reps: int = 3) -> dict:
@@ -111,8 +136,10 @@ def closed_vs_original(systems: dict, queries: list[str], verbalizers, batch_siz
 
     out: dict = {}
     for name, predictors in systems.items():
-        fns = {"original": lambda qs, ps=predictors: original_closed_set(ps, qs, verbalizers, tau=5.0),
-               "project": lambda qs, ps=predictors: closed_set_scores(ps, qs, verbalizers, tau=5.0)}
+        mlm = _masked_lm(predictors[0].encoder)
+        fns = {"original": lambda qs, ps=predictors, m=mlm: original_closed_set(ps, qs, verbalizers, 5.0, m),
+               "project": lambda qs, ps=predictors: closed_set_scores(ps, qs, verbalizers, tau=5.0),
+               "encoder": lambda qs, ps=predictors: ps[0].encode(qs)}  # the project's encoder pass alone
         for fn in fns.values():  # warm-up: indexes loaded, the exact search's blocks, the row tokens
             fn(queries[:2])
         for batch in batch_sizes:
@@ -128,7 +155,9 @@ def closed_vs_original(systems: dict, queries: list[str], verbalizers, batch_siz
             same = int((predicted["original"] == predicted["project"]).sum())
             out.setdefault(name, {})[str(batch)] = {
                 "original_s": round(med["original"], 3), "project_s": round(med["project"], 3),
-                "ratio": round(med["original"] / med["project"], 2), "same_predictions": f"{same}/{len(queries)}"}
+                "ratio": round(med["original"] / med["project"], 2),
+                "encoder_floor": round(med["original"] / med["encoder"], 2),
+                "same_predictions": f"{same}/{len(queries)}"}
     return out
 
 
@@ -240,7 +269,8 @@ def main() -> None:
     for setting, r in result["settings"].items():  # the issue-42 table: project speed over the original's
         for name, by_batch in r["closed_vs_original"].items():
             print(f"closed set {name} ({setting}), speed over the original: " + ", ".join(
-                f"batch {b} {v['ratio']}x ({v['same_predictions']} same)" for b, v in by_batch.items()))
+                f"batch {b} {v['ratio']}x ({v['same_predictions']} same; encoder floor {v['encoder_floor']}x)"
+                for b, v in by_batch.items()))
 
 
 if __name__ == "__main__":
