@@ -82,8 +82,9 @@ def _run(fn, queries: list[str], batch: int, clock: Clock, clear) -> dict:
 def original_closed_set(predictors, texts: list[str], verbalizers, tau: float, mlm):
     """The stand-in of the original's closed-set scoring (issue 42), which has no batched path: one example at a
     time (facebookresearch/NPM ``npm/npm_single.py`` ``evaluate`` loops over the examples; ``npm/model.py``
-    ``Model.forward`` asserts a single sequence). Per example: one forward of the masked-LM model (``mlm``,
-    ``AutoModelForMaskedLM`` of the same checkpoint) with its logits over every position and all hidden states, as
+    ``Model.forward`` asserts a single sequence). Per example: one forward of the masked-LM model (``mlm``, from
+    ``_masked_lm``: the project's encoder weights under a masked-LM head) with its logits over every position and
+    all hidden states, as
     the original's ``forward``; the query vectors from the final hidden layer at the mask(s); per query vector
     (the start, then the end for NPM: ``npm/npm.py`` ``get_all_scores``) one FAISS Flat search per datastore at the
     same k with FAISS's own settings (the original sets no BLAS threshold; ``npm/dstore.py`` ``DataStoreUnion``);
