@@ -284,8 +284,10 @@ def test_cache_and_batch_search(searcher):
     assert not first[0].flags.writeable  # cached results cannot be changed by a caller
     batch = searcher.batch_search([q, "cricket Waugh", q, "Taliban Kandahar"], k=3, threads=2)
     assert batch[0][0] is first[0] and batch[2][0] is first[0]
+    batch += searcher.batch_search([q, "Qantas flight"], k=3)  # one uncached query: a single Lucene search
     fresh = Bm25Searcher(searcher.index_dir)
-    for query, (ids, scores) in zip(["cricket Waugh", "Taliban Kandahar"], batch[1::2], strict=True):
+    for query, (ids, scores) in zip(["cricket Waugh", "Taliban Kandahar", "Qantas flight"], batch[1::2],
+                                    strict=True):
         ref_ids, ref_scores = fresh.search(query, 3)
         assert ids.tolist() == ref_ids.tolist()
         np.testing.assert_allclose(scores, ref_scores, rtol=1e-6)

@@ -424,10 +424,14 @@ class Bm25Searcher:
 
     def batch_search(self, queries: Sequence[str], k: int = DEFAULT_K,
                      threads: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
-        """:meth:`search` for many queries, the uncached ones in one Lucene call on ``threads`` threads."""
+        """:meth:`search` for many queries, the uncached ones in one Lucene call on ``threads`` threads (a single
+        uncached query through :meth:`search`: pyserini's batch call starts a thread pool, 3-6 ms against 0.5-1 ms for
+        one search on the demo's index)."""
         k = _check_k(k)
         todo = list(dict.fromkeys(q for q in queries if (q, k) not in self._cache))
-        if todo:
+        if len(todo) == 1:
+            self.search(todo[0], k)
+        elif todo:
             qids = [str(i) for i in range(len(todo))]
             with self._lucene():
                 results = self._searcher.batch_search(todo, qids, k, int(threads))

@@ -62,7 +62,8 @@ def encode_queries(model, tokenizer, texts: list[str], n_masks: int = 2, max_len
     length (sorted by length, so that little of a pass is padding); the rows come back in the order of ``texts``.
     """
     device = device or next(model.parameters()).device
-    model.eval()
+    if model.training:  # eval() walks every submodule: 2 ms a call, a tenth of a one-query prediction on CPU
+        model.eval()
     prepared = [query_ids(tokenizer, t, n_masks, max_length) for t in texts]
     size = batch_size or pass_size(device)
     order = np.argsort([len(ids) for ids, _ in prepared], kind="stable")
