@@ -19,12 +19,18 @@ original's time does not depend on it): medians of interleaved runs, the ratio, 
 ``encoder_floor`` is the ratio the project would reach if its search and scoring took no time: the original's time
 over the project's encoder pass alone.
 
+Open set against the original (``open_vs_original``): BM25-restricted NPM over enwiki, the project's batched span
+search against a stand-in of the original's ``predict_span`` (``original_open_set``: one example at a time, a
+masked-LM forward, one BM25 search per query, the spans walked and scored in Python dicts), both with the code's span
+score, the same way: medians of interleaved runs, the ratio, the agreeing predictions and the encoder floor.
+
     .venv/bin/python benchmarks/predict.py [--root .] [--threads 1 2] [--batch-sizes 1 16 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -126,40 +132,206 @@ def _masked_lm(encoder):
     return mlm.eval()
 
 
-def closed_vs_original(systems: dict, queries: list[str], verbalizers, batch_sizes, reps: int = 3) -> dict:
-    """Closed-set scoring of each system (name -> its predictors, one per datastore) against
-    ``original_closed_set`` on the same queries, at each batch size: medians of ``reps`` interleaved runs (seconds
-    for all the queries), ``ratio`` = the original's time over the project's, and the share of queries whose
-    predicted label is the same (``same_predictions``)."""
+class OriginalLayout:
+    """What the original's open-set ``DataStore`` (facebookresearch/NPM ``npm/dstore.py``) holds in memory after it
+    loads, built from the predictor's datastore before any query is timed: per block its token ids (a list) and its
+    valid start and end positions (numpy uint8 arrays of positions in the block, stop words removed), and per
+    embedding index (the stored non-stop-word vectors, in corpus order) its block, its position in the block
+    (``token_idx_to_block_idx`` / ``token_idx_to_local_idx``) and its datastore row; ``offsets[b]`` is block b's
+    first embedding index (``orig_block_idx_to_emb_token_idx``)."""
+
+    def __init__(self, predictor):
+        import numpy as np
+
+        view = predictor._view(np.arange(predictor.ds.n_blocks))
+        cuts = view["offsets"]
+        self.input_ids = [view["ids"][a:e].tolist() for a, e in zip(cuts[:-1], cuts[1:], strict=True)]
+        local = np.arange(len(view["ids"])) - cuts[view["block"]]
+        self.valid_start = [local[a:e][view["valid_start"][a:e]].astype(np.uint8) for a, e in
+                            zip(cuts[:-1], cuts[1:], strict=True)]
+        self.valid_end = [local[a:e][view["valid_end"][a:e]].astype(np.uint8) for a, e in
+                          zip(cuts[:-1], cuts[1:], strict=True)]
+        emb = np.flatnonzero(view["rows"] >= 0)
+        self.token_idx_to_block_idx = view["block"][emb]
+        self.token_idx_to_local_idx = local[emb].astype(np.uint8)
+        self.rows = view["rows"][emb]
+        self.offsets = np.searchsorted(emb, cuts).tolist()
+        self.specials = list(predictor.tokenizer.all_special_ids)
+        stop = np.zeros(len(predictor.tokenizer), bool)
+        stop[predictor.ds.stopword_ids] = True
+        self.stopword_mask = stop  # the original's get_stopword_mask()
+
+    def token_position(self, token_idx: int, ngram_before: int = 1, ngram_after: int = 1):
+        """The original's ``_get_token_position``: (block, positions, token ids) of the tokens from an embedding
+        index forward (or backward) up to a special token, at most ``ngram_after`` (``ngram_before``) of them."""
+        import numpy as np
+
+        block_i, token_i = self.token_idx_to_block_idx[token_idx], int(self.token_idx_to_local_idx[token_idx])
+        input_ids = self.input_ids[block_i]
+        assert token_i < len(input_ids)
+        token_range = [token_i]
+        if ngram_before == 1:
+            for j in range(token_i + 1, min(len(input_ids), token_i + ngram_after)):
+                if input_ids[j] in self.specials:
+                    break
+                token_range.append(j)
+        else:
+            for j in range(token_i - 1, max(0, token_i - ngram_before + 1), -1):
+                if input_ids[j] in self.specials:
+                    break
+                token_range = [j] + token_range
+        assert np.all([i + 1 == j for i, j in zip(token_range, token_range[1:], strict=False)])
+        return block_i, token_range, [input_ids[i] for i in token_range]
+
+
+def original_open_set(predictor, texts: list[str], mlm, layout: OriginalLayout) -> list[str]:
+    """The stand-in of the original's open-set evaluation (facebookresearch/NPM ``npm/npm.py`` ``evaluate_open`` and
+    ``predict_span``, restricted mode, as every open-set result; paper-map §3.7), one example at a time as the
+    original, over ``layout`` (its loaded datastore): a masked-LM forward (``mlm``, from ``_masked_lm``) with its
+    logits and hidden states, q_start and q_end at the two masks; the BM25 top blocks of the query searched alone
+    (the same Lucene index and query string); every embedding index of those blocks a start and an end candidate and
+    its exact scores; per candidate its token positions (``OriginalLayout.token_position``) and a walk that tests
+    each position against the block's valid starts and ends (numpy arrays) and each span with the stop-word check
+    ``np.sum(mask[tokens]) == 0``, into sets and a dict from index pair to token tuple; a softmax per side over all
+    candidates at ``open_set_tau`` and the span score P_start + P_end (the code's form) looked up in dicts; the
+    scores gathered per token tuple in a ``defaultdict(list)`` and the best one taken with ``min`` over
+    ``-np.sum(x) * len(x) ** alpha`` for each of the original's alphas (0, 0.5, 1; 0 is the reported one). Returns
+    the phrase of alpha 0 for each text as the project's surface text of its best occurrence (empty: none)."""
+    from collections import defaultdict
+
+    import numpy as np
+    import torch
+
+    from npm.datastore.bm25 import bm25_query
+    from npm.inference.query import query_ids
+
+    p, lay, out = predictor, layout, []
+    tau, l_max, k = p.settings.open_set_tau, p.l_max, p.settings.restricted_blocks
+    searcher = p._bm25_searcher()
+
+    def valid_func(tokens):
+        return np.sum(lay.stopword_mask[tokens]) == 0
+
+    for text in texts:
+        ids, pos = query_ids(p.tokenizer, text, 2)
+        with torch.inference_mode():
+            outputs = mlm(torch.from_numpy(ids)[None], output_hidden_states=True, return_dict=True)
+        q_start, q_end = outputs.hidden_states[-1][0, pos:pos + 2].float().numpy()
+        block_ids, _ = searcher.search(bm25_query(text, "?" in text.split("<mask>")[0]), k=k)
+        candidates = []
+        for block_id in block_ids.tolist():
+            candidates += list(range(lay.offsets[block_id], lay.offsets[block_id + 1]))
+        vectors = p.ds.vectors(lay.rows[candidates])
+        pos2ngram: dict = {}
+        spans = set()
+        for idx in candidates:  # forward from each valid start
+            block_i, token_indices, vocabs = lay.token_position(idx, ngram_after=l_max)
+            if token_indices[0] not in lay.valid_start[block_i]:
+                continue
+            end_idx = idx
+            for j in range(len(token_indices)):
+                is_start = token_indices[j] in lay.valid_start[block_i]
+                is_end = token_indices[j] in lay.valid_end[block_i]
+                if not (is_start or is_end):
+                    continue
+                if is_end and valid_func(vocabs[:j + 1]):
+                    pos2ngram.setdefault((idx, end_idx), tuple(vocabs[:j + 1]))
+                    spans.add((idx, end_idx))
+                end_idx += 1
+        for idx in candidates:  # backward from each valid end
+            block_i, token_indices, vocabs = lay.token_position(idx, ngram_before=l_max)
+            if token_indices[-1] not in lay.valid_end[block_i]:
+                continue
+            start_idx = idx
+            for j in range(len(token_indices)):
+                is_start = token_indices[-j - 1] in lay.valid_start[block_i]
+                is_end = token_indices[-j - 1] in lay.valid_end[block_i]
+                if not (is_start or is_end):
+                    continue
+                if is_start and valid_func(vocabs[-j - 1:]):
+                    pos2ngram.setdefault((start_idx, idx), tuple(vocabs[-j - 1:]))
+                    spans.add((start_idx, idx))
+                start_idx -= 1
+        probs = []
+        for q in (q_start, q_end):
+            sims = (vectors @ q * p.scale).astype(np.float64) / tau
+            z = np.exp(sims - sims.max())
+            probs.append(dict(zip(candidates, (z / z.sum()).tolist(), strict=True)))
+        pos2score, ngram2score = {}, defaultdict(list)
+        for span in spans:
+            pos2score[span] = probs[0][span[0]] + probs[1][span[1]]
+            ngram2score[pos2ngram[span]].append(pos2score[span])
+        if not ngram2score:
+            out.append("")
+            continue
+        best = {alpha: min(ngram2score.items(), key=lambda x, a=alpha: -np.sum(x[1]) * np.power(len(x[0]), a))[0]
+                for alpha in (0.0, 0.5, 1.0)}
+        s, e = min((span for span in spans if pos2ngram[span] == best[0.0]), key=lambda x: (-pos2score[x], x))
+        out.append(p.surface(int(lay.token_idx_to_block_idx[s]), int(lay.token_idx_to_local_idx[s]),
+                             int(lay.token_idx_to_local_idx[e])).strip())
+    return out
+
+
+def _interleaved(fns: dict, queries: list[str], batch_sizes, reps: int, clear=lambda: None) -> dict:
+    """``fns`` (name -> fn(queries) -> predictions; ``original``, ``project`` and ``encoder`` = the project's encoder
+    pass alone) run on the same queries at each batch size, interleaved ``reps`` times (``clear`` before each run):
+    per batch size the medians (seconds for all the queries), ``ratio`` = the original's time over the project's,
+    ``encoder_floor`` = the original's over the encoder's, and how many predictions are the same."""
     import numpy as np
 
+    for fn in fns.values():  # warm-up: indexes loaded, the exact search's blocks, the row tokens, the JVM
+        fn(queries[:2])
+    out: dict = {}
+    for batch in batch_sizes:
+        seconds: dict = {k: [] for k in fns}
+        predicted = {}
+        for _ in range(reps):
+            for who, fn in fns.items():
+                clear()
+                t = time.perf_counter()
+                predicted[who] = [x for a in range(0, len(queries), batch) for x in fn(queries[a:a + batch])]
+                seconds[who].append(time.perf_counter() - t)
+        med = {k: float(np.median(v)) for k, v in seconds.items()}
+        same = sum(a == b for a, b in zip(predicted["original"], predicted["project"], strict=True))
+        out[str(batch)] = {
+            "original_s": round(med["original"], 3), "project_s": round(med["project"], 3),
+            "ratio": round(med["original"] / med["project"], 2),
+            "encoder_floor": round(med["original"] / med["encoder"], 2),
+            "same_predictions": f"{same}/{len(queries)}"}
+    return out
+
+
+def closed_vs_original(systems: dict, queries: list[str], verbalizers, batch_sizes, reps: int = 3) -> dict:
+    """Closed-set scoring of each system (name -> its predictors, one per datastore) against
+    ``original_closed_set`` on the same queries (``_interleaved``; a prediction is the argmax label)."""
     from npm.inference.scoring import closed_set_scores
 
     out: dict = {}
     for name, predictors in systems.items():
         mlm = _masked_lm(predictors[0].encoder)
-        fns = {"original": lambda qs, ps=predictors, m=mlm: original_closed_set(ps, qs, verbalizers, 5.0, m),
-               "project": lambda qs, ps=predictors: closed_set_scores(ps, qs, verbalizers, tau=5.0),
-               "encoder": lambda qs, ps=predictors: ps[0].encode(qs)}  # the project's encoder pass alone
-        for fn in fns.values():  # warm-up: indexes loaded, the exact search's blocks, the row tokens
-            fn(queries[:2])
-        for batch in batch_sizes:
-            seconds: dict = {k: [] for k in fns}
-            predicted = {}
-            for _ in range(reps):
-                for who, fn in fns.items():
-                    t = time.perf_counter()
-                    scores = np.concatenate([fn(queries[a:a + batch]) for a in range(0, len(queries), batch)])
-                    seconds[who].append(time.perf_counter() - t)
-                    predicted[who] = scores.argmax(axis=1)
-            med = {k: float(np.median(v)) for k, v in seconds.items()}
-            same = int((predicted["original"] == predicted["project"]).sum())
-            out.setdefault(name, {})[str(batch)] = {
-                "original_s": round(med["original"], 3), "project_s": round(med["project"], 3),
-                "ratio": round(med["original"] / med["project"], 2),
-                "encoder_floor": round(med["original"] / med["encoder"], 2),
-                "same_predictions": f"{same}/{len(queries)}"}
+        fns = {"original": lambda qs, ps=predictors, m=mlm: original_closed_set(ps, qs, verbalizers, 5.0, m)
+               .argmax(axis=1).tolist(),
+               "project": lambda qs, ps=predictors: closed_set_scores(ps, qs, verbalizers, tau=5.0)
+               .argmax(axis=1).tolist(),
+               "encoder": lambda qs, ps=predictors: ps[0].encode(qs)}
+        out[name] = _interleaved(fns, queries, batch_sizes, reps)
     return out
+
+
+def open_vs_original(predictor, queries: list[str], batch_sizes, reps: int = 3) -> dict:
+    """BM25-restricted open-set NPM against ``original_open_set`` on the same queries (``_interleaved``; a
+    prediction is the top phrase's text), with the span score of the original's code (``span_score: code``) and
+    the BM25 cache emptied before each run, as in an evaluation where every query is new."""
+    from dataclasses import replace
+
+    p = copy.copy(predictor)
+    p.settings = replace(p.settings, span_score="code")
+    mlm, layout = _masked_lm(p.encoder), OriginalLayout(p)  # the original's model and datastore, loaded
+    fns = {"original": lambda qs: original_open_set(p, qs, mlm, layout),
+           "project": lambda qs: [r[0]["text"] if r else "" for r in p.predict_batch(qs, top=1,
+                                                                                     batch_size=len(qs))],
+           "encoder": lambda qs: p.encode(qs)}
+    return _interleaved(fns, queries, batch_sizes, reps, clear=p._bm25_searcher()._cache.clear)
 
 
 def worker(args) -> dict:
@@ -213,6 +385,7 @@ def worker(args) -> dict:
         systems["npm_single"] = [Predictor(**s) for s in single]
     result["closed_vs_original"] = closed_vs_original(systems, closed_q[:args.closed_queries], verbalizers,
                                                       args.batch_sizes, args.reps)
+    result["open_vs_original"] = open_vs_original(enwiki, open_q[:args.open_queries], args.batch_sizes, args.reps)
     encode = {}
     for name, qs in (("open", open_q), ("closed", closed_q)):
         t = time.perf_counter()
@@ -240,7 +413,10 @@ def main() -> None:
                         help="queries of the unrestricted runs (k = 4096 neighbours per vector: slow)")
     parser.add_argument("--closed-queries", type=int, default=64,
                         help="queries of the closed-set runs against the original's stand-in (FAISS Flat, same k)")
-    parser.add_argument("--reps", type=int, default=3, help="interleaved runs per closed-set comparison (median)")
+    parser.add_argument("--open-queries", type=int, default=200,
+                        help="queries of the open-set runs against the original's stand-in (BM25-restricted)")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="interleaved runs per comparison with the original (median)")
     parser.add_argument("--out-dir", type=Path, default=Path("results/benchmarks"))
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -257,7 +433,8 @@ def main() -> None:
     for n in args.threads:
         cmd = [sys.executable, __file__, "--worker", str(n), "--root", str(args.root), "--batch-sizes",
                *map(str, args.batch_sizes), "--queries", str(args.queries), "--unrestricted-queries",
-               str(args.unrestricted_queries), "--closed-queries", str(args.closed_queries), "--reps", str(args.reps)]
+               str(args.unrestricted_queries), "--closed-queries", str(args.closed_queries), "--open-queries",
+               str(args.open_queries), "--reps", str(args.reps)]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
         if out.returncode:
             sys.exit(f"worker with {n} threads failed:\n{out.stderr[-3000:]}")
@@ -272,6 +449,9 @@ def main() -> None:
             print(f"closed set {name} ({setting}), speed over the original: " + ", ".join(
                 f"batch {b} {v['ratio']}x ({v['same_predictions']} same; encoder floor {v['encoder_floor']}x)"
                 for b, v in by_batch.items()))
+        print(f"open set npm ({setting}), speed over the original: " + ", ".join(
+            f"batch {b} {v['ratio']}x ({v['same_predictions']} same; encoder floor {v['encoder_floor']}x)"
+            for b, v in r["open_vs_original"].items()))
 
 
 if __name__ == "__main__":

@@ -111,6 +111,31 @@ def test_closed_set_label_scores_are_a_distribution_over_verbalizer_tokens(world
     assert len(ids) == 50 and np.all(np.diff(np.sort(sims)) >= 0)
 
 
+def _benchmark(name: str):
+    """A module of benchmarks/ (not a package), imported from its file."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_original_open_set_stand_in_of_the_speed_benchmark_predicts_what_the_project_predicts(world):
+    """benchmarks/predict.py's stand-in of the original's predict_span (one example at a time, spans walked and
+    scored in Python dicts) against the project's batched open set with the code's span score: the same phrase for
+    every query, so that the benchmark's ratio compares two ways of computing one answer."""
+    bench = _benchmark("predict")
+    p = predictor(world, span_score="code")
+    queries = ["Thessaloniki is the second largest city in <mask>.", "The capital of Greece is <mask>.",
+               "Who won the <mask> election?", "The <mask> said on Monday that the talks had failed."]
+    original = bench.original_open_set(p, queries, bench._masked_lm(p.encoder), bench.OriginalLayout(p))
+    project = [r[0]["text"] if r else "" for r in p.predict_batch(queries, top=1)]
+    assert original == project and any(original)
+
+
 def test_another_model_is_refused(world, tmp_path):
     root, _ = world
     save_tiny_bert(tmp_path / "other", seed=1)
