@@ -191,32 +191,12 @@ def test_the_packed_step_on_cuda_equals_the_padded_step(compiled, precision):
     """Padding-free training on the GPU (``training.packed``: torch's variable-length attention through a jagged
     nested tensor; compiled shape-generic, as the training loop compiles a packed encoder): the padded step's loss and
     gradients on the same device, no dropout; within fp32 rounding, or bf16's for the loss under bf16 autocast."""
-    import copy
-
-    from npm.model import autocast
-    from npm.training.loop import compile_encoder, step_loss
-    from npm.training.packing import use_packed_attention
     from tests.test_distributed import world_lines
-    from tests.test_packed import _batch, tiny_roberta
+    from tests.test_packed import _batch, assert_same_step, padded_and_packed_steps, tiny_roberta
 
-    cuda = torch.device("cuda")
     batch = _batch("npm", *world_lines(1, "all")[0])
-    padded = tiny_roberta().to(cuda)
-    packed = copy.deepcopy(padded)
-    use_packed_attention(packed)
-    compile_encoder(packed, compiled, dynamic=True)
-    found = []
-    for model in (padded, packed):
-        with autocast(cuda, precision):
-            loss, _ = step_loss(model, batch, "npm", "all", cuda)
-        loss.backward()
-        found.append((float(loss.detach()), {n: p.grad.float().cpu() for n, p in model.named_parameters()
-                                             if p.grad is not None}))
-    (loss_p, grads_p), (loss_k, grads_k) = found
-    assert math.isfinite(loss_p) and grads_k.keys() == grads_p.keys() and len(grads_p) > 10
+    padded, packed = padded_and_packed_steps(tiny_roberta, batch, "npm", torch.device("cuda"), precision, compiled)
     if precision == "bf16":
-        assert loss_k == pytest.approx(loss_p, rel=2e-2)
-        return
-    assert loss_k == pytest.approx(loss_p, rel=1e-4)
-    for name, g in grads_p.items():
-        torch.testing.assert_close(grads_k[name], g, rtol=1e-3, atol=1e-5, msg=name)
+        assert_same_step(padded, packed, loss_rtol=2e-2)
+    else:
+        assert_same_step(padded, packed, loss_rtol=1e-4, grad_rtol=1e-3, grad_atol=1e-5)

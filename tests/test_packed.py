@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import numpy as np
 import pytest
 import torch
 from transformers import RobertaConfig, RobertaForMaskedLM, RobertaModel
 
+from npm.model import autocast
 from npm.training.collate import collate_mlm, collate_phrase, collate_single
-from npm.training.loop import MaskedTokensMLM, step_loss, train
+from npm.training.loop import MaskedTokensMLM, compile_encoder, step_loss, train
 from npm.training.packing import PACKED, use_packed_attention
 from tests.conftest import save_tiny_bert
 from tests.test_distributed import MASK, VOCAB, tiny_bert, world_lines
@@ -57,31 +59,46 @@ def _batch(kind: str, rows, spans) -> dict:
     return collate_mlm(rows, MASK, [1, 2], VOCAB, torch.Generator().manual_seed(0))
 
 
-def _loss_and_grads(model, batch, kind):
-    loss, stats = step_loss(model, batch, kind, "all", CPU)
-    loss.backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return float(loss.detach()), grads, stats
+def padded_and_packed_steps(make, batch: dict, kind: str, device=CPU, precision: str = "fp32",
+                            compiled: bool = False) -> list[tuple[float, dict, dict]]:
+    """(loss, gradients on the CPU, stats) of one training step of ``batch`` through the model ``make()`` gives, on
+    ``device`` under ``precision``'s autocast: first padded, then a copy of it packed (compiled shape-generic when
+    ``compiled``, as the training loop compiles a packed encoder)."""
+    padded = make().to(device)
+    packed = copy.deepcopy(padded)
+    use_packed_attention(packed)
+    assert packed.config._attn_implementation == PACKED and padded.config._attn_implementation != PACKED
+    compile_encoder(packed, compiled, dynamic=True)
+    if kind == "mlm":
+        padded, packed = MaskedTokensMLM(padded), MaskedTokensMLM(packed)
+    steps = []
+    for model in (padded, packed):
+        with autocast(device, precision):
+            loss, stats = step_loss(model, batch, kind, "all", device)
+        loss.backward()
+        steps.append((float(loss.detach()), {name: p.grad.float().cpu() for name, p in model.named_parameters()
+                                             if p.grad is not None}, stats))
+    return steps
+
+
+def assert_same_step(padded, packed, loss_rtol: float, grad_rtol: float | None = None,
+                     grad_atol: float | None = None) -> None:
+    """Two results of ``padded_and_packed_steps`` agree: the loss within ``loss_rtol``, the same stats, the same
+    parameters with gradients, and (unless ``grad_rtol`` is None) each gradient within the tolerances."""
+    (loss_p, grads_p, stats_p), (loss_k, grads_k, stats_k) = padded, packed
+    assert math.isfinite(loss_p) and loss_k == pytest.approx(loss_p, rel=loss_rtol)
+    assert stats_k.keys() == stats_p.keys()
+    assert grads_k.keys() == grads_p.keys() and len(grads_p) > 10
+    if grad_rtol is None:
+        return
+    for name, g in grads_p.items():
+        torch.testing.assert_close(grads_k[name], g, rtol=grad_rtol, atol=grad_atol, msg=name)
 
 
 @pytest.mark.parametrize("kind, make", [("npm", tiny_bert), ("npm_single", tiny_bert), ("npm", tiny_roberta),
                                         ("npm_single", tiny_roberta), ("mlm", tiny_roberta_mlm)])
 def test_the_packed_step_equals_the_padded_step(line, kind, make):
-    padded = make()
-    packed = copy.deepcopy(padded)
-    use_packed_attention(packed)
-    assert packed.config._attn_implementation == PACKED and padded.config._attn_implementation != PACKED
-    if kind == "mlm":
-        padded, packed = MaskedTokensMLM(padded), MaskedTokensMLM(packed)
-    batch = _batch(kind, *line)
-    loss_p, grads_p, stats_p = _loss_and_grads(padded, batch, kind)
-    loss_k, grads_k, stats_k = _loss_and_grads(packed, batch, kind)
-    assert loss_k == pytest.approx(loss_p, rel=LOSS_RTOL)
-    assert stats_k.keys() == stats_p.keys()
-    assert grads_k.keys() == grads_p.keys() and len(grads_p) > 10
-    for name, g in grads_p.items():
-        torch.testing.assert_close(grads_k[name], g, rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=name)
+    assert_same_step(*padded_and_packed_steps(make, _batch(kind, *line), kind), LOSS_RTOL, GRAD_RTOL, GRAD_ATOL)
 
 
 def test_wrong_positions_would_show(line, monkeypatch):
