@@ -47,8 +47,8 @@ def walk_spans(start_cand: np.ndarray, end_cand: np.ndarray, block: np.ndarray, 
     keep_b = ok(s_bwd, e)
     starts = np.concatenate([s[keep_f], s_bwd[keep_b]])
     ends = np.concatenate([e_fwd[keep_f], e[keep_b]])
-    pairs = np.unique(np.stack([starts, ends], axis=1), axis=0) if len(starts) else np.zeros((0, 2), np.int64)
-    return pairs[:, 0], pairs[:, 1]
+    pairs = np.unique(starts * n + ends)  # one key per span, in (start, end) order: ends are < n
+    return pairs // n, pairs % n
 
 
 def runs(segment: np.ndarray):

@@ -232,14 +232,18 @@ class Predictor:
         found = sorted_key[i] == want if len(order) else np.zeros(len(want), bool)
         return order[i[found]]
 
-    def _sims(self, view: dict, positions: np.ndarray, q: np.ndarray) -> np.ndarray:
-        """Exact q . e / sqrt(h) (float32) of sorted view ``positions``, each with its own query's vector
-        (``q`` [n_queries, h]); one matrix-vector product per query, as for a query alone."""
+    def _sims(self, view: dict, positions: np.ndarray, *qs: np.ndarray) -> list[np.ndarray]:
+        """Exact q . e / sqrt(h) (float32) of sorted view ``positions``, each with its own query's vector, for each
+        ``q`` [n_queries, h] of ``qs`` (the stored vectors are read once for all of them); one matrix-vector product
+        per query, as for a query alone."""
         vecs = self.ds.vectors(view["rows"][positions])
-        out = np.empty(len(positions), np.float32)
-        for i, a, e in runs(view["query"][positions]):
-            out[a:e] = vecs[a:e] @ q[i] * self.scale
-        return out
+        sims = []
+        for q in qs:
+            out = np.empty(len(positions), np.float32)
+            for i, a, e in runs(view["query"][positions]):
+                out[a:e] = vecs[a:e] @ q[i] * self.scale
+            sims.append(out)
+        return sims
 
     def _open_rows(self):
         """The FAISS row filter of open-set search: every row but the stop-word vectors (the original's open-set
@@ -341,16 +345,20 @@ class Predictor:
         s = self.settings
         if self.model == "npm_single":
             pos = np.unique(start_cand)
-            weights = softmax(self._sims(view, pos, vectors[:, 0]) / s.open_set_tau, view["query"][pos])
+            weights = softmax(self._sims(view, pos, vectors[:, 0])[0] / s.open_set_tau, view["query"][pos])
             span_start = span_end = pos
         else:
             span_start, span_end = walk_spans(start_cand, end_cand, view["block"], view["valid_start"],
                                               view["valid_end"], view["blocked"], self.l_max)
             start_pos = np.union1d(start_cand, span_start)
             end_pos = np.union1d(end_cand, span_end)
-            weights = score_spans(span_start, span_end, start_pos, self._sims(view, start_pos, vectors[:, 0]),
-                                  end_pos, self._sims(view, end_pos, vectors[:, -1]), open_set_tau=s.open_set_tau,
-                                  form=s.span_score, query=view["query"])
+            if np.array_equal(start_pos, end_pos):  # restricted mode: every stored vector is both
+                start_sim, end_sim = self._sims(view, start_pos, vectors[:, 0], vectors[:, -1])
+            else:
+                (start_sim,), (end_sim,) = self._sims(view, start_pos, vectors[:, 0]), self._sims(view, end_pos,
+                                                                                                  vectors[:, -1])
+            weights = score_spans(span_start, span_end, start_pos, start_sim, end_pos, end_sim,
+                                  open_set_tau=s.open_set_tau, form=s.span_score, query=view["query"])
         return self._phrases(view, span_start, span_end, weights, top, n)
 
     def _faiss_search(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
