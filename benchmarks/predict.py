@@ -86,16 +86,15 @@ def _run(fn, queries: list[str], batch: int, clock: Clock, clear) -> dict:
 
 
 def original_closed_set(predictors, texts: list[str], verbalizers, tau: float, mlm):
-    """The stand-in of the original's closed-set scoring (issue 42), which has no batched path: one example at a
-    time (facebookresearch/NPM ``npm/npm_single.py`` ``evaluate`` loops over the examples; ``npm/model.py``
-    ``Model.forward`` asserts a single sequence). Per example: one forward of the masked-LM model (``mlm``, from
-    ``_masked_lm``: the project's encoder weights under a masked-LM head) with its logits over every position and
-    all hidden states, as
-    the original's ``forward``; the query vectors from the final hidden layer at the mask(s); per query vector
-    (the start, then the end for NPM: ``npm/npm.py`` ``get_all_scores``) one FAISS Flat search per datastore at the
-    same k with FAISS's own settings (the original sets no BLAS threshold; ``npm/dstore.py`` ``DataStoreUnion``);
-    the exact scores from the stored vectors; each neighbour's token looked up one at a time in Python; one
-    softmax over all the neighbours (``label_scores``). Label scores float64 [n, n_labels]."""
+    """The stand-in of the original's closed-set scoring (issue 42), which has no batched path: one example at a time
+    (facebookresearch/NPM ``npm/npm_single.py`` ``evaluate`` loops over the examples; ``npm/model.py`` ``Model.forward``
+    asserts a single sequence). Per example: one forward of the masked-LM model (``mlm``, from ``_masked_lm``: the
+    project's encoder weights under a masked-LM head) with its logits over every position and all hidden states, as the
+    original's ``forward``; the query vectors from the final hidden layer at the mask(s); per query vector (the start,
+    then the end for NPM: ``npm/npm.py`` ``get_all_scores``) one FAISS Flat search per datastore at the same k with
+    FAISS's own settings (the original sets no BLAS threshold; ``npm/dstore.py`` ``DataStoreUnion``); the exact scores
+    from the stored vectors; each neighbour's token looked up one at a time in Python; one softmax over all the
+    neighbours (``label_scores``). Label scores float64 [n, n_labels]."""
     import numpy as np
     import torch
 
@@ -145,12 +144,11 @@ class OriginalLayout:
 
         view = predictor._view(np.arange(predictor.ds.n_blocks))
         cuts = view["offsets"]
-        self.input_ids = [view["ids"][a:e].tolist() for a, e in zip(cuts[:-1], cuts[1:], strict=True)]
+        blocks = list(zip(cuts[:-1], cuts[1:], strict=True))
+        self.input_ids = [view["ids"][a:e].tolist() for a, e in blocks]
         local = np.arange(len(view["ids"])) - cuts[view["block"]]
-        self.valid_start = [local[a:e][view["valid_start"][a:e]].astype(np.uint8) for a, e in
-                            zip(cuts[:-1], cuts[1:], strict=True)]
-        self.valid_end = [local[a:e][view["valid_end"][a:e]].astype(np.uint8) for a, e in
-                          zip(cuts[:-1], cuts[1:], strict=True)]
+        self.valid_start = [local[a:e][view["valid_start"][a:e]].astype(np.uint8) for a, e in blocks]
+        self.valid_end = [local[a:e][view["valid_end"][a:e]].astype(np.uint8) for a, e in blocks]
         emb = np.flatnonzero(view["rows"] >= 0)
         self.token_idx_to_block_idx = view["block"][emb]
         self.token_idx_to_local_idx = local[emb].astype(np.uint8)
@@ -186,28 +184,28 @@ class OriginalLayout:
 
 def original_open_set(predictor, texts: list[str], mlm, layout: OriginalLayout) -> list[str]:
     """The stand-in of the original's open-set evaluation (facebookresearch/NPM ``npm/npm.py`` ``evaluate_open`` and
-    ``predict_span``, restricted mode, as every open-set result; paper-map §3.7), one example at a time as the
-    original, over ``layout`` (its loaded datastore): a masked-LM forward (``mlm``, from ``_masked_lm``) with its
-    logits and hidden states, q_start and q_end at the two masks; the BM25 top blocks of the query searched alone
-    (the same Lucene index and query string); every embedding index of those blocks a start and an end candidate and
-    its exact scores; per candidate its token positions (``OriginalLayout.token_position``) and a walk that tests
-    each position against the block's valid starts and ends (numpy arrays) and each span with the stop-word check
-    ``np.sum(mask[tokens]) == 0``, into sets and a dict from index pair to token tuple; a softmax per side over all
-    candidates at ``open_set_tau`` and the span score P_start + P_end (the code's form) looked up in dicts; the
-    scores gathered per token tuple in a ``defaultdict(list)`` and the best one taken with ``min`` over
-    ``-np.sum(x) * len(x) ** alpha`` for each of the original's alphas (0, 0.5, 1; 0 is the reported one). Returns
-    the phrase of alpha 0 for each text as the project's surface text of its best occurrence (empty: none)."""
+    ``predict_span``, restricted mode, as every open-set result; paper-map §3.7), one example at a time as the original,
+    over ``layout`` (its loaded datastore): a masked-LM forward (``mlm``, from ``_masked_lm``) with its logits and
+    hidden states, q_start and q_end at the two masks; the BM25 top blocks of the query searched alone
+    (``Predictor.retrieve_blocks``: the same Lucene index and query string); every embedding index of those blocks a
+    start and an end candidate and its exact scores; per candidate its token positions
+    (``OriginalLayout.token_position``) and a walk that tests each position against the block's valid starts and ends
+    (numpy arrays) and each span with the stop-word check ``np.sum(mask[tokens]) == 0``, into sets and a dict from index
+    pair to token tuple; a softmax per side over all candidates at ``open_set_tau`` and the span score P_start + P_end
+    (the code's form) looked up in dicts; the scores gathered per token tuple in a ``defaultdict(list)`` and the best
+    one taken with ``min`` over ``-np.sum(x) * len(x) ** alpha`` for each of the original's alphas (0, 0.5, 1; 0 is the
+    reported one). Returns the phrase of alpha 0 for each text as the project's surface text of its best occurrence
+    (empty: none)."""
     from collections import defaultdict
 
     import numpy as np
     import torch
 
-    from npm.datastore.bm25 import bm25_query
+    from npm.inference.phrase import softmax
     from npm.inference.query import query_ids
 
     p, lay, out = predictor, layout, []
-    tau, l_max, k = p.settings.open_set_tau, p.l_max, p.settings.restricted_blocks
-    searcher = p._bm25_searcher()
+    tau, l_max = p.settings.open_set_tau, p.l_max
 
     def valid_func(tokens):
         return np.sum(lay.stopword_mask[tokens]) == 0
@@ -217,7 +215,7 @@ def original_open_set(predictor, texts: list[str], mlm, layout: OriginalLayout) 
         with torch.inference_mode():
             outputs = mlm(torch.from_numpy(ids)[None], output_hidden_states=True, return_dict=True)
         q_start, q_end = outputs.hidden_states[-1][0, pos:pos + 2].float().numpy()
-        block_ids, _ = searcher.search(bm25_query(text, "?" in text.split("<mask>")[0]), k=k)
+        block_ids = p.retrieve_blocks(text)
         candidates = []
         for block_id in block_ids.tolist():
             candidates += list(range(lay.offsets[block_id], lay.offsets[block_id + 1]))
@@ -252,11 +250,8 @@ def original_open_set(predictor, texts: list[str], mlm, layout: OriginalLayout) 
                     pos2ngram.setdefault((start_idx, idx), tuple(vocabs[-j - 1:]))
                     spans.add((start_idx, idx))
                 start_idx -= 1
-        probs = []
-        for q in (q_start, q_end):
-            sims = (vectors @ q * p.scale).astype(np.float64) / tau
-            z = np.exp(sims - sims.max())
-            probs.append(dict(zip(candidates, (z / z.sum()).tolist(), strict=True)))
+        probs = [dict(zip(candidates, softmax((vectors @ q * p.scale).astype(np.float64) / tau).tolist(), strict=True))
+                 for q in (q_start, q_end)]
         pos2score, ngram2score = {}, defaultdict(list)
         for span in spans:
             pos2score[span] = probs[0][span[0]] + probs[1][span[1]]
@@ -332,6 +327,13 @@ def open_vs_original(predictor, queries: list[str], batch_sizes, reps: int = 3) 
                                                                                      batch_size=len(qs))],
            "encoder": lambda qs: p.encode(qs)}
     return _interleaved(fns, queries, batch_sizes, reps, clear=p._bm25_searcher()._cache.clear)
+
+
+def _ratios_line(what: str, by_batch: dict) -> str:
+    """One printed line of a comparison with the original (``_interleaved``'s result)."""
+    return f"{what}, speed over the original: " + ", ".join(
+        f"batch {b} {v['ratio']}x ({v['same_predictions']} same; encoder floor {v['encoder_floor']}x)"
+        for b, v in by_batch.items())
 
 
 def worker(args) -> dict:
@@ -446,12 +448,8 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "provenance"}, indent=2))
     for setting, r in result["settings"].items():  # the issue-42 table: project speed over the original's
         for name, by_batch in r["closed_vs_original"].items():
-            print(f"closed set {name} ({setting}), speed over the original: " + ", ".join(
-                f"batch {b} {v['ratio']}x ({v['same_predictions']} same; encoder floor {v['encoder_floor']}x)"
-                for b, v in by_batch.items()))
-        print(f"open set npm ({setting}), speed over the original: " + ", ".join(
-            f"batch {b} {v['ratio']}x ({v['same_predictions']} same; encoder floor {v['encoder_floor']}x)"
-            for b, v in r["open_vs_original"].items()))
+            print(_ratios_line(f"closed set {name} ({setting})", by_batch))
+        print(_ratios_line(f"open set npm ({setting})", r["open_vs_original"]))
 
 
 if __name__ == "__main__":

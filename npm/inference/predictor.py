@@ -355,8 +355,8 @@ class Predictor:
             if np.array_equal(start_pos, end_pos):  # restricted mode: every stored vector is both
                 start_sim, end_sim = self._sims(view, start_pos, vectors[:, 0], vectors[:, -1])
             else:
-                (start_sim,), (end_sim,) = self._sims(view, start_pos, vectors[:, 0]), self._sims(view, end_pos,
-                                                                                                  vectors[:, -1])
+                start_sim = self._sims(view, start_pos, vectors[:, 0])[0]
+                end_sim = self._sims(view, end_pos, vectors[:, -1])[0]
             weights = score_spans(span_start, span_end, start_pos, start_sim, end_pos, end_sim,
                                   open_set_tau=s.open_set_tau, form=s.span_score, query=view["query"])
         return self._phrases(view, span_start, span_end, weights, top, n)
