@@ -27,6 +27,15 @@ ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3 as in roberta-l
 REFERENCE_EXAMPLES = [" The cat's hat."]
 
 
+def load_benchmark(name: str):
+    """The module ``benchmarks/{name}.py`` (benchmarks/ is not a package), imported from its file."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def lee_corpus_lines() -> list[str]:
     """The lines of gensim's ``lee_background.cor`` (300 news paragraphs)."""
     spec = importlib.util.find_spec("gensim")

@@ -145,12 +145,11 @@ def test_the_demo_s_job_time_table_is_its_measurement(tmp_path):
     """docs/demo-timings.md's job-time table is `benchmarks/demo_timings.py`'s rendering of the run it names, kept in
     docs/demo-timings.json (each job's start and seconds from that run's Snakemake logs); the script reads such logs
     back to the same jobs."""
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("demo_timings", ROOT / "benchmarks" / "demo_timings.py")
-    demo_timings = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo_timings)
+    from tests.conftest import load_benchmark
+
+    demo_timings = load_benchmark("demo_timings")
     measured = json.loads((ROOT / "docs" / "demo-timings.json").read_text(encoding="utf-8"))
     assert demo_timings.table(measured) in TIMINGS
     assert f"at {measured['commit']}" in TIMINGS

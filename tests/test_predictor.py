@@ -15,7 +15,7 @@ from npm.datastore.faiss_index import build_faiss_index, exact_scores, search
 from npm.datastore.store import load_datastore
 from npm.inference.predictor import Predictor
 from npm.settings import Settings
-from tests.conftest import build_tiny_corpus, lee_corpus_lines, save_tiny_bert
+from tests.conftest import build_tiny_corpus, lee_corpus_lines, load_benchmark, save_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -111,23 +111,11 @@ def test_closed_set_label_scores_are_a_distribution_over_verbalizer_tokens(world
     assert len(ids) == 50 and np.all(np.diff(np.sort(sims)) >= 0)
 
 
-def _benchmark(name: str):
-    """A module of benchmarks/ (not a package), imported from its file."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_original_open_set_stand_in_of_the_speed_benchmark_predicts_what_the_project_predicts(world):
     """benchmarks/predict.py's stand-in of the original's predict_span (one example at a time, spans walked and
     scored in Python dicts) against the project's batched open set with the code's span score: the same phrase for
     every query, so that the benchmark's ratio compares two ways of computing one answer."""
-    bench = _benchmark("predict")
+    bench = load_benchmark("predict")
     p = predictor(world, span_score="code")
     queries = ["Thessaloniki is the second largest city in <mask>.", "The capital of Greece is <mask>.",
                "Who won the <mask> election?", "The <mask> said on Monday that the talks had failed."]
