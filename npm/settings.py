@@ -589,6 +589,17 @@ class DensePhrasesSettings(Section):
     eval_tasks: tuple = _setting(("nq", "triviaqa"), "open-set tasks asked as questions in the table's open-domain "
                                                      "columns", kinds=(list, tuple), option=False)
 
+    @classmethod
+    def from_mapping(cls, values: Mapping | None, where: str | None = None):
+        """As ``Section.from_mapping``, and a ``filter_threshold`` needs a filter head trained (a step's own options
+        cannot tell: ``dump`` does not take the training's; ``npm.densephrases.dump`` checks the model)."""
+        settings = super().from_mapping(values, where)
+        if settings.filter_threshold is not None and not settings.train.lambda_filter:
+            raise ValueError(f"densephrases: filter_threshold {settings.filter_threshold} filters by the filter head's "
+                             "logits, but train.lambda_filter is 0, so the head is never trained and would drop "
+                             "tokens at random; set train.lambda_filter (the code: 1.0) or filter_threshold: null")
+        return settings
+
 
 @dataclass(frozen=True)
 class LsrSettings(Section):

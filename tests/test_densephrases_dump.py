@@ -49,11 +49,23 @@ def test_the_dump_stores_the_phrase_encoders_vectors_of_every_non_special_token(
 
 
 def test_the_filter_keeps_a_subset_and_a_token_of_every_passage(world):
-    meta = dump_phrases(world["root"] / "model", world["blocks"], world["root"] / "filtered", filter_threshold=1e9,
-                        progress=False)
+    model = DensePhrases.load(world["root"] / "model")
+    model.filter_trained = True  # as `densephrases train` with lambda_filter > 0 marks it
+    with atomic_dir(world["root"] / "model_filter") as tmp:
+        model.save(tmp)
+    meta = dump_phrases(world["root"] / "model_filter", world["blocks"], world["root"] / "filtered",
+                        filter_threshold=1e9, progress=False)
     dump = PhraseDump(world["root"] / "filtered")
     n_passages = len(load_blocks(world["blocks"][0])["block_doc"])
     assert meta["rows"] == n_passages == len(set(dump.tokens.passage[:].tolist()))  # nothing passes: one per passage
+
+
+def test_the_filter_refuses_a_filter_head_that_was_never_trained(world):
+    """An untrained head's logits would drop tokens at random (train.lambda_filter = 0 leaves it at its init)."""
+    with pytest.raises(ValueError, match=r"filter head was never trained.*lambda_filter"):
+        dump_phrases(world["root"] / "model", world["blocks"], world["root"] / "random_filter", filter_threshold=1.0,
+                     progress=False)
+    assert not (world["root"] / "random_filter").exists()
 
 
 def test_an_index_is_read_only_with_its_own_dump_and_phrase_encoder(world):

@@ -100,6 +100,7 @@ def test_the_sections_fill_their_subsections_with_the_defaults():
     (DensePhrasesSettings, {"precision": "fp16"}, "setting precision must be one of"),
     (DensePhrasesSettings, {"rc": "squad"}, "setting rc must be one of"),
     (DensePhrasesSettings, {"query_ft": {"k": 0}}, "setting k must be >= 1"),
+    (DensePhrasesSettings, {"filter_threshold": 1.0}, r"filter_threshold 1\.0 .*train\.lambda_filter is 0"),
     (ReplugSettings, {"lsr": {"warmup_ratio": 1.5}}, "setting warmup_ratio must be <= 1"),
     (ReplugSettings, {"temperature": 0}, "setting temperature must be > 0"),
 ])

@@ -115,11 +115,13 @@ def test_training_learns_resumes_only_itself_and_uses_pre_batch_in_the_last_epoc
     last = np.mean([float(r["loss_single"]) for r in rows[-4:]])
     assert last < 0.5 * first  # it learns to read the training passages
     model = DensePhrases.load(tmp_path / "model")
-    assert model.hidden_size == 32
+    assert model.hidden_size == 32 and model.filter_trained  # lambda_filter > 0: the dump may filter by its head
     again = train_densephrases(PhraseTrainConfig(**cfg), progress=False)  # the same run: resumes after its last epoch
     assert again["run_folder"] == summary["run_folder"] and again["steps"] == summary["steps"]
-    other = train_densephrases(PhraseTrainConfig(**{**cfg, "epochs": 1, "pre_batch_epochs": 0}), progress=False)
+    other = train_densephrases(PhraseTrainConfig(**{**cfg, "epochs": 1, "pre_batch_epochs": 0, "lambda_filter": 0.0,
+                                                    "out_dir": str(tmp_path / "unfiltered")}), progress=False)
     assert other["run_folder"] != summary["run_folder"] and other["steps"] == 4
+    assert not DensePhrases.load(tmp_path / "unfiltered").filter_trained
     with pytest.raises(ValueError, match="negatives must be one of"):
         train_densephrases(PhraseTrainConfig(**{**cfg, "negatives": "hard"}), progress=False)
     # parts of the model are three separate encoders: a query-side change leaves the phrase encoder alone

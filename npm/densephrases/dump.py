@@ -75,6 +75,10 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
     dev = torch_device(device)
     if model is None:
         model = DensePhrases.load(model_dir).eval().to(dev)
+    if filter_threshold is not None and not model.filter_trained:
+        raise ValueError(f"{model_dir}: its filter head was never trained (a training with train.lambda_filter > 0 "
+                         "trains it; the code: 1.0), so filter_threshold would drop tokens at random; dump without "
+                         "--filter-threshold or train with --lambda-filter")
     arrays = load_blocks(blocks_path)
     check_vocabulary(blocks_path, arrays["input_ids"], model.phrase.config.vocab_size)
     table = PhraseTokens.from_flags(arrays["flags"], arrays["block_offsets"])

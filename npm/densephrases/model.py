@@ -7,8 +7,9 @@ q_end, their [CLS] (first-position) outputs. The **filter head** is a ``Linear(d
 logits (appendix E), which the dump uses to drop tokens.
 
 Saved as a folder: ``phrase/``, ``query_start/``, ``query_end/`` (each ``save_pretrained``, with the tokenizer in
-``phrase/``), ``filter_head.pt`` and ``densephrases.json`` (what it was made from). :meth:`DensePhrases.load` reads it
-back; ``from_encoder`` starts the three copies from one checkpoint.
+``phrase/``), ``filter_head.pt`` and ``densephrases.json`` (what it was made from, and ``filter_trained``: whether a
+training with the filter loss ever updated the head; an untrained head's logits are random). :meth:`DensePhrases.load`
+reads it back; ``from_encoder`` starts the three copies from one checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class DensePhrases(torch.nn.Module):
         self.phrase, self.query_start, self.query_end = phrase, query_start, query_end
         self.filter_head = torch.nn.Linear(phrase.config.hidden_size, 2)
         self.tokenizer, self.base = tokenizer, base
+        self.filter_trained = False  # set by a training with train.lambda_filter > 0
 
     @classmethod
     def from_encoder(cls, name: str) -> DensePhrases:
@@ -58,7 +60,8 @@ class DensePhrases(torch.nn.Module):
             getattr(self, part).save_pretrained(path / part)
         self.tokenizer.save_pretrained(path / "phrase")
         torch.save(self.filter_head.state_dict(), path / "filter_head.pt")
-        (path / "densephrases.json").write_text(json.dumps({"base": self.base, "parts": list(PARTS)}, indent=1) + "\n")
+        (path / "densephrases.json").write_text(json.dumps({"base": self.base, "parts": list(PARTS),
+                                                                     "filter_trained": self.filter_trained}, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> DensePhrases:
@@ -70,4 +73,5 @@ class DensePhrases(torch.nn.Module):
         model = cls(*(load_encoder(str(path / p)) for p in PARTS), load_tokenizer(str(path / "phrase")),
                     meta["base"])
         model.filter_head.load_state_dict(torch.load(path / "filter_head.pt", weights_only=True))
+        model.filter_trained = bool(meta.get("filter_trained", False))
         return model

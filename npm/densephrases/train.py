@@ -347,6 +347,7 @@ def train_densephrases(cfg: PhraseTrainConfig, progress: bool = True, run: track
         run = run or tracking.Run()
         run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, examples=n)
         model = DensePhrases.from_encoder(cfg.encoder) if model is None else model
+        model.filter_trained = model.filter_trained or bool(cfg.lambda_filter)
         model.to(device)
         steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
         optimizer, scheduler = _optimizer(model.parameters(), cfg.lr, steps)
