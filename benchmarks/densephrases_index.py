@@ -11,7 +11,9 @@ passages of D_small (the test passages pooled with those of ``--rc-pool``, one b
 Token filters: ``none``; ``edges``, the tokens that can begin or end a phrase (``PhraseTokens.word_start |
 word_end``: a token that is neither is never a phrase's start or end, so dropping it loses no phrase and no score);
 ``head@q``, the model's filter head (``DensePhrases.filter_logits``) keeping the share q of the tokens with the
-highest best logit (the head is trained only with ``train.lambda_filter`` > 0; the embedded default's is not).
+highest best logit, and ``head>t`` those whose best logit exceeds t (the dump's rule, without its token per passage);
+``edges&head@q`` and ``edges&head>t`` the phrase edges among them (the head is trained only with
+``train.lambda_filter`` > 0).
 Every index is trained on a seeded sample of ``--train-sample`` of its kept rows, as ``npm-repro densephrases
 index``; IVF indexes probe every list. It measures; it asserts nothing. Writes
 results/benchmarks/densephrases_index.json.
@@ -63,12 +65,16 @@ def kept_rows(name: str, searcher: PhraseSearcher) -> np.ndarray:
     if name == "edges":
         everything = np.arange(n)
         return np.flatnonzero(tokens.word_start[everything] | tokens.word_end[everything])
-    share = float(name.split("@")[1])
-    head = searcher.model.filter_head
-    w, b = head.weight.detach().float().numpy(), head.bias.detach().float().numpy()
-    best = np.concatenate([(np.asarray(searcher.dump.vectors[np.arange(a, min(a + 65536, n))], np.float32) @ w.T
-                            + b).max(1) for a in range(0, n, 65536)])
-    return np.sort(np.argsort(-best, kind="stable")[:max(1, int(round(share * n)))])
+    edges, head = name.split("&") if "&" in name else ("none", name)
+    among = kept_rows(edges, searcher)
+    w = searcher.model.filter_head.weight.detach().float().numpy()
+    bias = searcher.model.filter_head.bias.detach().float().numpy()
+    best = np.concatenate([(np.asarray(searcher.dump.vectors[among[a:a + 65536]], np.float32) @ w.T + bias).max(1)
+                           for a in range(0, len(among), 65536)])
+    if ">" in head:
+        return among[best > float(head.split(">")[1])]
+    share = float(head.split("@")[1])
+    return np.sort(among[np.argsort(-best, kind="stable")[:max(1, int(round(share * n)))]])
 
 
 def make_index(factory: str, vectors: np.ndarray, train_sample: int, seed: int, tmp: Path):

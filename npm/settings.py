@@ -344,12 +344,15 @@ def _flag(name: str) -> str:
 def arg_type(name: str, section: type[Section] = Settings):
     """The argparse ``type=`` of setting ``name``: parses the text and applies ``check``, so every option that sets
     it (``evaluate --open-set-tau``, ``predict --open-set-tau``) has the one range defined here; a bad value is
-    argparse's usage error (exit status 2) naming the option. A nullable setting reads 0 as None (null)."""
+    argparse's usage error (exit status 2) naming the option. A nullable setting reads ``none`` as None (null), and
+    0 too where 0 is no valid value (``_zero_is_null``: the counts); a threshold's 0 stays 0."""
     f = _fields(section)[name]
     kinds = f.metadata["kinds"]
     numeric = next((kind for kind in kinds if kind in (int, float)), None)
 
     def parse(text: str):
+        if f.default is None and text.lower() == "none":
+            return None
         if numeric is not None:
             try:
                 value = numeric(text)
@@ -361,7 +364,7 @@ def arg_type(name: str, section: type[Section] = Settings):
                 value = text
         else:
             value = text
-        if f.default is None and value == 0:
+        if _zero_is_null(f) and value == 0:
             return None
         try:
             check(name, value, section)
@@ -371,6 +374,13 @@ def arg_type(name: str, section: type[Section] = Settings):
 
     parse.__name__ = name  # argparse names the type in its messages
     return parse
+
+
+def _zero_is_null(f) -> bool:
+    """Whether option text 0 means null for the setting ``f``: a nullable one whose range leaves 0 out (a count,
+    ``minimum`` 1), so that 0 is free to say "none"."""
+    low = f.metadata["minimum"]
+    return f.default is None and low is not None and (low > 0 or (low == 0 and f.metadata["exclusive"]))
 
 
 # ---- argparse types of the options that are not settings (npm.cli, npm.evaluation.cli)
@@ -433,7 +443,8 @@ def add_arguments(parser: argparse.ArgumentParser, section: type[Section] = Sett
     with ``command``, only the settings that command takes (``options``)."""
     group = parser.add_argument_group(f"{section.TITLE} (config `{section.SECTION}:`)")
     for f in options(section, command):
-        help_text = f.metadata["help"].replace("%", "%%") + (" (0 = null)" if f.default is None else "")
+        null = " (0 = null)" if _zero_is_null(f) else " (none = null)" if f.default is None else ""
+        help_text = f.metadata["help"].replace("%", "%%") + null
         if type(f.default) is bool:
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=f.default,
                                help=help_text)
@@ -450,10 +461,10 @@ def from_args(args: argparse.Namespace, section: type[Section] = Settings, comma
 
 
 def to_args(values: Mapping | None, section: type[Section] = Settings, command: str | None = None) -> str:
-    """The command-line options of a config section (every option, defaults filled in, null as 0, strings
-    shell-quoted): how the workflow passes ``config["inference"]`` to ``npm-repro evaluate`` and ``config["training"]``
-    to ``npm-repro train``; with ``command``, the options of that command (``config["data"]`` to ``tokenize-blocks``,
-    ...)."""
+    """The command-line options of a config section (every option, defaults filled in, null as 0 or ``none``
+    (``arg_type``), strings shell-quoted): how the workflow passes ``config["inference"]`` to ``npm-repro
+    evaluate`` and ``config["training"]`` to ``npm-repro train``; with ``command``, the options of that command
+    (``config["data"]`` to ``tokenize-blocks``, ...)."""
     settings = section.from_mapping(values)
     out = []
     for f in options(section, command):
@@ -461,7 +472,8 @@ def to_args(values: Mapping | None, section: type[Section] = Settings, command: 
         if isinstance(value, bool):
             out.append(_flag(f.name) if value else "--no-" + _flag(f.name)[2:])
         else:
-            text = shlex.quote(value) if isinstance(value, str) else 0 if value is None else value
+            null = 0 if _zero_is_null(f) else "none"
+            text = shlex.quote(value) if isinstance(value, str) else null if value is None else value
             out.append(f"{_flag(f.name)} {text}")
     return " ".join(out)
 
@@ -574,6 +586,11 @@ class DensePhrasesSettings(Section):
                                             "scored from its codes alone, no fp16 dump (rules densephrases_trim, "
                                             "densephrases_evaluate_compressed); null = none", kinds=(str,),
                                       option=False)
+    compressed_filter_threshold: float | None = _setting(None, "the compressed index's learned filter (appendix E): "
+                                                               "of the phrase edges, keep those whose start- or "
+                                                               "end-filter logit exceeds it (and the best of a "
+                                                               "passage); null = every phrase edge",
+                                                         kinds=(float,), option=("trim", "evaluate"))
     nprobe: int = _setting(256, "IVF lists probed (paper: 256)", minimum=1, option=("index",))
     index_train_sample: int = _setting(1_000_000, "dump vectors an IVF / PQ / OPQ index trains on (a seeded sample)",
                                        minimum=1, option=("index",))
@@ -591,13 +608,14 @@ class DensePhrasesSettings(Section):
 
     @classmethod
     def from_mapping(cls, values: Mapping | None, where: str | None = None):
-        """As ``Section.from_mapping``, and a ``filter_threshold`` needs a filter head trained (a step's own options
-        cannot tell: ``dump`` does not take the training's; ``npm.densephrases.dump`` checks the model)."""
+        """As ``Section.from_mapping``, and a filter threshold needs a filter head trained (a step's own options
+        cannot tell: ``dump`` and ``trim`` do not take the training's; ``npm.densephrases.dump`` checks the model)."""
         settings = super().from_mapping(values, where)
-        if settings.filter_threshold is not None and not settings.train.lambda_filter:
-            raise ValueError(f"densephrases: filter_threshold {settings.filter_threshold} filters by the filter head's "
-                             "logits, but train.lambda_filter is 0, so the head is never trained and would drop "
-                             "tokens at random; set train.lambda_filter (the code: 1.0) or filter_threshold: null")
+        for name in ("filter_threshold", "compressed_filter_threshold"):
+            if getattr(settings, name) is not None and not settings.train.lambda_filter:
+                raise ValueError(f"densephrases: {name} {getattr(settings, name)} filters by the filter head's "
+                                 "logits, but train.lambda_filter is 0, so the head is never trained and would "
+                                 f"drop tokens at random; set train.lambda_filter (the code: 1.0) or {name}: null")
         return settings
 
 

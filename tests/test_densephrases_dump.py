@@ -439,3 +439,43 @@ def test_a_compressed_index_of_the_phrase_edges_is_smaller_by_its_recorded_ratio
     assert "codes alone" in rows[("PCA8,SQ4, phrase edges", "EM@1 nq (index only)")]["Note"]
     assert rows[("PCA8,SQ4, phrase edges", "EM RC D_small (index only)")]["Ours"] == round(small["em"], 2)
     assert ("PCA8,SQ4, phrase edges", "EM@1 nq") not in rows
+
+
+def test_a_filtered_trim_keeps_the_edges_its_trained_filter_head_keeps_and_the_best_of_each_passage(world, tmp_path,
+                                                                                                   capsys):
+    """config compressed_filter_threshold: of the phrase edges, those whose start- or end-filter logit (the model's
+    head over the dump's fp16 vectors) exceeds the threshold, and the best edge of a passage where none does; only
+    with the dump's own model, and only once its head was trained."""
+    from npm.cli import main
+
+    root = world["root"]
+    model = DensePhrases.load(root / "model")
+    model.filter_trained = True
+    with atomic_dir(tmp_path / "model") as tmp:
+        model.save(tmp)
+    dump_phrases(tmp_path / "model", world["blocks"], tmp_path / "dump", progress=False)
+    whole = PhraseDump(tmp_path / "dump")
+    edges = np.flatnonzero(whole.tokens.word_start[:] | whole.tokens.word_end[:])
+    head = model.filter_head
+    with torch.no_grad():
+        best = head(torch.as_tensor(np.asarray(whole.vectors[edges], np.float32))).max(-1).values.numpy()
+    threshold = float(np.quantile(best, 0.7))
+    expect = set(edges[best > threshold].tolist())
+    passage = whole.tokens.passage[edges]
+    for p in np.unique(passage):
+        if not expect & set(edges[passage == p].tolist()):
+            expect.add(int(edges[passage == p][np.argmax(best[passage == p])]))
+    assert main(["densephrases", "trim", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "trimmed"),
+                 "--checkpoint", str(tmp_path / "model"), "--compressed-filter-threshold", str(threshold)]) == 0
+    trimmed = PhraseDump(tmp_path / "trimmed")
+    rows = np.flatnonzero(np.isin(whole.token[:], trimmed.token[:]))
+    assert rows.tolist() == sorted(expect) and 0 < len(rows) < len(edges)
+    assert set(trimmed.tokens.passage[:].tolist()) == set(passage.tolist())  # every passage keeps an edge
+    assert trimmed.meta["token_filter"] == f"edges, filter > {threshold:g}"
+    assert np.array_equal(trimmed.vectors[:], whole.vectors[rows])
+    for model_dir, message in ((root / "model", "its filter head was never trained"),
+                               (root / "other", "did not make the phrase dump")):
+        assert main(["densephrases", "trim", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "bad"),
+                     "--checkpoint", str(model_dir), "--compressed-filter-threshold", "0"]) == 1
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -120,3 +120,18 @@ def test_a_bad_option_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(argv)
     assert e.value.code == 2 and "must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [0.0, None, -2.0])
+def test_a_zero_filter_threshold_is_a_threshold_and_null_is_no_filter(value):
+    """A filter threshold may be any logit, 0 too: the options the workflow passes must not read 0 as null (the
+    nullable counts do: their 0 is no valid value)."""
+    values = {"filter_threshold": value, "compressed_filter_threshold": value, "train": {"lambda_filter": 1.0}}
+    for step in ("dump", "trim"):
+        line = to_args(values, DensePhrasesSettings, step)
+        required = ["--blocks", "b"] if step == "dump" else ["--dump", "d"]
+        args = build_parser().parse_args(["densephrases", step, *required, "--out", "o", "--checkpoint", "c",
+                                          *line.split()])
+        got = from_args(args, DensePhrasesSettings, step)
+        name = "filter_threshold" if step == "dump" else "compressed_filter_threshold"
+        assert getattr(got, name) == value

@@ -233,6 +233,9 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     # config `compressed`: the dump trimmed to its phrase edges, its index, evaluated from the codes alone
     (trim,) = [s for s in shells if "densephrases trim" in s]
     assert "--dump data/densephrases/dump/pre_batch/enwiki --out data/densephrases/trimmed/pre_batch/enwiki" in trim
+    threshold = cfg["densephrases"].get("compressed_filter_threshold")  # the learned filter, from the dump's model
+    assert "--checkpoint results/densephrases/model_pre_batch " in trim
+    assert f"--compressed-filter-threshold {'none' if threshold is None else threshold}" in trim
     slug = re.sub(r"[^A-Za-z0-9]+", "_", cfg["densephrases"]["compressed"])
     (small,) = [s for s in shells if f"--out data/densephrases/index_trimmed/pre_batch/enwiki/{slug}.faiss" in s]
     assert "--dump data/densephrases/trimmed/pre_batch/enwiki " in small

@@ -124,8 +124,8 @@ def cmd_combine(args) -> int:
 def cmd_trim(args) -> int:
     from npm.densephrases.dump import trim_dump  # deferred: loads torch
 
-    meta = trim_dump(args.dump, args.out)
-    log.info("phrase edges: %d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"],
+    meta = trim_dump(args.dump, args.out, args.compressed_filter_threshold, args.checkpoint)
+    log.info("%s: %d of %d tokens kept (%.1f %%) -> %s", meta["token_filter"], meta["rows"], meta["tokens"],
              100 * meta["kept_share"], args.out)
     return 0
 
@@ -217,7 +217,7 @@ def _d_small_index(args) -> dict:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=Path(args.out).parent) as work:
         result = d_small_index(args.checkpoint, examples, args.d_small_index, work, pool, args.max_passage_tokens,
-                               args.k, args.max_words, args.precision)
+                               args.k, args.max_words, args.precision, args.compressed_filter_threshold)
     log.info("D_small over its phrase index: %s %.1fx smaller, EM %.1f (Flat: %.1f) on %d questions",
              args.d_small_index, result["ratio"], result["em"], result["flat_em"], result["n"])
     return result
@@ -311,9 +311,14 @@ STEPS = (
                             help="shards of the dump (blocks files of the corpus)"))),
     Command("trim", "the dump's tokens that can begin or end a phrase (the compressed index's filter)", cmd_trim,
             description="A dump folder of the rows of --dump whose token begins or ends a word that may begin or end "
-                        "a phrase; the others are never a phrase's start or end, so no phrase is lost "
+                        "a phrase; the others are never a phrase's start or end, so no phrase is lost. With "
+                        "--compressed-filter-threshold, only those the model's trained filter head keeps "
                         "(npm.densephrases.dump.trim_dump).",
-            options=(DUMP(help="dump folder"), OUT(help="trimmed dump folder"))),
+            options=(DUMP(help="dump folder"), OUT(help="trimmed dump folder"),
+                     CHECKPOINT(required=False, default=None,
+                                help="the DensePhrases model that made the dump (its filter head; with "
+                                     "--compressed-filter-threshold)"),
+                     _settings("trim"))),
     Command("index", "FAISS index of a dump from a factory string", cmd_index,
             description="Flat (exact), the paper's IVF{n},SQ4, the code's OPQ{M},IVF{n},PQ{M}; inner product "
                         "(npm.densephrases.dump.build_index).",

@@ -75,10 +75,8 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
     dev = torch_device(device)
     if model is None:
         model = DensePhrases.load(model_dir).eval().to(dev)
-    if filter_threshold is not None and not model.filter_trained:
-        raise ValueError(f"{model_dir}: its filter head was never trained (a training with train.lambda_filter > 0 "
-                         "trains it; the code: 1.0), so filter_threshold would drop tokens at random; dump without "
-                         "--filter-threshold or train with --lambda-filter")
+    if filter_threshold is not None:
+        _require_trained_filter(model, model_dir)
     arrays = load_blocks(blocks_path)
     check_vocabulary(blocks_path, arrays["input_ids"], model.phrase.config.vocab_size)
     table = PhraseTokens.from_flags(arrays["flags"], arrays["block_offsets"])
@@ -159,14 +157,19 @@ def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir:
     return meta
 
 
-def trim_dump(dump_dir: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
+def trim_dump(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, filter_threshold: float | None = None,
+              model_dir: str | os.PathLike | None = None) -> dict:
     """The dump of the rows of ``dump_dir`` that can begin or end a phrase (``PhraseTokens.word_start | word_end``),
     shard by shard, written atomically; returns its meta (``token_filter``: ``edges``). A token that is neither is
     never a phrase's start or end (``npm.densephrases.search.candidates``), so no phrase and no phrase score is lost:
-    only the index rows that a search would spend on tokens that yield none (the compressed index's filter; the
-    original's learned filter needs a trained filter head, ``train.lambda_filter``)."""
+    only the index rows that a search would spend on tokens that yield none. With ``filter_threshold`` (the
+    compressed index's learned filter, appendix E), only the edges whose best filter logit exceeds it, and the best
+    edge of a passage where none does (the dump's rule, ``_encode_file``): the logits of the filter head of
+    ``model_dir``, which must have made the dump and have trained its head (``train.lambda_filter`` > 0), over the
+    dump's fp16 vectors (``token_filter``: ``edges, filter > t``)."""
     src = PhraseDump(dump_dir)
     d = src.meta["hidden_size"]
+    head = None if filter_threshold is None else _trained_filter_head(model_dir, src)
     with atomic_dir(out_dir) as tmp:
         for k, shard in enumerate(src.meta["shards"]):
             path, out = Path(dump_dir) / shard["path"], shard_dir(tmp, k)
@@ -174,15 +177,56 @@ def trim_dump(dump_dir: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
             rows = np.flatnonzero(_load(path / "word_start.npy", shard["rows"])
                                   | _load(path / "word_end.npy", shard["rows"]))
             vectors = _load(path / "vectors.f16", shard["rows"], (d,))
+            if head is not None:
+                rows = _filtered(rows, vectors, _load(path / "passage.npy", shard["rows"]), head, filter_threshold)
             with open(out / "vectors.f16", "wb") as f:
                 for a in range(0, len(rows), WRITE_CHUNK):
                     np.asarray(vectors[rows[a:a + WRITE_CHUNK]]).tofile(f)
             for name in COLUMNS:
                 np.save(out / f"{name}.npy", _load(path / f"{name}.npy", shard["rows"])[rows])
             meta = read_json(path / "meta.json", "dump the shard again")
-            write_json(out / "meta.json", {**meta, "rows": len(rows), "token_filter": "edges"})
+            token_filter = "edges" if head is None else f"edges, filter > {filter_threshold:g}"
+            write_json(out / "meta.json", {**meta, "rows": len(rows), "token_filter": token_filter})
         meta = combine_shards(tmp, len(src.meta["shards"]))
     return meta
+
+
+def _trained_filter_head(model_dir, dump: PhraseDump) -> tuple[np.ndarray, np.ndarray]:
+    """(weight [2, d], bias [2]) of the filter head of ``model_dir`` as fp32 arrays, once it is checked that this
+    model's phrase side made ``dump`` and that a training with the filter loss updated the head."""
+    if model_dir is None:
+        raise ValueError("a filtered trim reads the filter head of the dump's model: give its model folder")
+    if dump_record(model_dir) != dump.meta["phrase_side"]:
+        raise ValueError(f"{model_dir} did not make the phrase dump {dump.path} (another phrase encoder or filter "
+                         "head): trim with the model that dumped it")
+    model = _require_trained_filter(DensePhrases.load(model_dir), model_dir)
+    return (model.filter_head.weight.detach().float().numpy(), model.filter_head.bias.detach().float().numpy())
+
+
+def _require_trained_filter(model: DensePhrases, model_dir) -> DensePhrases:
+    """``model``, once it is checked that a training with the filter loss updated its filter head."""
+    if not model.filter_trained:
+        raise ValueError(f"{model_dir}: its filter head was never trained (a training with train.lambda_filter > 0 "
+                         "trains it; the code: 1.0), so a filter threshold would drop tokens at random; filter "
+                         "without a threshold or train with --lambda-filter")
+    return model
+
+
+def _filtered(rows: np.ndarray, vectors, passage: np.ndarray, head: tuple[np.ndarray, np.ndarray],
+              threshold: float) -> np.ndarray:
+    """The ``rows`` (ascending) whose best filter logit over their fp16 ``vectors`` exceeds ``threshold``, and the
+    best row of each passage where none does (ties to the lower row)."""
+    weight, bias = head
+    best = np.concatenate([np.asarray(vectors[rows[a:a + WRITE_CHUNK]], np.float32) @ weight.T + bias
+                           for a in range(0, len(rows), WRITE_CHUNK)] or [np.empty((0, 2), np.float32)]).max(1)
+    keep = best > threshold
+    owner = passage[rows]
+    order = np.lexsort((-best, owner))  # per passage, best logit first (stable: the lower row among ties)
+    first = order[np.r_[True, owner[order][1:] != owner[order][:-1]]] if len(order) else order
+    has = np.zeros(int(owner.max(initial=-1)) + 1, bool)
+    has[owner[keep]] = True
+    keep[first[~has[owner[first]]]] = True
+    return rows[keep]
 
 
 def _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_blocks, vecs, desc, progress):

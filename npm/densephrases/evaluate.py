@@ -184,14 +184,14 @@ def d_small_blocks(contexts: list[str], tokenizer, max_passage_tokens: int, out_
 
 def d_small_index(model_dir, examples: list[dict], factory: str, workdir, pool: list[dict] | None = None,
                   max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens, k: int = 10,
-                  max_words: int = 20, precision: str = "fp32") -> dict:
+                  max_words: int = 20, precision: str = "fp32", filter_threshold: float | None = None) -> dict:
     """D_small (:func:`d_small_evaluate`'s passages) through phrase indexes, as the open-domain search runs: the
     pooled passages (:func:`d_small_blocks`) dumped by the phrase encoder of ``model_dir`` into ``workdir``, and
     each question of ``examples`` answered by the top phrase (:func:`open_domain`) over (a) the Flat index of the
     whole dump, phrases scored from its fp16 vectors (the uncompressed reference), and (b) the ``factory`` index of
-    its trimmed dump (``npm.densephrases.dump.trim_dump``), phrases retrieved and scored from the index's codes alone
-    (the compressed index, nothing else on disk). EM (percent) of each, the index's bytes and its ratio to the
-    untrimmed fp16 dump."""
+    its trimmed dump (``npm.densephrases.dump.trim_dump``, with the learned filter at ``filter_threshold``), phrases
+    retrieved and scored from the index's codes alone (the compressed index, nothing else on disk). EM (percent) of
+    each, the index's bytes and its ratio to the untrimmed fp16 dump."""
     from npm.densephrases.dump import build_index, dump_phrases, trim_dump  # deferred: torch, off the parser's path
     from npm.densephrases.model import DensePhrases  # deferred: torch, as above
     from npm.densephrases.searcher import PhraseSearcher  # deferred: torch and FAISS, as above
@@ -203,7 +203,7 @@ def d_small_index(model_dir, examples: list[dict], factory: str, workdir, pool: 
                    workdir / "blocks.npz")
     meta = dump_phrases(model_dir, [str(workdir / "blocks.npz")], workdir / "dump", progress=False,
                         precision=precision, model=model)
-    trimmed = trim_dump(workdir / "dump", workdir / "trimmed")
+    trimmed = trim_dump(workdir / "dump", workdir / "trimmed", filter_threshold, model_dir)
     build_index(workdir / "dump", workdir / "flat.faiss", "Flat")
     record = build_index(workdir / "trimmed", workdir / "compressed.faiss", factory)
     questions = [{"id": ex["id"], "question": ex["question"], "answers": ex["answers"]} for ex in examples]

@@ -60,8 +60,8 @@ class DensePhrases(torch.nn.Module):
             getattr(self, part).save_pretrained(path / part)
         self.tokenizer.save_pretrained(path / "phrase")
         torch.save(self.filter_head.state_dict(), path / "filter_head.pt")
-        (path / "densephrases.json").write_text(json.dumps({"base": self.base, "parts": list(PARTS),
-                                                                     "filter_trained": self.filter_trained}, indent=1) + "\n")
+        meta = {"base": self.base, "parts": list(PARTS), "filter_trained": self.filter_trained}
+        (path / "densephrases.json").write_text(json.dumps(meta, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> DensePhrases:

@@ -132,15 +132,16 @@ def _index_rows(size: pd.DataFrame, rows: pd.DataFrame, results: dict) -> list[d
     """The index part's rows of one evaluation of the model of config train (``size``: its bytes_per_vector row):
     size, build seconds, queries/s, EM@1 per task (as evaluated, not re-ranked where the evaluation re-ranked,
     index only where it scored from the codes) and the RC EM of ``--d-small-index``. Over a trimmed dump
-    (``npm-repro densephrases trim``: only the tokens that can begin or end a phrase) the row is "FACTORY, phrase
-    edges" and its size is counted against the untrimmed dump, the fp16 vectors it replaces."""
+    (``npm-repro densephrases trim``: only the tokens that can begin or end a phrase, and those the filter head keeps
+    where it filters) the row is "FACTORY, phrase edges" ("..., filter > t") and its size is counted against the
+    untrimmed dump, the fp16 vectors it replaces."""
     factory, (bytes_per_vector, vectors) = size["group"].iloc[0], _one(size)
     dump, index = results.get("dump") or {}, results.get("index") or {}
     d = dump.get("hidden_size")
     fp16 = f"fp16: {2 * d if d else '2 d'} bytes"
     out = []
-    if dump.get("token_filter") == "edges" and "index_bytes" in index and d:
-        factory, tokens = f"{factory}, phrase edges", dump["tokens"]
+    if (dump.get("token_filter") or "").startswith("edges") and "index_bytes" in index and d:
+        factory, tokens = f"{factory}, phrase {dump['token_filter']}", dump["tokens"]
         out += [{"Part": "index", "Row": factory, "Column": "bytes per vector",
                  "Ours": round(index["index_bytes"] / tokens, 1), "±": None, "Paper": None,
                  "Note": f"index bytes over the {tokens} tokens of the untrimmed dump ({vectors} kept); {fp16}"},

@@ -223,9 +223,11 @@ rule densephrases_index:
 
 rule densephrases_trim:
     """The dump's tokens that can begin or end a phrase, the compressed index's filter (config `compressed`): the
-    others never start or end one, so no phrase is lost."""
+    others never start or end one, so no phrase is lost; with config `compressed_filter_threshold`, only those the
+    model's trained filter head keeps (appendix E)."""
     input:
-        "data/densephrases/dump/{negatives}/{corpus}/meta.json",
+        dump="data/densephrases/dump/{negatives}/{corpus}/meta.json",
+        model="results/densephrases/model_{negatives}",
     output:
         "data/densephrases/trimmed/{negatives}/{corpus}/meta.json",
     log:
@@ -237,10 +239,12 @@ rule densephrases_trim:
     conda:
         "../envs/data.yaml"
     params:
-        dump=lambda wc, input: Path(input[0]).parent,
+        dump=lambda wc, input: Path(input.dump).parent,
         folder=lambda wc, output: Path(output[0]).parent,
+        settings=lambda wc: dp_args("trim"),
     shell:
-        "npm-repro densephrases trim --dump {params.dump} --out {params.folder} > {log} 2>&1"
+        "npm-repro densephrases trim --dump {params.dump} --out {params.folder} --checkpoint {input.model}"
+        " {params.settings} > {log} 2>&1"
 
 
 use rule densephrases_index as densephrases_index_trimmed with:
