@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from npm.datastore.faiss_index import build_faiss_index
-from npm.densephrases.dump import build_index, dump_phrases
+from npm.densephrases.dump import best_filter_logits, build_index, dump_phrases
 from npm.densephrases.evaluate import d_small_blocks, task_questions
 from npm.densephrases.rc import read_squad
 from npm.densephrases.search import IndexVectors, search
@@ -67,10 +67,9 @@ def kept_rows(name: str, searcher: PhraseSearcher) -> np.ndarray:
         return np.flatnonzero(tokens.word_start[everything] | tokens.word_end[everything])
     edges, head = name.split("&") if "&" in name else ("none", name)
     among = kept_rows(edges, searcher)
-    w = searcher.model.filter_head.weight.detach().float().numpy()
-    bias = searcher.model.filter_head.bias.detach().float().numpy()
-    best = np.concatenate([(np.asarray(searcher.dump.vectors[among[a:a + 65536]], np.float32) @ w.T + bias).max(1)
-                           for a in range(0, len(among), 65536)])
+    layer = searcher.model.filter_head
+    best = best_filter_logits(searcher.dump.vectors, among, layer.weight.detach().float().numpy(),
+                              layer.bias.detach().float().numpy())
     if ">" in head:
         return among[best > float(head.split(">")[1])]
     share = float(head.split("@")[1])

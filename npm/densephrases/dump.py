@@ -40,7 +40,7 @@ import torch
 
 from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.faiss_index import build_faiss_index
-from npm.densephrases.model import DensePhrases
+from npm.densephrases.model import DensePhrases, load_filter_head
 from npm.densephrases.search import PhraseTokens
 from npm.fingerprint import corpus_fingerprint, file_fingerprint, model_fingerprint
 from npm.io import atomic_dir, atomic_path, read_json, write_json
@@ -76,7 +76,7 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
     if model is None:
         model = DensePhrases.load(model_dir).eval().to(dev)
     if filter_threshold is not None:
-        _require_trained_filter(model, model_dir)
+        _require_trained_filter(model.filter_trained, model_dir)
     arrays = load_blocks(blocks_path)
     check_vocabulary(blocks_path, arrays["input_ids"], model.phrase.config.vocab_size)
     table = PhraseTokens.from_flags(arrays["flags"], arrays["block_offsets"])
@@ -199,26 +199,32 @@ def _trained_filter_head(model_dir, dump: PhraseDump) -> tuple[np.ndarray, np.nd
     if dump_record(model_dir) != dump.meta["phrase_side"]:
         raise ValueError(f"{model_dir} did not make the phrase dump {dump.path} (another phrase encoder or filter "
                          "head): trim with the model that dumped it")
-    model = _require_trained_filter(DensePhrases.load(model_dir), model_dir)
-    return (model.filter_head.weight.detach().float().numpy(), model.filter_head.bias.detach().float().numpy())
+    weight, bias, trained = load_filter_head(model_dir)
+    _require_trained_filter(trained, model_dir)
+    return weight.float().numpy(), bias.float().numpy()
 
 
-def _require_trained_filter(model: DensePhrases, model_dir) -> DensePhrases:
-    """``model``, once it is checked that a training with the filter loss updated its filter head."""
-    if not model.filter_trained:
+def _require_trained_filter(trained: bool, model_dir) -> None:
+    """Refuse a filter threshold over a filter head that no training with the filter loss updated."""
+    if not trained:
         raise ValueError(f"{model_dir}: its filter head was never trained (a training with train.lambda_filter > 0 "
                          "trains it; the code: 1.0), so a filter threshold would drop tokens at random; filter "
                          "without a threshold or train with --lambda-filter")
-    return model
+
+
+def best_filter_logits(vectors, rows: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """float32 [len(rows)]: the larger of the start- and end-filter logits of each of the stored fp16 ``vectors``
+    at ``rows`` under the filter head (``weight`` [2, d], ``bias`` [2]), read a chunk of rows at a time."""
+    parts = [np.asarray(vectors[rows[a:a + WRITE_CHUNK]], np.float32) @ weight.T + bias
+             for a in range(0, len(rows), WRITE_CHUNK)]
+    return np.concatenate(parts or [np.empty((0, 2), np.float32)]).max(1)
 
 
 def _filtered(rows: np.ndarray, vectors, passage: np.ndarray, head: tuple[np.ndarray, np.ndarray],
               threshold: float) -> np.ndarray:
     """The ``rows`` (ascending) whose best filter logit over their fp16 ``vectors`` exceeds ``threshold``, and the
     best row of each passage where none does (ties to the lower row)."""
-    weight, bias = head
-    best = np.concatenate([np.asarray(vectors[rows[a:a + WRITE_CHUNK]], np.float32) @ weight.T + bias
-                           for a in range(0, len(rows), WRITE_CHUNK)] or [np.empty((0, 2), np.float32)]).max(1)
+    best = best_filter_logits(vectors, rows, *head)
     keep = best > threshold
     owner = passage[rows]
     order = np.lexsort((-best, owner))  # per passage, best logit first (stable: the lower row among ties)

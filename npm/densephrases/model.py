@@ -66,12 +66,26 @@ class DensePhrases(torch.nn.Module):
     @classmethod
     def load(cls, path: str | Path) -> DensePhrases:
         path = Path(path)
-        if not (path / "densephrases.json").is_file():
-            raise FileNotFoundError(f"{path} is not a DensePhrases model folder (no densephrases.json); train one "
-                                    "with `npm-repro densephrases train`")
-        meta = json.loads((path / "densephrases.json").read_text())
+        meta = _meta(path)
         model = cls(*(load_encoder(str(path / p)) for p in PARTS), load_tokenizer(str(path / "phrase")),
                     meta["base"])
         model.filter_head.load_state_dict(torch.load(path / "filter_head.pt", weights_only=True))
         model.filter_trained = bool(meta.get("filter_trained", False))
         return model
+
+
+def load_filter_head(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(weight [2, d], bias [2], filter_trained) of the filter head of the model folder ``path``, without loading
+    its three encoders (what a filter over stored vectors needs)."""
+    path = Path(path)
+    trained = bool(_meta(path).get("filter_trained", False))
+    state = torch.load(path / "filter_head.pt", weights_only=True)
+    return state["weight"], state["bias"], trained
+
+
+def _meta(path: Path) -> dict:
+    """The model folder's ``densephrases.json``."""
+    if not (path / "densephrases.json").is_file():
+        raise FileNotFoundError(f"{path} is not a DensePhrases model folder (no densephrases.json); train one "
+                                "with `npm-repro densephrases train`")
+    return json.loads((path / "densephrases.json").read_text())
