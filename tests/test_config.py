@@ -8,7 +8,8 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from npm.settings import DatastoreSettings, MaskingSettings, Settings
+from npm.datastore.faiss_index import _check_factory
+from npm.settings import DatastoreSettings, DensePhrasesSettings, MaskingSettings, Settings
 from npm.tasks.registry import config_task_lists, task_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +58,35 @@ def test_paper_routes_select_the_original_codes_variants(name):
     for section, values in ORIGINAL_CODE.items():
         settings = SECTIONS[section].from_mapping(config.get(section)).as_dict()
         assert {k: settings[k] for k in values} == values, section
+
+
+def test_the_paper_route_s_densephrases_computes_as_the_code():
+    """Before: paper.yaml kept the paper's L (20 words), query-side fine-tuning (10 epochs, phrase MML alone) and
+    lambda (2, 4) where DensePhrases' published numbers came from the code's (10; 5 epochs with start- and end-only
+    MML; 4, 2 for SQuAD, the route's reading-comprehension data)."""
+    config = load("paper.yaml")
+    dp = DensePhrasesSettings.from_mapping(config["densephrases"])
+    assert Settings.from_mapping(config["inference"]).phrase_max_words == 10
+    assert (dp.query_ft.objective, dp.query_ft.epochs) == ("code", 5)
+    assert (dp.train.lambda_distill, dp.train.lambda_neg) == (4.0, 2.0)
+
+
+# (config, section, its factory keys, its training-sample key, the vectors' dimension)
+ROUTE_INDEXES = [("paper.yaml", "densephrases", ("index", "compare_indexes"), "index_train_sample", 768),
+                 ("paper.yaml", "datastore", ("faiss_factory",), "faiss_train_sample", 1024),
+                 ("released.yaml", "datastore", ("faiss_factory",), "faiss_train_sample", 1024)]
+
+
+@pytest.mark.parametrize("name, section, keys, sample_key, dim", ROUTE_INDEXES)
+def test_the_paper_routes_indexes_train_every_list_they_name(name, section, keys, sample_key, dim):
+    """Before: paper.yaml's DensePhrases index IVF1048576,SQ4 trained on the default 1,000,000 vectors, too few for
+    39 per list, so the build silently cut it to IVF25641 (nprobe 256 then searched 1 % of the lists, not 0.024 %)."""
+    cls = {"densephrases": DensePhrasesSettings, "datastore": DatastoreSettings}[section]
+    settings = cls.from_mapping(load(name).get(section)).as_dict()
+    factories = [f for key in keys for f in ([settings[key]] if isinstance(settings[key], str) else settings[key])]
+    assert factories
+    for factory in factories:
+        assert _check_factory(factory, dim, settings[sample_key])[0] == factory, factory
 
 
 def test_the_embedded_default_keeps_the_paper_form_where_it_documents_it():
