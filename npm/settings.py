@@ -609,13 +609,19 @@ class DensePhrasesSettings(Section):
     @classmethod
     def from_mapping(cls, values: Mapping | None, where: str | None = None):
         """As ``Section.from_mapping``, and a filter threshold needs a filter head trained (a step's own options
-        cannot tell: ``dump`` and ``trim`` do not take the training's; ``npm.densephrases.dump`` checks the model)."""
+        cannot tell: ``dump`` and ``trim`` do not take the training's; ``npm.densephrases.dump`` checks the model),
+        and pre-batch negatives need a queue and epochs to use it."""
         settings = super().from_mapping(values, where)
         for name in ("filter_threshold", "compressed_filter_threshold"):
             if getattr(settings, name) is not None and not settings.train.lambda_filter:
                 raise ValueError(f"densephrases: {name} {getattr(settings, name)} filters by the filter head's "
                                  "logits, but train.lambda_filter is 0, so the head is never trained and would "
                                  f"drop tokens at random; set train.lambda_filter (the code: 1.0) or {name}: null")
+        t = settings.train
+        if "pre_batch" in (t.negatives, *settings.negatives_ablation) and not (t.pre_batch and t.pre_batch_epochs):
+            raise ValueError(f"densephrases: pre_batch negatives with train.pre_batch {t.pre_batch} and "
+                             f"train.pre_batch_epochs {t.pre_batch_epochs} train with in-batch negatives alone, "
+                             "labelled + pre-batch; set both above 0 (paper: C = 2 in the last 2 epochs)")
         return settings
 
 

@@ -101,6 +101,9 @@ def test_the_sections_fill_their_subsections_with_the_defaults():
     (DensePhrasesSettings, {"rc": "squad"}, "setting rc must be one of"),
     (DensePhrasesSettings, {"query_ft": {"k": 0}}, "setting k must be >= 1"),
     (DensePhrasesSettings, {"filter_threshold": 1.0}, r"filter_threshold 1\.0 .*train\.lambda_filter is 0"),
+    (DensePhrasesSettings, {"train": {"pre_batch": 0}}, r"train\.pre_batch 0 .* in-batch negatives alone"),
+    (DensePhrasesSettings, {"train": {"negatives": "none", "pre_batch_epochs": 0}, "negatives_ablation": ["pre_batch"]},
+     r"train\.pre_batch_epochs 0 train with in-batch negatives alone"),
     (ReplugSettings, {"lsr": {"warmup_ratio": 1.5}}, "setting warmup_ratio must be <= 1"),
     (ReplugSettings, {"temperature": 0}, "setting temperature must be > 0"),
 ])
