@@ -55,9 +55,16 @@ def test_item27_template_without_mask_gets_mask_dot_appended_with_no_space():
 
 
 def test_item27_long_inputs_keep_their_last_tokens_and_the_mask(wordpiece_tokenizer):
+    """As the original: the input is cut to its last 256 tokens, then NPM's second mask goes in (257 tokens). Before:
+    the mask went in first, so NPM's query lost one more leading token than NPM-single's."""
     text = "word " * 400 + "the end is <mask>."
+    single, pos1 = query_ids(wordpiece_tokenizer, text, n_masks=1, max_length=256)
     ids, pos = query_ids(wordpiece_tokenizer, text, max_length=256)
-    assert len(ids) == 256 and ids[pos] == ids[pos + 1] == wordpiece_tokenizer.mask_token_id
+    assert len(single) == 256 and len(ids) == 257 and pos == pos1
+    assert ids[pos] == ids[pos + 1] == wordpiece_tokenizer.mask_token_id
+    np.testing.assert_array_equal(np.delete(ids, pos + 1), single)
+    full = wordpiece_tokenizer(text.replace("<mask>", wordpiece_tokenizer.mask_token))["input_ids"]
+    np.testing.assert_array_equal(single, full[-256:])
     assert ids[-1] == wordpiece_tokenizer.sep_token_id and ids[0] != wordpiece_tokenizer.cls_token_id
     with pytest.raises(ValueError, match="would drop the mask"):
         query_ids(wordpiece_tokenizer, "<mask> " + "word " * 400, max_length=256)

@@ -3,7 +3,8 @@
 NPM: the query is tokenized with the tokenizer's begin/end tokens, a second mask token is inserted right after
 the (single) mask, and one encoder pass gives ``q_start`` (final hidden layer at the first mask) and ``q_end``
 (at the second). NPM-single keeps one mask and gives one vector. Inputs longer than the model's limit keep their
-**last** ``max_length`` tokens, as the original (the leading begin token is lost; the mask must survive).
+**last** ``max_length`` tokens, as the original (the leading begin token is lost; the mask must survive); NPM's
+second mask goes in after that cut, as the original's, so its query may hold ``max_length + 1`` tokens.
 
 Queries are written with ``<mask>`` (the paper's and the datasets' templates) or the tokenizer's own mask
 token (``[MASK]`` for BERT); both are accepted. A query with no mask, with two masks or with no text is an
@@ -36,14 +37,14 @@ def query_ids(tokenizer, text: str, n_masks: int = 2, max_length: int = 256) -> 
     if len(where) > 1:
         raise ValueError(f"query has {len(where)} masks; NPM predicts exactly one span per query: {text!r}")
     pos = int(where[0])
-    if n_masks == 2:
-        ids = np.insert(ids, pos + 1, tokenizer.mask_token_id)
     if len(ids) > max_length:
         cut = len(ids) - max_length
         if pos < cut:
             raise ValueError(f"query of {len(ids)} tokens: keeping its last {max_length} tokens (as the original) "
                              f"would drop the mask at token {pos}; shorten the text before the mask")
         ids, pos = ids[cut:], pos - cut
+    if n_masks == 2:  # after the cut, as the original: NPM's query may hold max_length + 1 tokens
+        ids = np.insert(ids, pos + 1, tokenizer.mask_token_id)
     return ids, pos
 
 
