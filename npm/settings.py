@@ -276,9 +276,11 @@ class DatastoreSettings(Section):
     faiss_train_sample: int = _setting(1_000_000, "most vectors in the seeded sample that trains an IVF / PQ index",
                                        minimum=1, option=("build-faiss-index",))
     faiss_metric: str = _setting("ip", "metric of the FAISS index: ip = inner product throughout, the quantity NPM "
-                                        "ranks by; code = the original code's IndexIVFPQ, an inner-product coarse "
-                                        "quantizer with FAISS's default L2 for the PQ codes (an IVF factory only); "
-                                        "neighbours are re-scored exactly either way", choices=("ip", "code"),
+                                        "ranks by; l2 = L2 throughout, the original's index as its default GPU "
+                                        "build left it (FAISS 1.7.2's GPU copy rebuilds the coarse quantizer in the "
+                                        "index's L2); code = the original's IndexIVFPQ as written (its CPU build), "
+                                        "an inner-product coarse quantizer with L2 PQ codes (an IVF factory only); "
+                                        "neighbours are re-scored exactly either way", choices=("ip", "l2", "code"),
                                  option=("build-faiss-index",))
     nprobe: int = _setting(8, "IVF lists probed per search (the original code: 8)", minimum=1,
                            option=("build-faiss-index",))

@@ -43,7 +43,7 @@ ORIGINAL_CODE = {
     "inference": {"tau_twice": True, "span_score": "code", "passages": 3, "passage_text": "contents",
                   "kamel_prompt": "code", "mlm_max_length": 256, "translation_cut": "decoders",
                   "lama_average": "macro"},
-    "datastore": {"precision": "fp32", "faiss_factory": "IVF4096,PQ64", "faiss_metric": "code", "nprobe": 8,
+    "datastore": {"precision": "fp32", "faiss_factory": "IVF4096,PQ64", "faiss_metric": "l2", "nprobe": 8,
                   "stopwords": "original", "bm25_markers": True},
     "masking": {"max_spans_per_sequence": 64},
 }

@@ -159,6 +159,28 @@ def test_code_metric_builds_the_original_codes_index_an_ip_quantizer_with_l2_cod
     assert not np.array_equal(ip_rows, rows)
 
 
+def test_l2_metric_builds_the_index_the_original_s_gpu_build_left_an_l2_quantizer_with_l2_codes(corpus, tmp_path):
+    """datastore.faiss_metric: l2 (the paper routes') = the original's IndexIVFPQ after its default GPU training: FAISS
+    1.7.2's GPU copy gives it an L2 coarse quantizer (the inner-product one is dropped) and the copy back keeps it,
+    so the index is L2 throughout; the same neighbours as IndexIVFPQ(IndexFlatL2(d), ...) built by hand."""
+    shards, data, queries = corpus
+    info = build_faiss_index(shards, DIM, tmp_path / "l2.faiss", factory="IVF32,PQ8", metric="l2",
+                             train_sample=4000, seed=1, nprobe=8)
+    assert info["metric"] == "l2"
+    index = load_faiss_index(tmp_path / "l2.faiss")
+    ours = faiss.extract_index_ivf(index)
+    assert ours.metric_type == faiss.METRIC_L2
+    assert faiss.downcast_index(ours.quantizer).metric_type == faiss.METRIC_L2
+    rows, valid = search(index, queries, k=50)
+    gpu_built = faiss.IndexIVFPQ(faiss.IndexFlatL2(DIM), DIM, 32, 8, 8)
+    gpu_built.do_polysemous_training = False
+    gpu_built.train(memmap_vectors(shards, DIM)(np.sort(np.random.default_rng(1).choice(8000, 4000, replace=False))))
+    gpu_built.add(data.astype(np.float32))
+    gpu_built.nprobe = 8
+    _, expected = gpu_built.search(queries, 50)
+    np.testing.assert_array_equal(np.where(valid, rows, -1), expected)
+
+
 def test_code_metric_needs_an_ivf_factory(corpus, tmp_path):
     shards, _, _ = corpus
     with pytest.raises(ValueError, match="needs an IVF factory"):

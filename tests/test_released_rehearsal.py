@@ -41,7 +41,7 @@ def rehearsal_config(mirror: str) -> dict:
                        "closed_set_systems": ["npm", "npm_single", "mlm"], "open_set_systems": ["npm"],
                        "max_examples": 6},
         "ablation": {"tasks": ["nq"], "percents": [50, 100]},
-        # the original's IVF-PQ with its metric (released.yaml's faiss_metric: code), at the mirror's size
+        # the original's IVF-PQ with its metric (released.yaml's faiss_metric: l2), at the mirror's size
         "datastore": {"batch_blocks": 16, "shards": 2, "faiss_factory": "IVF4,PQ4x4", "faiss_train_sample": 1000},
         "inference": {"lm_precision": "fp32"},
     }

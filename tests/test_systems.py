@@ -280,7 +280,7 @@ ORIGINAL_CODE_FLAGS = {
                            "--kamel-prompt code", "--mlm-max-length 256", "--translation-cut decoders",
                            "--lama-average macro"),
     "npm-repro embed --step plan": ("--precision fp32", "--stopwords original"),
-    "npm-repro build-faiss-index": ("--faiss-factory IVF4096,PQ64", "--faiss-metric code", "--nprobe 8"),
+    "npm-repro build-faiss-index": ("--faiss-factory IVF4096,PQ64", "--faiss-metric l2", "--nprobe 8"),
 }
 
 
