@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import string
 import tarfile
 from pathlib import Path
@@ -314,3 +315,25 @@ def datastore_costs(stderr: str) -> dict[str, str]:
             costs[name] = cost.split("  (")[0]
             total += float(costs[name].split(", ")[1].split()[0].replace(",", ""))
     raise AssertionError(f"no total line: {lines[:20]}")
+
+
+@pytest.mark.parametrize("name", ["paper.yaml", "released.yaml"])
+def test_the_paper_routes_closed_set_tasks_read_the_original_s_released_datastores(tmp_path, name):
+    """The original's closed-set datastores (Wikipedia shard 0 with Shi et al.'s news; subj; imdb + amazon) ship
+    pre-tokenised, and no raw source rebuilds Shi et al.'s corpora. Before: config/paper.yaml evaluated Subj and the
+    five sentiment tasks on its Wikipedia + news fallback and AGN, Yahoo, RTE on subsamples of its training corpora."""
+    import yaml
+
+    from tests.test_task_fetch import ROOT, dry_run, jobs
+
+    config = yaml.safe_load((ROOT / "config" / name).read_text(encoding="utf-8"))
+    planned = jobs(dry_run(tmp_path, ROOT / "config" / name, *(f"results/metrics/{t}/npm.json" for t in
+                                                                ("agn", "subj", "sst2", "amazon"))))
+    read = {j["output"].split("/")[2]: set(re.findall(r"data/datastore/npm/(\w+)/meta\.json", j["input"]))
+            for j in planned if j["rule"] == "evaluate"}
+    news = "cc_news" if name == "released.yaml" else "cc_news_shi"
+    assert read == {"agn": {"enwiki_0", news}, "subj": {"subj"}, "sst2": {"imdb", "amazon"},
+                    "amazon": {"imdb", "amazon"}}
+    for corpus in set().union(*read.values()):
+        assert config["sources"][corpus]["format"] == "npm_corpus", corpus
+    assert not any(j["rule"] == "subsample_corpus" for j in planned)
