@@ -19,6 +19,8 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
+PHRASE_VECTORS = ("dump", "index")  # what DensePhrases scores a phrase from: the fp16 dump, or the index's codes
+
 
 def _setting(default, help: str, choices: tuple | None = None, minimum: float | None = None,
              exclusive: bool = False, kinds: tuple | None = None, option: bool | tuple = True,
@@ -596,6 +598,10 @@ class DensePhrasesSettings(Section):
     nprobe: int = _setting(256, "IVF lists probed (paper: 256)", minimum=1, option=("index",))
     index_train_sample: int = _setting(1_000_000, "dump vectors an IVF / PQ / OPQ index trains on (a seeded sample)",
                                        minimum=1, option=("index",))
+    vectors: str = _setting("dump", "what the table's open-domain evaluations score a phrase from: dump = the fp16 "
+                                    "dump's vectors; index = the index's own codes, decoded (the code's: its index "
+                                    "keeps no float vectors). The compressed index is always scored from its codes",
+                            choices=PHRASE_VECTORS, option=("evaluate",))
     refine_factor: int = _setting(1, "the table's open-domain evaluations take refine_factor x k starts and ends "
                                      "from the index and keep the k with the highest exact inner product with the "
                                      "fp16 dump (1 = the index's own ranking, the paper); above 1, the index-only EM "
@@ -619,6 +625,9 @@ class DensePhrasesSettings(Section):
                 raise ValueError(f"densephrases: {name} {getattr(settings, name)} filters by the filter head's "
                                  "logits, but train.lambda_filter is 0, so the head is never trained and would "
                                  f"drop tokens at random; set train.lambda_filter (the code: 1.0) or {name}: null")
+        if settings.vectors == "index" and settings.refine_factor > 1:
+            raise ValueError(f"densephrases: refine_factor {settings.refine_factor} re-ranks by the fp16 dump, which "
+                             "vectors: index never reads; set refine_factor: 1 or vectors: dump")
         t = settings.train
         if "pre_batch" in (t.negatives, *settings.negatives_ablation) and not (t.pre_batch and t.pre_batch_epochs):
             raise ValueError(f"densephrases: pre_batch negatives with train.pre_batch {t.pre_batch} and "

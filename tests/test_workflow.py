@@ -242,6 +242,7 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     (alone,) = [s for s in shells if "densephrases evaluate" in s and "--vectors index" in s]
     assert f"index_trimmed/pre_batch/enwiki/{slug}.faiss" in alone and "--d-small-index" in alone
     assert alone.index("--refine-factor 1 ") > alone.index("--refine-factor 100")  # never re-ranked by the dump
+    assert alone.index("--vectors index") > alone.index("--vectors dump")  # config `vectors` (dump) does not win
     assert "results/densephrases/eval/pre_batch/compressed.json" in report
     del cfg["densephrases"]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))

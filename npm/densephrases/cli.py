@@ -25,7 +25,6 @@ from npm.densephrases.evaluate import (
     teacher_filter,
 )
 from npm.densephrases.rc import read_squad, write_squad
-from npm.densephrases.search import VECTORS
 from npm.io import provenance, read_json, read_jsonl, write_json
 from npm.model import load_tokenizer, torch_device
 from npm.options import DEVICE, MEM_MB, OUT, SEED, TASKS_ROOT, Command, option, section
@@ -354,9 +353,7 @@ STEPS = (
                      TASKS_ROOT,
                      DUMP(required=False, default=None, help="dump folder (--questions, --task)"),
                      INDEX(required=False, default=None, help="index file (--questions, --task)"),
-                     option("--vectors", choices=VECTORS, default="dump",
-                            help="what phrases are scored from: the dump's fp16 vectors, or the index's own codes "
-                                 "(index: the dump's vectors are never read; npm.densephrases.searcher)"), K, MAX_WORDS,
+                     K, MAX_WORDS,
                      OUT(help="results JSON"), _settings("evaluate"), tracking.OPTIONS)),
     Command("search", "print the top phrases of questions with their passages", cmd_search,
             description="npm-repro densephrases search --checkpoint M --dump D --index I \"What is the capital of "

@@ -390,8 +390,8 @@ rule densephrases_evaluate_compressed:
         settings=lambda wc: dp_args("evaluate"),
     shell:
         "npm-repro densephrases evaluate --checkpoint {input.model} --dump {params.dump} --index {input.index}"
-        " --vectors index --task {params.tasks} --tasks-root data/tasks --rc {input.rc} {params.pool}"
-        " --d-small-index {params.factory:q} {params.search} {params.settings} --refine-factor 1"
+        " --task {params.tasks} --tasks-root data/tasks --rc {input.rc} {params.pool}"
+        " --d-small-index {params.factory:q} {params.search} {params.settings} --vectors index --refine-factor 1"
         " --out {output} {params.tracking} > {log} 2>&1"
 
 
