@@ -543,7 +543,8 @@ class DensePhrasesQueryFt(Section):
     batch_size: int = _setting(12, "questions per step (paper: 12)", minimum=1)
     lr: float = _setting(3e-5, "learning rate (paper: 3e-5)", minimum=0, exclusive=True)
     k: int = _setting(100, "starts and ends retrieved per question (paper: 100)", minimum=1)
-    objective: str = _setting("paper", "paper: phrase MML; code: + start-only and end-only MML",
+    objective: str = _setting("paper", "paper: phrase MML; code: the original's train-query, + start-only and end-only "
+                                       "MML, word embeddings frozen, weight decay 0.01 (not on biases and LayerNorm)",
                               choices=("paper", "code"))
 
 

@@ -136,6 +136,34 @@ def test_query_side_fine_tuning_moves_only_the_query_encoders_and_learns(world, 
     assert float(got) == pytest.approx(-np.log((np.e + np.e ** 3) / (np.e + np.e ** 2 + np.e ** 3)))
 
 
+def test_the_code_s_query_side_fine_tuning_freezes_the_word_embeddings_and_decays_the_other_weights(world, tmp_path):
+    """objective code = the original's train-query: its AdamW decays the weights by 0.01 but not biases and LayerNorm,
+    and the query encoders' word embeddings stay frozen; paper: every query parameter, no decay."""
+    from npm.densephrases.query_ft import query_finetune, query_optimizer
+
+    root = world["root"]
+    model = DensePhrases.load(root / "model")
+    everything = [p for enc in (model.query_start, model.query_end) for p in enc.parameters()]
+    optimizer, params = query_optimizer(model, 1e-3, "paper")
+    assert len(params) == len(everything) and optimizer.param_groups[0]["weight_decay"] == 0.0
+    optimizer, params = query_optimizer(model, 1e-3, "code")
+    words = [enc.get_input_embeddings().weight for enc in (model.query_start, model.query_end)]
+    assert not any(w.requires_grad for w in words) and not any(p is w for p in params for w in words)
+    assert len(params) == len(everything) - 2
+    decayed, flat = optimizer.param_groups
+    assert (decayed["weight_decay"], flat["weight_decay"]) == (0.01, 0.0)
+    assert all(p.ndim == 1 for p in flat["params"]) and all(p.ndim == 2 for p in decayed["params"])
+
+    train = [{"question": "What is the capital of Greece?", "answers": ["Athens"]}]
+    query_finetune(root / "model", root / "dump", root / "flat.faiss", train, tmp_path / "qft", k=40, max_words=3,
+                   epochs=2, batch_size=1, lr=3e-3, objective="code", seed=0, progress=False)
+    before, after = DensePhrases.load(root / "model"), DensePhrases.load(tmp_path / "qft")
+    for part in ("query_start", "query_end"):
+        b, a = getattr(before, part), getattr(after, part)
+        assert torch.equal(b.get_input_embeddings().weight, a.get_input_embeddings().weight)
+        assert any(not torch.equal(v, a.state_dict()[k]) for k, v in b.state_dict().items())
+
+
 def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_question(world):
     """System `densephrases` of npm.evaluation.systems: an NPM-style input is asked as its question and answered
     by the searcher's top phrase, the same one `PhraseSearcher.search` returns for that question."""

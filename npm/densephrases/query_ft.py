@@ -8,11 +8,14 @@ q_start and q_end from the dump's stored vectors, and
 
     L_query = -log( sum over s in S(q) whose text matches a gold answer of exp f(s) / sum over s in S(q) of exp f(s) )
 
-(``objective="paper"``). ``objective="code"`` adds the original code's two extra terms, the same marginal likelihood
-over the start scores alone and over the end scores alone. A question none of whose candidates matches is skipped
-(counted, as in the original). Answers match after SQuAD normalisation (``npm.tasks.metrics.exact_match``). Adam
-(AdamW, weight decay 0) with linear decay, gradient norm clipped at 1; the epoch with the best dev EM is kept when dev
-questions are given (paper), else the last.
+(``objective="paper"``), with Adam (AdamW, weight decay 0) over every query-encoder parameter. ``objective="code"``
+is the original code's ``train-query``: it adds two terms, the same marginal likelihood over the start scores alone
+and over the end scores alone, freezes the query encoders' word embeddings and decays the other weights by 0.01
+(biases and LayerNorm not), as its hard-coded AdamW (``query_optimizer``). A question none of whose candidates
+matches is skipped (counted, as in the original). Answers match after SQuAD normalisation
+(``npm.tasks.metrics.exact_match``). Linear decay, gradient norm clipped at 1; the epoch with the best dev EM is kept
+when dev questions are given (paper), else the last. Not reproduced from the code: its candidates are the top k
+starts and the top k ends (here the top k phrases) and their vectors come back from its index (here from the dump).
 """
 
 from __future__ import annotations
@@ -69,6 +72,23 @@ def batch_losses(searcher, questions: list[dict], k: int, max_words: int,
     return losses
 
 
+def query_optimizer(model, lr: float, objective: str) -> tuple[torch.optim.AdamW, list[torch.nn.Parameter]]:
+    """AdamW over the query encoders of ``model`` and the parameters it trains (module docstring): every one without
+    weight decay (``paper``), or (``code``) all but the word embeddings, which it freezes, with weight decay 0.01 except
+    on biases and LayerNorm weights."""
+    encoders = (model.query_start, model.query_end)
+    if objective == "paper":
+        params = [p for enc in encoders for p in enc.parameters()]
+        return torch.optim.AdamW(params, lr=lr, eps=1e-8, weight_decay=0.0), params
+    for enc in encoders:
+        enc.get_input_embeddings().weight.requires_grad_(False)
+    named = [(n, p) for enc in encoders for n, p in enc.named_parameters() if p.requires_grad]
+    flat = [p for n, p in named if n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n]
+    decayed = [p for n, p in named if not any(p is q for q in flat)]
+    groups = [{"params": decayed, "weight_decay": 0.01}, {"params": flat, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, eps=1e-8), decayed + flat
+
+
 def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) -> float:
     """EM (percent) of the top phrase over {question, answers} records."""
     return open_domain(searcher, questions, k, max_words)["em"]
@@ -96,8 +116,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     model = searcher.model
     for p in [*model.phrase.parameters(), *model.filter_head.parameters()]:
         p.requires_grad_(False)
-    params = [p for enc in (model.query_start, model.query_end) for p in enc.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=lr, eps=1e-8, weight_decay=0.0)
+    optimizer, params = query_optimizer(model, lr, objective)
     n_batches = -(-len(train) // batch_size)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, max(1, epochs * n_batches))
     history, best_em, best_state = [], -1.0, None
