@@ -156,6 +156,16 @@ def test_item25_single_softmax_over_neighbours_votes_for_their_tokens():
     assert math.isclose(scores.sum(), 1.0)
 
 
+def test_item25_a_word_listed_twice_in_a_verbalizer_counts_twice_as_the_original():
+    """The original scores a label as prob[ids].sum() over its verbalizer's token ids (npm_single.py), so an id
+    listed twice counts twice; before, a membership test counted it once."""
+    neighbour_ids = np.array([7, 8, 7, 9])
+    sims = np.array([10.0, 5.0, 5.0, 0.0])
+    p = np.exp(sims / 5.0) / np.exp(sims / 5.0).sum()
+    scores = label_scores(neighbour_ids, sims, [np.array([7, 7]), np.array([8, 9, 3])], tau=5.0)
+    np.testing.assert_allclose(scores, [2 * (p[0] + p[2]), p[1] + p[3]])
+
+
 def test_item26_npm_divides_by_tau_once_by_default_and_twice_as_the_original():
     ids = np.array([7, 8, 7, 8])  # start neighbours then end neighbours
     sims = np.array([20.0, 10.0, 15.0, 12.0])

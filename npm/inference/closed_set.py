@@ -2,7 +2,8 @@
 
 Every retrieved neighbour votes for the token id stored at its position with its probability
 p = softmax(s / tau) over the neighbour list, s = q . e / sqrt(h) recomputed exactly from the stored vectors;
-a label's score is the summed probability of the tokens of its (fuzzy) verbalizer; the prediction is the argmax.
+a label's score is the summed probability of the tokens of its (fuzzy) verbalizer, each id as often as the verbalizer
+lists it (the original's ``prob[ids].sum()``); the prediction is the argmax.
 
 * NPM-single: the k neighbours of the one mask vector.
 * NPM: the start-query and the end-query neighbours are concatenated (per datastore) under one softmax.
@@ -26,5 +27,10 @@ def label_scores(neighbour_ids: np.ndarray, sims: np.ndarray, verbalizers: list[
         raise ValueError("no neighbour to vote: the datastore returned nothing for this query")
     p = np.exp(logits - logits.max())
     p /= p.sum()
-    neighbour_ids = np.asarray(neighbour_ids)
-    return np.array([p[np.isin(neighbour_ids, words)].sum() for words in verbalizers])
+    tokens, where = np.unique(np.asarray(neighbour_ids), return_inverse=True)
+    mass = np.bincount(where.ravel(), weights=p, minlength=len(tokens))  # probability per retrieved token
+    out = []
+    for words in verbalizers:  # summed over the verbalizer's ids as listed: a repeated id counts again (original)
+        at = np.minimum(np.searchsorted(tokens, words), len(tokens) - 1)
+        out.append(mass[at][tokens[at] == words].sum())
+    return np.array(out)
