@@ -179,6 +179,15 @@ def test_amazon_title_ending_in_punctuation_gets_no_extra_dot():
     assert closed_set_text("amazon", {"title": "Wow!", "content": "Nice."}) == "Wow! Nice. It was<mask>."
 
 
+def test_amazon_input_is_the_original_s_title_dot_content_stripped_as_a_whole():
+    """As the original's load_amazon: "." follows any title not ending in punctuation (an empty one, or one ending in
+    a space, too), then one space and the content, and the whole input is stripped. Before: the title and the
+    content were stripped apart and an empty title got no dot."""
+    assert closed_set_text("amazon", {"title": "", "content": "Broke."}) == ". Broke. It was<mask>."
+    assert closed_set_text("amazon", {"title": "Great ", "content": " Works"}) == "Great .  Works It was<mask>."
+    assert closed_set_text("amazon", {"title": " Fine", "content": "Ok. "}) == "Fine. Ok. It was<mask>."
+
+
 def test_label_words_have_a_leading_space_in_label_id_order():
     reg = load_registry()
     LABEL_WORDS = {n: t.label_words for n, t in reg.items() if t.closed}  # config/tasks.yaml verbalizer.words

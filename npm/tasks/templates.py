@@ -90,10 +90,10 @@ def _sentiment(r: Mapping) -> str:
 
 
 def _amazon(r: Mapping) -> str:
-    title = r["title"].strip()
-    if title and title[-1] not in _PUNCTUATION:
-        title += "."
-    return f"{title} {r['content'].strip()} It was"
+    """The original's load_amazon: "." after a title that does not end in punctuation (an empty one too), one space,
+    the content; the whole input stripped, then the sentiment prompt."""
+    title = r["title"] if r["title"][-1:] in _PUNCTUATION else r["title"] + "."
+    return f"{title} {r['content']}".strip() + " It was"
 
 
 CLOSED_SET_TEMPLATES: dict[str, Callable[[Mapping], str]] = {
