@@ -142,7 +142,11 @@ def test_item27_closed_set_templates_reuse_closed_set_input():
     ("what a mess ? !", "what a mess?!"),
     ("wow ! .", "wow!"),
     ("really ? .", "really?"),
-    ("( a film ) , [ b ] ; c : d", "(a film), [b]; c: d"),
+    ("x ( a film ) , [ b ] ; c : d", "x (a film), [b]; c: d"),
+    # as the original, only a "(" or "[" that itself got a space glues the next token: not a first one, not one
+    # glued to the one before
+    ("( a film ) is great .", "( a film) is great."),
+    ("a ( ( b ) )", "a (( b))"),
     ("the ' quotes ' and the 90 's", "the' quotes' and the 90's"),
     ("see www. imdb. com for more", "see www.imdb.com for more"),
     ("it 's com but not com .", "it's com but not com."),

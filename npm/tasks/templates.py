@@ -41,19 +41,22 @@ _NO_SPACE_AFTER = frozenset({"(", "["})
 def detokenize(text: str) -> str:
     """Undo PTB-style tokenisation (paper-map §4.2 notes; sst2/mr/rt/cr/subj).
 
-    "n 't" -> "n't"; then, token by token (whitespace split), no space before a token that is one of
-    ! ? . , ' ; : ) ], starts with "'", or is "n't"; none after "www." (the text so far ends with it); none before
-    "com" when the previous token ends in "."; none after a "(" or "[" token. Finally "!." -> "!", "?." -> "?".
+    "n 't" -> "n't"; then, token by token (whitespace split), in the original's order of rules: none before the first
+    token; none after a "(" or "[" that itself got a space (so not after a first one, nor after one glued to the one
+    before it); none before a token that is one of ! ? . , ' ; : ) ], starts with "'", or is "n't"; none after "www."
+    (the text so far ends with it); none before "com" when the text ends in "."; else one space. Finally "!." -> "!",
+    "?." -> "?".
     """
-    tokens = text.replace("n 't", "n't").split()
-    out = ""
-    for i, tok in enumerate(tokens):
-        if i > 0:
-            prev = tokens[i - 1]
-            glued = (tok in _NO_SPACE_BEFORE or tok.startswith("'") or tok == "n't" or out.endswith("www.")
-                     or (tok == "com" and prev.endswith(".")) or prev in _NO_SPACE_AFTER)
-            if not glued:
-                out += " "
+    out, glue_next = "", False
+    for i, tok in enumerate(text.replace("n 't", "n't").split()):
+        if i == 0:
+            pass
+        elif glue_next:
+            glue_next = False
+        elif not (tok in _NO_SPACE_BEFORE or tok.startswith("'") or tok == "n't" or out.endswith("www.")
+                  or (tok == "com" and out.endswith("."))):
+            out += " "
+            glue_next = tok in _NO_SPACE_AFTER
         out += tok
     return out.replace("!.", "!").replace("?.", "?")
 
