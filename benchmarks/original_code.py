@@ -55,6 +55,7 @@ from npm.tasks.templates import MASK_PLACEHOLDER, lama_input
 SWITCHES = {
     "tau_twice": (True, {"npm"}, "closed"),
     "span_score": ("code", {"npm", "npm_faiss", "npm_single"}, "open"),
+    "span_walk": ("code", {"npm_faiss"}, "open"),  # restricted mode walks from every stored row: no cell can move
     "translation_cut": ("decoders", {"npm", "npm_faiss", "npm_single", "densephrases"}, {"entity_translation"}),
     "mlm_max_length": (256, {"mlm"}, "closed"),
     "kamel_prompt": ("code", {"lm", "bm25_lm"}, {"kamel"}),

@@ -81,6 +81,9 @@ class Settings(Section):
     span_score: str = _setting("paper", "open-set span score: the paper's exp(s_start/tau) + exp(s_end/tau) over all "
                                         "occurrences (3.1), or the original code's P_start + P_end (two softmaxes)",
                                choices=("paper", "code"))
+    span_walk: str = _setting("paper", "open-set span walk back from an end candidate: up to l_max tokens, as the walk "
+                                       "forward from a start (paper), or the original code's one token fewer, never "
+                                       "reaching its block's first position", choices=("paper", "code"))
     k: int = _setting(4096, "nearest neighbours per query vector and datastore (paper 3.3)", minimum=1)
     fuzzy_verbalizers: bool = _setting(True, "closed set with a datastore: the fuzzy verbalizers of Shi et al. "
                                              "(2022) where the task has one, else the single label word")

@@ -40,9 +40,9 @@ def test_paper_config_has_paper_constants():
 # Where the paper and the original code differ, the paper routes compute as the code did: its published cells came
 # from it (docs/paper-map.md, "The paper routes compute as the original code").
 ORIGINAL_CODE = {
-    "inference": {"tau_twice": True, "span_score": "code", "passages": 3, "passage_text": "contents",
-                  "kamel_prompt": "code", "mlm_max_length": 256, "translation_cut": "decoders",
-                  "lama_average": "macro"},
+    "inference": {"tau_twice": True, "span_score": "code", "span_walk": "code", "passages": 3,
+                  "passage_text": "contents", "kamel_prompt": "code", "mlm_max_length": 256,
+                  "translation_cut": "decoders", "lama_average": "macro"},
     "datastore": {"precision": "fp32", "faiss_factory": "IVF4096,PQ64", "faiss_metric": "l2", "nprobe": 8,
                   "stopwords": "original", "bm25_markers": True},
     "masking": {"max_spans_per_sequence": 64},

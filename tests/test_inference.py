@@ -70,12 +70,16 @@ def test_item27_long_inputs_keep_their_last_tokens_and_the_mask(wordpiece_tokeni
         query_ids(wordpiece_tokenizer, "<mask> " + "word " * 400, max_length=256)
 
 
-def brute_force_spans(start_cand, end_cand, block, vs, ve, blocked, l_max):
+def brute_force_spans(start_cand, end_cand, block, vs, ve, blocked, l_max, walk="paper"):
+    """Every span a walk forward from a start candidate or back from an end candidate reaches; ``walk="code"``: the
+    original's _get_token_position, whose walk back covers range(e - 1, max(first, e - l_max + 1), -1)."""
     out = set()
     for s, e in itertools.product(range(len(block)), repeat=2):
         if not (0 <= e - s < l_max) or block[s] != block[e] or blocked[s:e + 1].any() or not vs[s] or not ve[e]:
             continue
-        if s in start_cand or e in end_cand:
+        first = int(np.flatnonzero(block == block[e])[0])
+        back = s == e or (s > max(first, e - l_max + 1)) if walk == "code" else True
+        if s in start_cand or (e in end_cand and back):
             out.add((s, e))
     return sorted(out)
 
@@ -90,10 +94,25 @@ def test_item22_span_candidates_match_a_brute_force_walk(seed):
     blocked[::20] = True  # each block begins with its begin token
     start_cand = rng.choice(n, 15, replace=False)
     end_cand = rng.choice(n, 15, replace=False)
-    for l_max in (1, 3, 10):
-        s, e = walk_spans(start_cand, end_cand, block, vs, ve, blocked, l_max)
+    blocked[20] = False  # a block whose first position is a token (a unit cut mid-way)
+    for l_max, walk in itertools.product((1, 2, 3, 10), ("paper", "code")):
+        s, e = walk_spans(start_cand, end_cand, block, vs, ve, blocked, l_max, walk)
         assert list(zip(s.tolist(), e.tolist(), strict=True)) == brute_force_spans(
-            set(start_cand.tolist()), set(end_cand.tolist()), block, vs, ve, blocked, l_max)
+            set(start_cand.tolist()), set(end_cand.tolist()), block, vs, ve, blocked, l_max, walk), (l_max, walk)
+
+
+def test_item22_the_code_s_walk_back_is_one_token_shorter_and_stops_before_the_block_s_first_position():
+    block = np.zeros(6, int)
+    valid = np.ones(6, bool)
+    none = np.zeros(6, bool)
+    def spans(walk, l_max):
+        s, e = walk_spans(np.array([], int), np.array([5]), block, valid, valid, none, l_max, walk)
+        return set(zip(s.tolist(), e.tolist(), strict=True))
+
+    assert spans("paper", 3) == {(3, 5), (4, 5), (5, 5)}
+    assert spans("code", 3) == {(4, 5), (5, 5)}  # range(4, max(0, 3), -1): position 4 only
+    assert spans("paper", 10) == {(s, 5) for s in range(6)}
+    assert spans("code", 10) == {(s, 5) for s in range(1, 6)}  # range(4, max(0, -4), -1) stops at 1
 
 
 def test_item22_a_stop_word_inside_blocks_the_span():

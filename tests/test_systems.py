@@ -276,9 +276,9 @@ def test_workflow_passes_the_original_code_switches_to_the_evaluation(tmp_path):
 # The original code's settings, as the paper routes pass them to each command (docs/paper-map.md, "The paper routes
 # compute as the original code"): read from the plan, not from the config.
 ORIGINAL_CODE_FLAGS = {
-    "npm-repro evaluate": ("--tau-twice", "--span-score code", "--passages 3", "--passage-text contents",
-                           "--kamel-prompt code", "--mlm-max-length 256", "--translation-cut decoders",
-                           "--lama-average macro"),
+    "npm-repro evaluate": ("--tau-twice", "--span-score code", "--span-walk code", "--passages 3",
+                           "--passage-text contents", "--kamel-prompt code", "--mlm-max-length 256",
+                           "--translation-cut decoders", "--lama-average macro"),
     "npm-repro embed --step plan": ("--precision fp32", "--stopwords original"),
     "npm-repro build-faiss-index": ("--faiss-factory IVF4096,PQ64", "--faiss-metric l2", "--nprobe 8"),
 }

@@ -24,10 +24,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from npm.settings import Settings
+
 
 def walk_spans(start_cand: np.ndarray, end_cand: np.ndarray, block: np.ndarray, valid_start: np.ndarray,
-               valid_end: np.ndarray, blocked: np.ndarray, l_max: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """Unique spans (start, end), inclusive token positions, sorted; paper-map §3.7 step 2 and §9 item 22."""
+               valid_end: np.ndarray, blocked: np.ndarray, l_max: int = 10,
+               walk: str = Settings.span_walk) -> tuple[np.ndarray, np.ndarray]:
+    """Unique spans (start, end), inclusive token positions, sorted; paper-map §3.7 step 2 and §9 item 22. ``block``
+    (nondecreasing: each block's positions contiguous) names the block of each position. ``walk="code"``: the walk
+    back from an end candidate covers one token fewer (at most ``l_max - 1``) and never reaches its block's first
+    position, as the original's (its ``_get_token_position``); ``paper``: up to ``l_max``, as the forward walk."""
     n = len(block)
     cum = np.concatenate([[0], np.cumsum(blocked, dtype=np.int64)])
     steps = np.arange(l_max)
@@ -45,6 +51,11 @@ def walk_spans(start_cand: np.ndarray, end_cand: np.ndarray, block: np.ndarray, 
     e = end_cand[valid_end[end_cand]][:, None] + 0 * steps
     s_bwd = e - steps
     keep_b = ok(s_bwd, e)
+    if walk == "code":
+        first = np.searchsorted(block, block)  # the first position of each position's block
+        keep_b &= (steps == 0) | ((steps < l_max - 1) & (s_bwd > first[np.clip(e, 0, n - 1)]))
+    elif walk != "paper":
+        raise ValueError(f"walk must be paper or code, got {walk!r}")
     starts = np.concatenate([s[keep_f], s_bwd[keep_b]])
     ends = np.concatenate([e_fwd[keep_f], e[keep_b]])
     pairs = np.unique(starts * n + ends)  # one key per span, in (start, end) order: ends are < n

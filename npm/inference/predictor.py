@@ -349,7 +349,7 @@ class Predictor:
             span_start = span_end = pos
         else:
             span_start, span_end = walk_spans(start_cand, end_cand, view["block"], view["valid_start"],
-                                              view["valid_end"], view["blocked"], self.l_max)
+                                              view["valid_end"], view["blocked"], self.l_max, s.span_walk)
             start_pos = np.union1d(start_cand, span_start)
             end_pos = np.union1d(end_cand, span_end)
             if np.array_equal(start_pos, end_pos):  # restricted mode: every stored vector is both
