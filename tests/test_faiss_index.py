@@ -131,6 +131,18 @@ def test_ivfpq_training_on_seeded_sample_is_deterministic(corpus, tmp_path):
     np.testing.assert_array_equal(va, vb)
 
 
+def ivfpq_by_hand(quantizer, corpus) -> np.ndarray:
+    """The 50 neighbours of the corpus's queries in IndexIVFPQ(quantizer, DIM, 32, 8, 8), FAISS's default (L2) metric,
+    trained on the sample build_faiss_index draws with seed 1 (4,000 of 8,000 rows), nprobe 8."""
+    shards, data, queries = corpus
+    index = faiss.IndexIVFPQ(quantizer, DIM, 32, 8, 8)
+    index.do_polysemous_training = False
+    index.train(memmap_vectors(shards, DIM)(np.sort(np.random.default_rng(1).choice(8000, 4000, replace=False))))
+    index.add(data.astype(np.float32))
+    index.nprobe = 8
+    return index.search(queries, 50)[1]
+
+
 def test_code_metric_builds_the_original_codes_index_an_ip_quantizer_with_l2_codes(corpus, tmp_path):
     """datastore.faiss_metric: code = the original's IndexIVFPQ(IndexFlatIP(d), d, nlist, M, 8) with the metric left
     at FAISS's default (L2): the same neighbours as that index built by hand from FAISS's classes on the same
@@ -145,12 +157,7 @@ def test_code_metric_builds_the_original_codes_index_an_ip_quantizer_with_l2_cod
     assert faiss.downcast_index(ours.quantizer).metric_type == faiss.METRIC_INNER_PRODUCT
     rows, valid = search(index, queries, k=50)
 
-    original = faiss.IndexIVFPQ(faiss.IndexFlatIP(DIM), DIM, 32, 8, 8)  # its metric left at the default, L2
-    original.do_polysemous_training = False
-    original.train(memmap_vectors(shards, DIM)(np.sort(np.random.default_rng(1).choice(8000, 4000, replace=False))))
-    original.add(data.astype(np.float32))
-    original.nprobe = 8
-    _, expected = original.search(queries, 50)
+    expected = ivfpq_by_hand(faiss.IndexFlatIP(DIM), corpus)  # its metric left at the default, L2
     np.testing.assert_array_equal(np.where(valid, rows, -1), expected)
 
     build_faiss_index(shards, DIM, tmp_path / "ip.faiss", factory="IVF32,PQ8", metric="ip", train_sample=4000,
@@ -172,12 +179,7 @@ def test_l2_metric_builds_the_index_the_original_s_gpu_build_left_an_l2_quantize
     assert ours.metric_type == faiss.METRIC_L2
     assert faiss.downcast_index(ours.quantizer).metric_type == faiss.METRIC_L2
     rows, valid = search(index, queries, k=50)
-    gpu_built = faiss.IndexIVFPQ(faiss.IndexFlatL2(DIM), DIM, 32, 8, 8)
-    gpu_built.do_polysemous_training = False
-    gpu_built.train(memmap_vectors(shards, DIM)(np.sort(np.random.default_rng(1).choice(8000, 4000, replace=False))))
-    gpu_built.add(data.astype(np.float32))
-    gpu_built.nprobe = 8
-    _, expected = gpu_built.search(queries, 50)
+    expected = ivfpq_by_hand(faiss.IndexFlatL2(DIM), corpus)
     np.testing.assert_array_equal(np.where(valid, rows, -1), expected)
 
 
