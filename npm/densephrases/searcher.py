@@ -28,7 +28,7 @@ MAX_QUESTION_TOKENS = 64
 class PhraseSearcher:
     def __init__(self, model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
                  nprobe: int | None = None, device: str | None = None, precision: str = "fp32",
-                 vectors: str = "dump", model=None):
+                 vectors: str = DensePhrasesSettings.vectors, model=None):
         """``device`` (default CUDA when available) and ``precision`` (``npm.model.autocast``) of the query
         encoders; the search itself runs on the CPU over the FAISS index. ``vectors``: what phrases are scored
         from, the dump's fp16 vectors (``dump``) or the index's own codes (``index``: the dump's vectors are never
