@@ -17,8 +17,10 @@ is stated explicitly.
 * CODE!=PAPER. The original code builds IVF-PQ (nlist 4096, M 64, 8 bits, nprobe 8, <= 1M training vectors,
   seed 1) and leaves FAISS's default metric, L2, although its coarse quantizer is IndexFlatIP. ``metric="code"``
   (config ``datastore.faiss_metric: code``) builds exactly that mixture: the factory's index in L2 with an
-  inner-product flat quantizer put in before training. ``factory="IVF4096,PQ64", metric="ip"`` is the original's
-  index type with the metric NPM actually scores by; ``metric="l2"`` is L2 throughout.
+  inner-product flat quantizer put in before training: the index as its CPU build trains it. Its default build is
+  on the GPU, where FAISS 1.7.2's copy rebuilds the coarse quantizer in the index's own metric, so the index behind
+  the published numbers is L2 throughout: ``metric="l2"``, the paper routes' (paper-map §3.5).
+  ``factory="IVF4096,PQ64", metric="ip"`` is the original's index type with the metric NPM actually scores by.
 
 Choices this module makes and documents:
 
@@ -92,7 +94,7 @@ from npm.settings import DatastoreSettings, Settings
 
 log = logging.getLogger(__name__)
 
-METRICS = ("ip", "l2", "code")  # code: the original's IndexIVFPQ, an IP coarse quantizer and L2 codes (_make_index)
+METRICS = ("ip", "l2", "code")  # code: the original's IndexIVFPQ as built on a CPU, IP quantizer + L2 codes
 BLAS_THRESHOLD = 20  # FAISS's former default, set by search for a batch (its matrix-product path; see search)
 BLAS_MIN_QUERIES = 4  # from this many query vectors on, that path is faster (see search)
 ADD_CHUNK = 1_000_000  # vectors added to the index at a time
