@@ -23,7 +23,7 @@ import numpy as np
 
 from npm.boundaries import PUNCT_PIECE, SPECIAL, is_subword
 from npm.datastore.faiss_index import search as faiss_search
-from npm.settings import PHRASE_VECTORS, DensePhrasesSettings
+from npm.settings import DensePhrasesSettings
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,6 @@ def phrase_scores(h: np.ndarray, q_start: np.ndarray, q_end: np.ndarray, pairs: 
     hi = np.asarray(h[pairs[:, 0]], dtype=np.float32)
     hj = np.asarray(h[pairs[:, 1]], dtype=np.float32)
     return (hi @ np.asarray(q_start, dtype=np.float32) + hj @ np.asarray(q_end, dtype=np.float32)).astype(np.float32)
-
-
-VECTORS = PHRASE_VECTORS  # what phrases are scored from: the fp16 dump, or the index's codes (IndexVectors)
 
 
 class IndexVectors:

@@ -18,9 +18,9 @@ import torch
 from npm.data.blocks import load_blocks
 from npm.densephrases.dump import PhraseDump, load_index
 from npm.densephrases.model import DensePhrases
-from npm.densephrases.search import VECTORS, IndexVectors, search
+from npm.densephrases.search import IndexVectors, search
 from npm.model import autocast, torch_device
-from npm.settings import DensePhrasesSettings
+from npm.settings import PHRASE_VECTORS, DensePhrasesSettings
 
 MAX_QUESTION_TOKENS = 64
 
@@ -34,8 +34,8 @@ class PhraseSearcher:
         from, the dump's fp16 vectors (``dump``) or the index's own codes (``index``: the dump's vectors are never
         read, the index is all that is kept on disk; ``npm.densephrases.search.IndexVectors``). ``model``: the
         ``DensePhrases`` of ``model_dir`` already loaded (None: loaded here)."""
-        if vectors not in VECTORS:
-            raise ValueError(f"vectors must be one of {VECTORS}, got {vectors!r}")
+        if vectors not in PHRASE_VECTORS:
+            raise ValueError(f"vectors must be one of {PHRASE_VECTORS}, got {vectors!r}")
         self.dump = PhraseDump(dump_dir, vectors=vectors == "dump")
         self.index = load_index(index_path, self.dump, model_dir)
         self.vectors = self.dump.vectors if vectors == "dump" else IndexVectors(self.index)
