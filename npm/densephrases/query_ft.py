@@ -82,11 +82,13 @@ def query_optimizer(model, lr: float, objective: str) -> tuple[torch.optim.AdamW
         return torch.optim.AdamW(params, lr=lr, eps=1e-8, weight_decay=0.0), params
     for enc in encoders:
         enc.get_input_embeddings().weight.requires_grad_(False)
-    named = [(n, p) for enc in encoders for n, p in enc.named_parameters() if p.requires_grad]
-    flat = [p for n, p in named if n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n]
-    decayed = [p for n, p in named if not any(p is q for q in flat)]
-    groups = [{"params": decayed, "weight_decay": 0.01}, {"params": flat, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, eps=1e-8), decayed + flat
+    groups = [{"params": [], "weight_decay": 0.01}, {"params": [], "weight_decay": 0.0}]
+    for enc in encoders:
+        for name, p in enc.named_parameters():
+            if p.requires_grad:
+                flat = name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name
+                groups[flat]["params"].append(p)
+    return torch.optim.AdamW(groups, lr=lr, eps=1e-8), groups[0]["params"] + groups[1]["params"]
 
 
 def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) -> float:

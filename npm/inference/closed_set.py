@@ -27,10 +27,6 @@ def label_scores(neighbour_ids: np.ndarray, sims: np.ndarray, verbalizers: list[
         raise ValueError("no neighbour to vote: the datastore returned nothing for this query")
     p = np.exp(logits - logits.max())
     p /= p.sum()
-    tokens, where = np.unique(np.asarray(neighbour_ids), return_inverse=True)
-    mass = np.bincount(where.ravel(), weights=p, minlength=len(tokens))  # probability per retrieved token
-    out = []
-    for words in verbalizers:  # summed over the verbalizer's ids as listed: a repeated id counts again (original)
-        at = np.minimum(np.searchsorted(tokens, words), len(tokens) - 1)
-        out.append(mass[at][tokens[at] == words].sum())
-    return np.array(out)
+    size = max([int(np.max(neighbour_ids)), *(int(np.max(w, initial=0)) for w in verbalizers)]) + 1
+    mass = np.bincount(neighbour_ids, weights=p, minlength=size)  # probability per token id
+    return np.array([mass[words].sum() for words in verbalizers])  # ids as listed: a repeated one counts again
