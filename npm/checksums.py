@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 
 from npm.io import write_json
@@ -46,6 +47,7 @@ SHA256, PARTS = "sha256", "parts-sha256"  # the digest kinds (module docstring);
 # parts-sha256's part size: 32 KiB hashes at 0.93 of one sha256 over the whole file (per-call overhead), and bounds
 # what a WriteDigest holds for a part whose bytes came out of order (about half a part per document of a datastore)
 PART_BYTES = 1 << 15
+TASK_PARTS = 64  # whole parts per hashing task of WriteDigest.update_many's pool (2 MiB: the GIL is held per part)
 
 
 # ------------------------------------------------------------------------------------- hashing, cached
@@ -132,23 +134,36 @@ class WriteDigest:
 
     def update(self, offset: int, data) -> None:
         """Bytes ``data`` written at ``offset`` of the file."""
-        view = memoryview(data).cast("B")
-        self.size = max(self.size, offset + len(view))
-        if self.part_bytes is None:
-            if offset != self._fed:
-                raise ValueError(f"a sha256 WriteDigest takes its bytes in file order: offset {offset}, "
-                                 f"not {self._fed}")
-            self.whole.update(view)
-            self._fed += len(view)
-            return
-        p, at = divmod(offset, self.part_bytes)
-        while view:
-            piece, view = view[:self.part_bytes - at], view[self.part_bytes - at:]
-            if len(piece) == self.part_bytes:
-                self._take(p, hashlib.sha256(piece).digest())
-            else:
-                self._piece(p, at, piece)
-            p, at = p + 1, 0
+        self.update_many([(offset, data)])
+
+    def update_many(self, writes: Sequence[tuple[int, object]], pool: Executor | None = None) -> None:
+        """Bytes written: ``writes`` = [(offset, data), ...]. For parts-sha256, the whole parts they hold are hashed
+        by ``pool``'s threads when given (tasks of ``TASK_PARTS`` parts; sha256 releases the GIL), the pieces of
+        parts here, in this thread; returns when all are hashed, so the caller may reuse the buffers then."""
+        whole: list[tuple[int, memoryview]] = []
+        for offset, data in writes:
+            view = memoryview(data).cast("B")
+            self.size = max(self.size, offset + len(view))
+            if self.part_bytes is None:
+                if offset != self._fed:
+                    raise ValueError(f"a sha256 WriteDigest takes its bytes in file order: offset {offset}, "
+                                     f"not {self._fed}")
+                self.whole.update(view)
+                self._fed += len(view)
+                continue
+            p, at = divmod(offset, self.part_bytes)
+            while view:
+                piece, view = view[:self.part_bytes - at], view[self.part_bytes - at:]
+                if len(piece) == self.part_bytes:
+                    whole.append((p, piece))
+                else:
+                    self._piece(p, at, piece)
+                p, at = p + 1, 0
+        tasks = [whole[a:a + TASK_PARTS] for a in range(0, len(whole), TASK_PARTS)]
+        for task, digests in zip(tasks, (pool.map if pool is not None and len(tasks) > 1 else map)(_digests, tasks),
+                                 strict=True):
+            for (p, _), digest in zip(task, digests, strict=True):
+                self._take(p, digest)
 
     def _piece(self, p: int, at: int, piece: memoryview) -> None:
         """Bytes ``at`` .. of part ``p``, fewer than the whole part: hashed now if they follow the bytes hashed so
@@ -189,6 +204,11 @@ class WriteDigest:
             raise ValueError(f"{missing or len(self.open)} of the {n} parts of {self.size} bytes were not all written")
         return {"sha256": hashlib.sha256(self.digests[:32 * n]).hexdigest(), "kind": PARTS,
                 "part_bytes": self.part_bytes}
+
+
+def _digests(parts: Sequence[tuple[int, memoryview]]) -> list[bytes]:
+    """The sha256 digest of each (part number, bytes)."""
+    return [hashlib.sha256(view).digest() for _, view in parts]
 
 
 class HashingWriter:

@@ -98,6 +98,31 @@ def test_writes_in_any_order_give_the_digest_recomputed_from_the_file(tmp_path, 
         unwritten.fields()
 
 
+def test_the_embed_writer_s_pool_writes_and_hashes_batches_of_runs_as_one_thread_would(tmp_path, monkeypatch):
+    """``_write_rows`` with a pool (the positioned writes in one of its threads, whole parts hashed in tasks by the
+    others, ``WriteDigest.update_many``), fed batches of rows scattered over the file as the embedder's are: the
+    file and its digest equal those of the rows written and hashed one by one, and the definition."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from npm.datastore.embed import _write_rows
+
+    monkeypatch.setattr(checksums, "PART_BYTES", 256)
+    monkeypatch.setattr(checksums, "TASK_PARTS", 3)  # several tasks per batch
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((997, 24)).astype(np.float16)  # 48-byte rows: parts cut rows and runs
+    order = rng.permutation(len(rows))
+    path, digest = tmp_path / "shard.f16", checksums.WriteDigest()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            for batch in np.array_split(np.sort(order[:600]), 7) + np.array_split(order[600:], 5):
+                _write_rows(fd, rows[batch], batch, digest, pool)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == rows.tobytes()
+    assert digest.fields()["sha256"] == _parts_digest(rows.tobytes(), 256) == checksums.file_fingerprint(path, 256)
+
+
 def test_the_embed_job_hashes_its_shards_as_it_writes_them_and_never_reads_them_back(world):
     """Before: `embed_shard` read each finished shard back to hash it (0.51 of the bare forward on an H100).
     Expected: no shard is hashed from its file, by the embed job or by the first load (the writer filled the cache),
