@@ -236,11 +236,21 @@ class MaskedTokensMLM(torch.nn.Module):
         return torch.nn.functional.cross_entropy(self.head(hidden[chosen]).float(), labels[chosen])
 
 
+def to_device(batch: dict, device) -> dict:
+    """``batch``'s tensors on ``device``; on CUDA each host tensor goes through pinned memory without the host waiting
+    (``non_blocking``: the copy queues behind the work already on the device, which a copy from pageable memory
+    would wait for)."""
+    if torch.device(device).type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: (v.pin_memory() if v.device.type == "cpu" else v).to(device, non_blocking=True)
+            for k, v in batch.items()}
+
+
 def mlm_step_loss(model, batch: dict, device) -> tuple[torch.Tensor, dict]:
     """Masked-LM cross-entropy of one ``collate_mlm`` batch (MLM baseline): mean over the selected tokens of
     -log softmax(vocabulary logits)[original id]. ``model`` is a ``MaskedTokensMLM`` (or its DDP wrapper: one
     forward, DDP-safe)."""
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = to_device(batch, device)
     loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
     return loss, {"queries": int((batch["labels"] != IGNORE_INDEX).sum())}
 
@@ -272,11 +282,14 @@ def collate_lines(collate, lines: list[tuple[list[np.ndarray], np.ndarray]], mas
 
 def _mean_over_lines(loss_of, query_line: torch.Tensor, lines: int) -> tuple[torch.Tensor, dict]:
     """Mean over the batch lines of ``loss_of(rows)`` (rows: the queries of one line) and of its stats, queries
-    summed: each line weighs the same whatever its number of spans, as one GPU's line in the original."""
+    summed: each line weighs the same whatever its number of spans, as one GPU's line in the original. One line's
+    rows are all the queries (no wait for the device to find them)."""
     results = []
     for k in range(lines):
+        rows = (torch.arange(len(query_line), device=query_line.device) if lines == 1 else
+                torch.nonzero(query_line == k).flatten())
         try:
-            results.append(loss_of(torch.nonzero(query_line == k).flatten()))
+            results.append(loss_of(rows))
         except ValueError as e:
             raise ValueError(f"line {k + 1} of this rank's {lines}: {e}" if lines > 1 else str(e)) from None
     loss = torch.stack([r[0] for r in results]).mean()
@@ -296,13 +309,13 @@ def step_loss(trainee, batch: dict, model: str, pool: str | int, device) -> tupl
     """
     if model == "mlm":
         return mlm_step_loss(trainee, batch, device)
-    batch = {k: v.to(device) for k, v in batch.items()}
+    lines = int(batch["sequence_line"].max()) + 1 if "sequence_line" in batch else 1  # before the copy: no wait
+    batch = to_device(batch, device)
     queries, targets = _encode_both(trainee, batch)
     pool_vectors, pool_ids, pool_valid, offset = candidate_pool(
         targets, batch["target_ids"], batch["target_valid"], pool
     )
     sequence_line = batch.get("sequence_line", torch.zeros(len(targets), dtype=torch.int64, device=targets.device))
-    lines = int(sequence_line.max()) + 1
     if model == "npm":
         seq = batch["span_seq"] + offset
         q_start = queries[batch["span_seq"], batch["q_start_pos"]]

@@ -50,7 +50,7 @@ def phrase_positives(
     n, m = span_tokens.shape
     S, Lp = pool_ids.shape
     lengths = span_lengths.long()
-    if n and (lengths.min() < 1 or lengths.max() > m):
+    if n and bool(((lengths < 1) | (lengths > m)).any()):  # one wait for the device, not two
         raise ValueError(f"span lengths must lie in [1, {m}] (the width of span_tokens)")
     tokens = span_tokens.long()
     ids, valid = pool_ids.long(), pool_valid.bool()
@@ -64,9 +64,9 @@ def phrase_positives(
         active = (lengths > k).view(n, 1, 1)
         start &= hit | ~active
     start[torch.arange(n, device=start.device), seq.long()] = False
-    end = torch.zeros_like(start)
-    i, s, p = start.nonzero(as_tuple=True)
-    end[i, s, p + lengths[i] - 1] = True
+    end = torch.zeros_like(start)  # start p of a span of length k ends at p + k - 1 (inside its row, as matched)
+    for k in range(1, m + 1):
+        end[:, :, k - 1:] |= start[:, :, :Lp - k + 1] & (lengths == k).view(n, 1, 1)
     return start.reshape(n, S * Lp), end.reshape(n, S * Lp)
 
 
@@ -97,6 +97,14 @@ def _info_nce(sim: torch.Tensor, mask: torch.Tensor, positives: torch.Tensor) ->
     every = torch.logsumexp(sim.masked_fill(~mask, neg_inf), dim=1)
     pos = torch.logsumexp(sim.masked_fill(~(positives & mask), neg_inf), dim=1)
     return every - pos
+
+
+def _floats(**values) -> dict[str, float]:
+    """``values`` as Python floats, in their order: the 0-d tensors among them copied from the device in one transfer
+    (one wait for the device, not one per value), numbers as they are."""
+    tensors = [v.float() for v in values.values() if isinstance(v, torch.Tensor)]
+    copied = iter(torch.stack(tensors).tolist() if tensors else [])
+    return {k: next(copied) if isinstance(v, torch.Tensor) else float(v) for k, v in values.items()}
 
 
 def _describe(rows: torch.Tensor, span_tokens: torch.Tensor | None, limit: int = 10) -> str:
@@ -144,14 +152,9 @@ def phrase_loss(
     loss_start = _info_nce(_scores(q_start, pool_vectors), mask, start_pos).mean()
     loss_end = _info_nce(_scores(q_end, pool_vectors), mask, end_pos).mean()
     with torch.no_grad():
-        stats = {
-            "loss_start": float(loss_start),
-            "loss_end": float(loss_end),
-            "positives_per_span": float(start_pos.sum(1).float().mean()),
-            "queries": float(n),
-            "start_end_same": float((start_pos == end_pos).all(1).float().mean()),
-            "start_end_sim": float((q_start.float() * q_end.float()).sum(1).mean() / math.sqrt(h)),
-        }
+        stats = _floats(loss_start=loss_start, loss_end=loss_end, positives_per_span=start_pos.sum(1).float().mean(),
+                        queries=n, start_end_same=(start_pos == end_pos).all(1).float().mean(),
+                        start_end_sim=(q_start.float() * q_end.float()).sum(1).mean() / math.sqrt(h))
     return loss_start + loss_end, stats
 
 
@@ -178,10 +181,5 @@ def single_loss(
         raise ValueError(f"none of the {m} masked tokens has a positive (the same id in another sequence of the pool)")
     rows = torch.nonzero(keep).flatten()
     loss = _info_nce(_scores(q[rows], pool_vectors), mask[rows], positives[rows]).mean()
-    stats = {
-        "loss": float(loss.detach()),
-        "positives_per_span": float(positives[rows].sum(1).float().mean()),
-        "queries": float(kept),
-        "label_ratio": kept / m,
-    }
-    return loss, stats
+    return loss, _floats(loss=loss.detach(), positives_per_span=positives[rows].sum(1).float().mean(), queries=kept,
+                         label_ratio=kept / m)
