@@ -65,7 +65,7 @@ def phrase_positives(
         start &= hit | ~active
     start[torch.arange(n, device=start.device), seq.long()] = False
     end = torch.zeros_like(start)  # start p of a span of length k ends at p + k - 1 (inside its row, as matched)
-    for k in range(1, m + 1):
+    for k in range(1, min(m, Lp) + 1):  # a span longer than the rows matched nowhere
         end[:, :, k - 1:] |= start[:, :, :Lp - k + 1] & (lengths == k).view(n, 1, 1)
     return start.reshape(n, S * Lp), end.reshape(n, S * Lp)
 
