@@ -26,6 +26,7 @@ Writes results/benchmarks/embed-<device>.json atomically. It measures; it assert
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -49,7 +50,9 @@ LEAD_CHUNK = 200  # documents per tokenizer call in lead_blocks
 
 
 def lead_blocks(tokenizer, n_blocks: int) -> dict[str, np.ndarray]:
-    """The first ``n_blocks`` blocks (256 tokens at most) of the Wikipedia leads, in title order.
+    """The first ``n_blocks`` blocks (256 tokens at most) of the Wikipedia leads, in title order; past the last lead
+    (about 10,000 blocks) the leads come again, their ids marked as copies, so that a shard of a paper's size (about
+    120,000 blocks) can be embedded.
 
     Documents are tokenized in chunks of ``LEAD_CHUNK`` (a document's blocks do not depend on the other documents),
     and the chunks' arrays are joined: linear in the number of documents read."""
@@ -61,8 +64,8 @@ def lead_blocks(tokenizer, n_blocks: int) -> dict[str, np.ndarray]:
             docs.append({"id": title, "units": [f"{title}. {text}"]})
     ids, flags, spans, texts, offsets, text_offsets, block_doc, doc_ids = [], [], [], [], [], [], [], []
     n_tokens = n_bytes = n = 0
-    for a in range(0, len(docs), LEAD_CHUNK):
-        part = tokenize_documents(docs[a:a + LEAD_CHUNK], tokenizer)
+    for a in itertools.count(0, LEAD_CHUNK):
+        part = tokenize_documents([_copy(docs, i) for i in range(a, a + LEAD_CHUNK)], tokenizer)
         ids.append(part["input_ids"])
         flags.append(part["flags"])
         spans.append(part["token_spans"])
@@ -82,6 +85,12 @@ def lead_blocks(tokenizer, n_blocks: int) -> dict[str, np.ndarray]:
             "block_doc": np.concatenate(block_doc)[:n_blocks], "doc_ids": np.array(doc_ids),
             "text": np.concatenate(texts)[:to[-1]], "text_offsets": to,
             "token_spans": np.concatenate(spans)[:bo[-1]]}
+
+
+def _copy(docs: list[dict], i: int) -> dict:
+    """Document ``i`` of the leads repeated without end: ``docs[i % len(docs)]``, its id marked from the second pass."""
+    doc, copy = docs[i % len(docs)], i // len(docs)
+    return {**doc, "id": f"{doc['id']} (copy {copy})"} if copy else doc
 
 
 def bare_forward(model, inputs, device: str) -> float:

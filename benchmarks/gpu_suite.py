@@ -393,7 +393,9 @@ def main() -> None:
                         help="training variants to measure, one model (one compile) each; 'packed' and 'graphs' "
                              "are measured on request ('packed' is 6x slower than 'after' on an H200; 'graphs' did "
                              "not finish compiling in 100 s there: docs/paper-scale.md §7)")
-    parser.add_argument("--embed-blocks", type=int, default=4096, help="blocks of Wikipedia leads to embed")
+    parser.add_argument("--embed-blocks", type=int, default=4096,
+                        help="blocks of Wikipedia leads to embed (past ~10,000 the leads repeat: 120000 with "
+                             "--embed-batches 320 is a paper shard, ~12.7M tokens)")
     parser.add_argument("--embed-batches", type=int, nargs="*", default=[64, 256], help="blocks per encoder pass")
     parser.add_argument("--embed-precision", choices=["fp16", "bf16", "fp32"], default="fp16")
     parser.add_argument("--repeat", type=int, default=2, help="bare/embedding pairs per embedding batch size")
