@@ -146,25 +146,26 @@ def attention(device: torch.device, config, rows: list[int], length: int, precis
         row = {}
         for name, backend in backends.items():
             try:
-                row[name] = {mode: _attention_ms(q, k, v, None if name == "flash" else mask, dropout, backend,
-                                                 mode == "forward_backward", device)
-                             for mode in ("forward", "forward_backward")}
+                row[name] = _attention_ms(q, k, v, None if name == "flash" else mask, dropout, backend, device)
             except RuntimeError as e:
                 row[name] = {"error": str(e).splitlines()[0][:160]}
         # as the encoder calls it (transformers' sdpa_attention_forward): transposed views of [rows, tokens, heads,
         # dim] projections and the padding mask materialised as [rows, 1, tokens, tokens]; torch's choice of kernel
         q, k, v = (torch.randn(2 * n, length, heads, dim, device=device, dtype=dtype).transpose(1, 2).requires_grad_()
                    for _ in range(3))
-        row["encoder_layout"] = {mode: _attention_ms(q, k, v, mask.contiguous(), dropout, None,
-                                                     mode == "forward_backward", device)
-                                 for mode in ("forward", "forward_backward")}
+        row["encoder_layout"] = _attention_ms(q, k, v, mask.contiguous(), dropout, None, device)
         result["rows"][str(2 * n)] = row
     return result
 
 
-def _attention_ms(q, k, v, mask, dropout: float, backend, backward: bool, device: torch.device) -> float:
-    """Median milliseconds of 10 ``scaled_dot_product_attention`` calls (with ``backward``, and their backward) on
-    ``backend`` (None: torch's choice), after one warm-up call."""
+def _attention_ms(q, k, v, mask, dropout: float, backend, device: torch.device) -> dict[str, float]:
+    """Median milliseconds of 10 ``scaled_dot_product_attention`` calls on ``backend`` (None: torch's choice), after
+    one warm-up call: ``forward`` alone and ``forward_backward``."""
+    return {mode: _median_ms(q, k, v, mask, dropout, backend, mode == "forward_backward", device)
+            for mode in ("forward", "forward_backward")}
+
+
+def _median_ms(q, k, v, mask, dropout: float, backend, backward: bool, device: torch.device) -> float:
     from torch.nn.attention import sdpa_kernel
 
     def call():
@@ -246,7 +247,8 @@ def profile_steps(step, device: torch.device, steps: int) -> dict:
     busy = sum(e.self_device_time_total for e in kernels) / 1e6
     kinds: dict[str, float] = {}
     for e in kernels:
-        kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + e.self_device_time_total / 1e6 / steps
+        kind = kernel_kind(e.key)
+        kinds[kind] = kinds.get(kind, 0.0) + e.self_device_time_total / 1e6 / steps
     host = sorted((e for e in averages if e.device_type == DeviceType.CPU), key=lambda e: -e.self_cpu_time_total)
     waits = [e for e in host if "synchronize" in e.key.lower() or e.key in ("aten::item", "aten::nonzero",
                                                                             "aten::_local_scalar_dense")]
