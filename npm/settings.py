@@ -196,6 +196,11 @@ class DataSettings(Section):
 
     max_seq_length: int = _setting(256, "tokens per block, special tokens included (the paper's 256-token blocks)",
                                    minimum=8, maximum=4096, option=("tokenize-blocks",))
+    word_boundaries: str = _setting("text", "the rule of the word boundaries (valid span starts/ends, subwords, "
+                                            "punctuation): 'text' reads where each token sits in the source text, for "
+                                            "any tokenizer; 'code' decodes each vocabulary id on its own, as the "
+                                            "original code (byte-level BPE only)", choices=("text", "code"),
+                                    option=("tokenize-blocks", "import-corpus"))
     batch_size: int = _setting(16, "blocks per batch line (per GPU): the sequences whose spans are each other's "
                                    "positives and negatives in the contrastive loss (paper 4.1: 16)",
                                minimum=2, option=("batch-blocks",))

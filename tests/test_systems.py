@@ -281,7 +281,10 @@ ORIGINAL_CODE_FLAGS = {
                            "--translation-cut decoders", "--lama-average macro"),
     "npm-repro embed --step plan": ("--precision fp32", "--stopwords original"),
     "npm-repro build-faiss-index": ("--faiss-factory IVF4096,PQ64", "--faiss-metric l2", "--nprobe 8"),
+    "npm-repro import-corpus": ("--word-boundaries code",),
 }
+ROUTE_FLAGS = {"paper.yaml": {"npm-repro tokenize-blocks": ("--word-boundaries code",)},  # it trains: blocks of text
+               "released.yaml": {}}
 
 
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])
@@ -293,7 +296,7 @@ def test_the_paper_routes_plan_every_evaluation_with_the_original_codes_settings
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line.partition("Shell command: ")[2] for line in out.stdout.splitlines()]
-    for command, flags in ORIGINAL_CODE_FLAGS.items():
+    for command, flags in (ORIGINAL_CODE_FLAGS | ROUTE_FLAGS[name]).items():
         planned = [line for line in lines if line.startswith(command)]
         assert planned, f"{name}: no `{command}` job planned for results/check/paper.txt"
         for line in planned:

@@ -27,6 +27,7 @@ from npm.boundaries import SPECIAL, encode_units_with_offsets, utf8_offsets
 from npm.checksums import verify_sidecar, write_sidecar
 from npm.io import load_npz, read_jsonl, save_npz
 from npm.model import load_tokenizer
+from npm.settings import DataSettings
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ def _check(doc: dict, k: int) -> list[str]:
 
 
 def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MAX_SEQ_LENGTH,
-                       stats: Counter | None = None, where=None) -> dict[str, np.ndarray]:
+                       stats: Counter | None = None, where=None,
+                       word_boundaries: str = DataSettings.word_boundaries) -> dict[str, np.ndarray]:
     """The blocks arrays of ``docs`` (docs/data-contracts.md): ``input_ids`` int32, ``flags`` uint8,
     ``block_offsets`` int64 [n_blocks+1], ``block_doc`` int32 (index into ``doc_ids``), ``doc_ids`` str, and the
     surface text: ``text`` uint8, ``text_offsets`` int64 [n_blocks+1], ``token_spans`` uint16 [T, 2]
@@ -179,7 +181,7 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
             doc_ids.append(str(doc["id"]))
             texts.extend(units)
             unit_doc.extend([k] * len(units))
-        ids, flags, unit_offsets, offsets, joined = encode_units_with_offsets(tokenizer, texts)
+        ids, flags, unit_offsets, offsets, joined = encode_units_with_offsets(tokenizer, texts, word_boundaries)
         masked = units_containing(ids, unit_offsets, mask_id)
         unit_doc = np.asarray(unit_doc, dtype=np.int64)
         unit_of_token = np.repeat(np.arange(len(texts)), np.diff(unit_offsets))
@@ -221,8 +223,9 @@ def tokenize_documents(docs: Iterable[dict], tokenizer, max_seq_length: int = MA
 
 
 def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: str,
-                 max_seq_length: int = MAX_SEQ_LENGTH) -> dict:
-    """Stream a documents file (``.jsonl[.gz]``) into a blocks ``.npz`` (written atomically); returns counts."""
+                 max_seq_length: int = MAX_SEQ_LENGTH, word_boundaries: str = DataSettings.word_boundaries) -> dict:
+    """Stream a documents file (``.jsonl[.gz]``) into a blocks ``.npz`` (written atomically) whose flags follow the
+    rule ``word_boundaries`` (npm.boundaries); returns counts."""
     tokenizer = load_tokenizer(tokenizer_name)
     stats = Counter(documents_empty=0)
     lines = array("q")  # the line of each document, for warnings
@@ -234,7 +237,8 @@ def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: st
 
     bar = tqdm(docs(), desc=f"blocks {Path(docs_path).name}", unit=" docs", mininterval=10)
     try:
-        arrays = tokenize_documents(bar, tokenizer, max_seq_length, stats, where=lambda k: f"{docs_path}:{lines[k]}")
+        arrays = tokenize_documents(bar, tokenizer, max_seq_length, stats, where=lambda k: f"{docs_path}:{lines[k]}",
+                                    word_boundaries=word_boundaries)
     except ValueError as e:  # read_jsonl's errors already name the file
         raise ValueError(str(e) if str(e).startswith(str(docs_path)) else f"{docs_path}: {e}") from None
     if stats["documents"] == 0:
@@ -246,11 +250,12 @@ def build_blocks(docs_path: str | Path, out_path: str | Path, tokenizer_name: st
                          f"{stats['documents_empty']} documents without a token)")
     save_npz(out_path, **arrays)
     write_sidecar(out_path, "tokenize_blocks", f"npm-repro tokenize-blocks --docs {docs_path} --tokenizer "
-                  f"{tokenizer_name} --max-seq-length {max_seq_length} --out {out_path}")
+                  f"{tokenizer_name} --max-seq-length {max_seq_length} --word-boundaries {word_boundaries} "
+                  f"--out {out_path}")
     return {"documents": stats["documents"], "units": stats["units"],
             "units_dropped_mask": stats["units_dropped_mask"], "documents_empty": stats["documents_empty"],
-            "blocks": n_blocks,
-            "tokens": int(len(arrays["input_ids"])), "tokenizer": tokenizer_name}
+            "blocks": n_blocks, "tokens": int(len(arrays["input_ids"])), "tokenizer": tokenizer_name,
+            "word_boundaries": word_boundaries}
 
 
 def load_blocks(path: str | Path, text: bool = False) -> dict[str, np.ndarray]:

@@ -17,7 +17,9 @@ raw text, only roberta-large token ids. Per shard ``X`` of a corpus folder:
   block's text is its units joined by "\\n", as ``npm.data.blocks`` lays them out. Token spans are those bytes with
   the leading/trailing spaces trimmed, as the fast tokenizer's ``trim_offsets`` reports them (a token of spaces
   only gets the empty span at its end).
-* **Word boundaries.** The boundary bits (``npm.boundaries``) are computed from that text as for any corpus. Where
+* **Word boundaries.** The boundary bits (``npm.boundaries``) are computed by the rule ``word_boundaries`` as for
+  any corpus (``code``, the paper routes': from each id decoded on its own, as the original; ``text``: from the
+  recovered text). Where
   ``X_valid.pkl`` is given, the released positions are kept: at every boundary between two tokens where our rule and
   the released file disagree, the bits of those two tokens that the valid-start/-end rule reads (``SPACE_BEFORE`` of
   the right token, ``PUNCT_END`` of the left, ``PUNCT_START`` of the right) are set so that
@@ -40,16 +42,17 @@ from npm.boundaries import (
     PUNCT_START,
     SPACE_BEFORE,
     SPECIAL,
-    token_flags,
     utf8_offsets,
     valid_ends,
     valid_starts,
+    word_flags,
 )
 from npm.checksums import write_sidecar
 from npm.data.blocks import block_texts
 from npm.edge_errors import first_line
 from npm.io import save_npz
 from npm.model import load_tokenizer
+from npm.settings import DataSettings
 
 SPACE = 0x20
 
@@ -262,8 +265,10 @@ def keep_released_valid(flags: np.ndarray, block_offsets: np.ndarray, starts: np
 
 
 def released_blocks(ids: np.ndarray, block_offsets: np.ndarray, valid: Sequence | None, tokenizer,
-                    name: str) -> tuple[dict[str, np.ndarray], dict]:
-    """The blocks arrays (docs/data-contracts.md) of one released shard, and its summary counts."""
+                    name: str, word_boundaries: str = DataSettings.word_boundaries
+                    ) -> tuple[dict[str, np.ndarray], dict]:
+    """The blocks arrays (docs/data-contracts.md) of one released shard, its flags by the rule ``word_boundaries``
+    where no released valid positions replace them, and its summary counts."""
     ids = np.asarray(ids, dtype=np.int64)
     if len(ids) and (ids.min() < 0 or ids.max() >= len(tokenizer)):
         raise ValueError(f"{name}: token ids span [{ids.min()}, {ids.max()}], outside the {len(tokenizer)} ids of "
@@ -279,14 +284,15 @@ def released_blocks(ids: np.ndarray, block_offsets: np.ndarray, valid: Sequence 
         raise ValueError(f"{name}: the ids of block {block} decode to invalid UTF-8 ({e.reason}); is the tokenizer "
                          f"{tokenizer.name_or_path!r} the one the corpus was made with?") from None
     unit_offsets = np.concatenate([unit_starts, [len(ids)]])
-    flags = token_flags(joined, char_spans(joined, byte_spans), special, unit_offsets)
-    summary = {"blocks": len(block_offsets) - 1, "tokens": len(ids), "tokenizer": tokenizer.name_or_path}
+    flags = word_flags(word_boundaries, tokenizer, ids, joined, char_spans(joined, byte_spans), special, unit_offsets)
+    summary = {"blocks": len(block_offsets) - 1, "tokens": len(ids), "tokenizer": tokenizer.name_or_path,
+               "word_boundaries": word_boundaries}
     if valid is not None:
         starts, ends = valid_masks(valid, block_offsets)
         flags, counts = keep_released_valid(flags, block_offsets, starts, ends)
         summary.update(counts, valid="released")
     else:
-        summary["valid"] = "npm.boundaries rule (no _valid.pkl)"
+        summary["valid"] = f"npm.boundaries rule {word_boundaries!r} (no _valid.pkl)"
     text, text_offsets, token_spans = block_texts(joined, byte_spans, special, block_offsets)
     n_blocks = len(block_offsets) - 1
     arrays = {"input_ids": ids.astype(np.int32), "flags": flags.astype(np.uint8), "block_offsets": block_offsets,
@@ -296,14 +302,16 @@ def released_blocks(ids: np.ndarray, block_offsets: np.ndarray, valid: Sequence 
     return arrays, summary
 
 
-def import_shard(folder: str | Path, stem: str, tokenizer_name: str, out: str | Path) -> dict:
+def import_shard(folder: str | Path, stem: str, tokenizer_name: str, out: str | Path,
+                 word_boundaries: str = DataSettings.word_boundaries) -> dict:
     """Released shard ``stem`` of ``folder`` -> the blocks file ``out`` (written atomically); returns its summary."""
     shard = read_shard(folder, stem)
     tokenizer = load_tokenizer(tokenizer_name)
-    arrays, summary = released_blocks(shard["ids"], shard["block_offsets"], shard["valid"], tokenizer, stem)
+    arrays, summary = released_blocks(shard["ids"], shard["block_offsets"], shard["valid"], tokenizer, stem,
+                                      word_boundaries)
     save_npz(out, **arrays)
     write_sidecar(out, "import_blocks", f"npm-repro import-corpus --folder {folder} --stem {stem} --tokenizer "
-                  f"{tokenizer_name} --out {out}")
+                  f"{tokenizer_name} --word-boundaries {word_boundaries} --out {out}")
     return {"source": str(Path(folder) / stem), **summary}
 
 

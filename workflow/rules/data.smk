@@ -67,9 +67,10 @@ rule import_blocks:
     params:
         stem=lambda wc: released_stem(wc.corpus, wc.shard),
         tokenizer=TOKENIZER,
+        settings=to_args(config["data"], DataSettings, "import-corpus"),
     shell:
         "npm-repro import-corpus --folder {input.folder} --stem {params.stem:q} --tokenizer {params.tokenizer:q}"
-        " --out {output.blocks} --summary {output.summary} > {log} 2>&1"
+        " {params.settings} --out {output.blocks} --summary {output.summary} > {log} 2>&1"
 
 
 rule download_checkpoint:
