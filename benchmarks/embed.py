@@ -34,10 +34,12 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
 
+import npm.datastore.embed as embed_module
 from npm.data.blocks import tokenize_documents
 from npm.datastore.embed import batch_inputs, embed_corpus, gather_tokens, plan_batches
 from npm.datastore.store import derive_stopword_ids, load_datastore
@@ -108,10 +110,14 @@ def bare_forward(model, inputs, device: str) -> float:
 
 
 def measure(encoder: str, n_blocks: int, batch_blocks: int, device: str, precision: str = "fp16",
-            repeat: int = 2) -> dict:
+            repeat: int = 2, write_threads: int | None = None) -> dict:
     """Bare forward, embedding loop and whole ``embed_corpus`` call over ``n_blocks`` Wikipedia-lead blocks at
     ``batch_blocks`` blocks per batch: tokens/s of each (medians over ``repeat`` alternated pairs), their ratios
-    to the bare forward, the padding fraction, and the datastore's bytes per token."""
+    to the bare forward, the padding fraction, and the datastore's bytes per token. ``write_threads`` caps the
+    writer's pool (``npm.datastore.embed.WRITE_THREADS``) for this measurement; None keeps the embedder's own."""
+    if write_threads is not None:
+        with mock.patch.object(embed_module, "WRITE_THREADS", write_threads):
+            return measure(encoder, n_blocks, batch_blocks, device, precision, repeat)
     blocks = lead_blocks(load_tokenizer(encoder), n_blocks)
     n_tokens = len(blocks["input_ids"])
     with tempfile.TemporaryDirectory() as tmp:
@@ -146,7 +152,8 @@ def measure(encoder: str, n_blocks: int, batch_blocks: int, device: str, precisi
     end_tps = float(np.median([n_tokens / r["seconds"] for r in runs]))
     last = runs[-1]
     return {
-        "batch_blocks": batch_blocks, "blocks": len(lengths), "tokens": n_tokens, "precision": last["precision"],
+        "batch_blocks": batch_blocks, "write_threads": embed_module.write_threads(), "blocks": len(lengths),
+        "tokens": n_tokens, "precision": last["precision"],
         "repeat": repeat, "padding_fraction": round(1 - n_tokens / padded, 4),
         "bare_tokens_per_s": round(bare_tps, 1), "loop_tokens_per_s": round(loop_tps, 1),
         "end_to_end_tokens_per_s": round(end_tps, 1), "loop_vs_bare": round(loop_tps / bare_tps, 3),

@@ -23,7 +23,7 @@ Paper-map §2.4-§2.5 (training), §3.3 (embedding), §3.5 (index). Sections, in
   the top kernels, the host's syncs);
 * ``embedding``: benchmarks/embed.py's ``measure`` at each --embed-batches: the encoder's bare forward over the
   embedder's own batches against ``embed_corpus``'s loop and the whole call, on --embed-blocks blocks of Wikipedia
-  leads;
+  leads; with --embed-write-threads, again with the writer's pool capped at each size given;
 * ``faiss``: where FAISS has GPU support, ``build_faiss_index`` of --factory on the GPU and the CPU over synthetic
   clustered vectors, and --queries searches of the GPU-built index on each (else: why it was skipped);
 * ``pytest``: ``pytest -m gpu`` (tests/test_gpu.py) in a subprocess, where pytest and the tests are present.
@@ -360,11 +360,12 @@ def table(result: dict) -> list[str]:
                      f"{t['adamw']:<8} {t['step_s']:>6.4f} {t['tokens_per_s']:>10,} {t['tflops']:>8} "
                      f"{100 * t['tflops'] / peak_tflops:>6.1f}  {t['peak_gib'] or '-':>8}  "
                      f"{t['paper_gpu_hours']:>11}  {t['graph_breaks']:>12}")
-    lines.append("embed  batch  bare tok/s  loop tok/s  end-to-end tok/s  loop/bare  end-to-end/bare  padding")
+    lines.append("embed  batch  writers  bare tok/s  loop tok/s  end-to-end tok/s  loop/bare  end-to-end/bare  "
+                 "padding")
     for e in result["embedding"]:
-        lines.append(f"       {e['batch_blocks']:>5} {e['bare_tokens_per_s']:>11,.0f} {e['loop_tokens_per_s']:>11,.0f} "
-                     f"{e['end_to_end_tokens_per_s']:>17,.0f} {e['loop_vs_bare']:>10} {e['end_to_end_vs_bare']:>16} "
-                     f"{e['padding_fraction']:>8}")
+        lines.append(f"       {e['batch_blocks']:>5}  {e['write_threads']:>7} {e['bare_tokens_per_s']:>11,.0f} "
+                     f"{e['loop_tokens_per_s']:>11,.0f} {e['end_to_end_tokens_per_s']:>17,.0f} "
+                     f"{e['loop_vs_bare']:>10} {e['end_to_end_vs_bare']:>16} {e['padding_fraction']:>8}")
     f = result["faiss"]
     lines.append(f"faiss  skipped: {f['skipped']}" if "skipped" in f else
                  f"faiss  {f['factory']} {f['rows']}x{f['dim']}: build gpu {f['build_s']['gpu']} s / cpu "
@@ -399,6 +400,9 @@ def main() -> None:
                         help="blocks of Wikipedia leads to embed (past ~10,000 the leads repeat: 120000 with "
                              "--embed-batches 320 is a paper shard, ~12.7M tokens)")
     parser.add_argument("--embed-batches", type=int, nargs="*", default=[64, 256], help="blocks per encoder pass")
+    parser.add_argument("--embed-write-threads", type=int, nargs="*", default=[],
+                        help="also measure each --embed-batches with the embedding writer's pool capped at each of "
+                             "these sizes (default: only the embedder's own, up to 8 threads)")
     parser.add_argument("--embed-precision", choices=["fp16", "bf16", "fp32"], default="fp16")
     parser.add_argument("--repeat", type=int, default=2, help="bare/embedding pairs per embedding batch size")
     parser.add_argument("--profile", action="store_true",
@@ -443,7 +447,8 @@ def main() -> None:
             if cuda:
                 torch.cuda.empty_cache()  # the variant's model and optimizer state are gone
         result["embedding"] = [_shown(measure(folder, args.embed_blocks, b, str(device), args.embed_precision,
-                                              args.repeat)) for b in args.embed_batches]
+                                              args.repeat, w))
+                               for b in args.embed_batches for w in [None, *args.embed_write_threads]]
         result["faiss"] = _shown(faiss_gpu(args, int(config.hidden_size), tmp))
         result["pytest"] = _shown(run_pytest() if args.pytest else {"skipped": "--no-pytest"})
     result["seconds"] = round(time.perf_counter() - start, 1)

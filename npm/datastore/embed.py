@@ -82,6 +82,11 @@ SYNC_BYTES = 1 << 26  # the writer flushes the shard file to disk after every th
 WRITE_THREADS = 8  # at most: the writer's pool (hashing, positioned writes, flushes; at least 2, half the job's CPUs)
 
 
+def write_threads() -> int:
+    """The size of the embedding writer's pool: ``WRITE_THREADS`` at most, half the job's CPUs, 2 at least."""
+    return min(WRITE_THREADS, max(2, cpu_count() // 2))
+
+
 # ------------------------------------------------------------------------------------------ token arrays
 
 
@@ -475,7 +480,7 @@ def _embed_rows(encoder: _Encoder, arrays: dict, lengths: np.ndarray, blocks: tu
     free: queue.Queue = queue.Queue()  # CUDA: pinned output buffers the writer is done with
     for slot in range(PIPELINE_BATCHES):
         free.put(slot)
-    pool = ThreadPoolExecutor(min(WRITE_THREADS, max(2, cpu_count() // 2)), thread_name_prefix="embed-write-pool")
+    pool = ThreadPoolExecutor(write_threads(), thread_name_prefix="embed-write-pool")
 
     def produce():  # the threads' names (embed-produce, embed-write) are these functions'
         _produce_batches(threads, ready, arrays, lengths, blocks, rows, batch_blocks, max_length, cuda)
