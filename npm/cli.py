@@ -235,6 +235,7 @@ def cmd_build_faiss_index(args):
     ds = load_datastore(args.datastore)
     summary = build_faiss_index(ds.vector_shards(), ds.hidden_size, args.out, factory=settings.faiss_factory,
                                 metric=settings.faiss_metric, train_sample=settings.faiss_train_sample, seed=args.seed,
+                                train_draw=settings.faiss_train_draw,
                                 nprobe=settings.nprobe, ef_search=settings.ef_search,
                                 datastore=ds,  # the sidecar records which datastore
                                 mem_mb=args.mem_mb or None)

@@ -285,6 +285,11 @@ class DatastoreSettings(Section):
                                   option=("build-faiss-index",))
     faiss_train_sample: int = _setting(1_000_000, "most vectors in the seeded sample that trains an IVF / PQ index",
                                        minimum=1, option=("build-faiss-index",))
+    faiss_train_draw: str = _setting("sorted", "how that sample is drawn: sorted = numpy's default_rng, the rows in "
+                                               "datastore order (the paper is silent); code = the original's "
+                                               "np.random.seed + choice without replacement, in drawn order (k-means "
+                                               "starts from its first rows), every row shuffled when fewer",
+                                     choices=("sorted", "code"), option=("build-faiss-index",))
     faiss_metric: str = _setting("ip", "metric of the FAISS index: ip = inner product throughout, the quantity NPM "
                                         "ranks by; l2 = L2 throughout, the original's index as its default GPU "
                                         "build left it (FAISS 1.7.2's GPU copy rebuilds the coarse quantizer in the "

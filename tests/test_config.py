@@ -45,7 +45,7 @@ ORIGINAL_CODE = {
                   "passage_text": "contents", "kamel_prompt": "code", "mlm_max_length": 256,
                   "translation_cut": "decoders", "lama_average": "macro"},
     "datastore": {"precision": "fp32", "faiss_factory": "IVF4096,PQ64", "faiss_metric": "l2", "nprobe": 8,
-                  "stopwords": "original", "bm25_markers": True},
+                  "stopwords": "original", "bm25_markers": True, "faiss_train_draw": "code"},
     "masking": {"max_spans_per_sequence": 64},
     "data": {"word_boundaries": "code"},
 }

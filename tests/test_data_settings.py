@@ -69,7 +69,7 @@ def test_each_option_belongs_to_a_command_and_parses_to_its_default():
     assert {f.name for f in options(DataSettings, "import-corpus")} == {"word_boundaries"}
     assert {f.name for f in options(DatastoreSettings, "embed --step shard")} == {"batch_blocks"}
     assert {f.name for f in options(DatastoreSettings, "build-faiss-index")} == {
-        "faiss_factory", "faiss_metric", "faiss_train_sample", "nprobe", "ef_search"}
+        "faiss_factory", "faiss_metric", "faiss_train_sample", "faiss_train_draw", "nprobe", "ef_search"}
     assert {f.name for f in options(DatastoreSettings, "embed --step plan")} == {
         "shards", "drop_stopwords", "stopwords", "precision"}
 

@@ -16,6 +16,7 @@ from npm.datastore.faiss_index import (  # noqa: E402
     exact_scores,
     load_faiss_index,
     memmap_vectors,
+    sample_rows,
     search,
     shards_from_files,
     sidecar_path,
@@ -131,13 +132,15 @@ def test_ivfpq_training_on_seeded_sample_is_deterministic(corpus, tmp_path):
     np.testing.assert_array_equal(va, vb)
 
 
-def ivfpq_by_hand(quantizer, corpus) -> np.ndarray:
+def ivfpq_by_hand(quantizer, corpus, sample: np.ndarray | None = None) -> np.ndarray:
     """The 50 neighbours of the corpus's queries in IndexIVFPQ(quantizer, DIM, 32, 8, 8), FAISS's default (L2) metric,
-    trained on the sample build_faiss_index draws with seed 1 (4,000 of 8,000 rows), nprobe 8."""
+    trained on the rows ``sample`` (default: those build_faiss_index draws with seed 1, 4,000 of 8,000), nprobe 8."""
     shards, data, queries = corpus
+    if sample is None:
+        sample = np.sort(np.random.default_rng(1).choice(8000, 4000, replace=False))
     index = faiss.IndexIVFPQ(quantizer, DIM, 32, 8, 8)
     index.do_polysemous_training = False
-    index.train(memmap_vectors(shards, DIM)(np.sort(np.random.default_rng(1).choice(8000, 4000, replace=False))))
+    index.train(memmap_vectors(shards, DIM)(sample))
     index.add(data.astype(np.float32))
     index.nprobe = 8
     return index.search(queries, 50)[1]
@@ -181,6 +184,41 @@ def test_l2_metric_builds_the_index_the_original_s_gpu_build_left_an_l2_quantize
     rows, valid = search(index, queries, k=50)
     expected = ivfpq_by_hand(faiss.IndexFlatL2(DIM), corpus)
     np.testing.assert_array_equal(np.where(valid, rows, -1), expected)
+
+
+def original_sample(ntotal: int) -> np.ndarray:
+    """The rows the original trains its index on, as its ``_train_index`` draws them: the global legacy generator
+    seeded with 1, then a choice without replacement of at most 1,000,000 rows, kept in drawn order."""
+    state = np.random.get_state()
+    try:
+        np.random.seed(1)
+        return np.random.choice(np.arange(ntotal), size=[min(1000000, ntotal)], replace=False)
+    finally:
+        np.random.set_state(state)
+
+
+def test_the_code_draw_trains_on_the_original_s_sample_in_its_drawn_order(corpus, tmp_path):
+    """datastore.faiss_train_draw: code (the paper routes') trains on the original's sample, in its order (k-means
+    picks its first centroids by position in the training set, so the order matters as well as the rows): the same
+    neighbours as the index trained by hand on it, and not those of our default draw."""
+    shards, _, queries = corpus
+    info = build_faiss_index(shards, DIM, tmp_path / "code.faiss", factory="IVF32,PQ8", metric="l2",
+                             train_sample=4000, seed=1, nprobe=8, train_draw="code")
+    assert (info["train_draw"], info["train_sample"]) == ("code", 4000)
+    rows, valid = search(load_faiss_index(tmp_path / "code.faiss"), queries, k=50)
+    drawn = original_sample(8000)[:4000]  # at most 1,000,000: here train_sample caps it
+    expected = ivfpq_by_hand(faiss.IndexFlatL2(DIM), corpus, drawn)
+    np.testing.assert_array_equal(np.where(valid, rows, -1), expected)
+    assert (expected != ivfpq_by_hand(faiss.IndexFlatL2(DIM), corpus)).any()
+    assert not np.array_equal(np.sort(drawn), drawn)
+
+
+def test_the_code_draw_shuffles_a_datastore_smaller_than_its_sample(corpus):
+    """With fewer rows than the sample, the original still draws: every row, in a shuffled order; ours keeps them
+    in row order."""
+    np.testing.assert_array_equal(sample_rows(8000, 10_000, 1, "code"), original_sample(8000))
+    np.testing.assert_array_equal(sample_rows(8000, 10_000, 1, "sorted"), np.arange(8000))
+    np.testing.assert_array_equal(sample_rows(8000, 4000, 1, "code"), original_sample(8000)[:4000])
 
 
 def test_code_metric_needs_an_ivf_factory(corpus, tmp_path):

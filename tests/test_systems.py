@@ -280,7 +280,8 @@ ORIGINAL_CODE_FLAGS = {
                            "--passage-text contents", "--kamel-prompt code", "--mlm-max-length 256",
                            "--translation-cut decoders", "--lama-average macro"),
     "npm-repro embed --step plan": ("--precision fp32", "--stopwords original"),
-    "npm-repro build-faiss-index": ("--faiss-factory IVF4096,PQ64", "--faiss-metric l2", "--nprobe 8"),
+    "npm-repro build-faiss-index": ("--faiss-factory IVF4096,PQ64", "--faiss-metric l2", "--nprobe 8",
+                                    "--faiss-train-draw code"),
     "npm-repro import-corpus": ("--word-boundaries code",),
 }
 ROUTE_FLAGS = {"paper.yaml": {"npm-repro tokenize-blocks": ("--word-boundaries code",)},  # it trains: blocks of text

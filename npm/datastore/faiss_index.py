@@ -25,8 +25,9 @@ is stated explicitly.
 Choices this module makes and documents:
 
 * Training uses a sample of at most ``train_sample`` rows drawn with ``np.random.default_rng(seed)`` (every row,
-  in order, when the datastore is smaller). The rows are read from the memmaps and upcast to fp32. Vectors are added
-  in chunks of ``add_chunk`` rows, so the whole corpus is never held in RAM.
+  in order, when the datastore is smaller); ``train_draw="code"`` (config ``datastore.faiss_train_draw``, the paper
+  routes') draws the original's sample instead, in its order (``sample_rows``). The rows are read from the memmaps
+  and upcast to fp32. Vectors are added in chunks of ``add_chunk`` rows, so the whole corpus is never held in RAM.
 * IVF nlist too large for the sample: FAISS wants at least 39 training points per list. When
   ``39 * nlist > n_train``, nlist is **reduced automatically** to ``max(1, n_train // 39)``. A warning is logged
   and both values are recorded in the sidecar (``nlist_requested``, ``nlist``, ``factory_effective``). This keeps
@@ -287,16 +288,19 @@ def _iter_chunks(shards: list[tuple[Path, int]], dim: int, chunk: int) -> Iterat
         del mm
 
 
-def _sample_rows(ntotal: int, n: int, seed: int) -> np.ndarray:
-    """At most ``n`` of ``ntotal`` rows drawn with ``default_rng(seed)``, in order (all rows if fewer)."""
+def sample_rows(ntotal: int, n: int, seed: int, draw: str = DatastoreSettings.faiss_train_draw) -> np.ndarray:
+    """The rows, at most ``n`` of ``ntotal``, an index trains on. ``draw="sorted"``: drawn with ``default_rng(seed)``
+    and kept in row order (all rows if fewer). ``draw="code"``: the original's ``_train_index``, the legacy generator
+    seeded with ``seed`` and ``choice(np.arange(ntotal), min(n, ntotal), replace=False)`` in drawn order (a shuffle of
+    every row if fewer; it holds a permutation of all ``ntotal`` rows, 8 bytes each, while it draws). ``choice`` of
+    the count draws the same rows as of ``np.arange``: both permute ``ntotal`` positions and keep the first ones."""
+    if draw == "code":
+        return np.random.RandomState(seed).choice(ntotal, size=min(n, ntotal), replace=False).astype(np.int64)
+    if draw != "sorted":
+        raise ValueError(f"train draw must be 'sorted' or 'code', not {draw!r}")
     if ntotal <= n:
         return np.arange(ntotal, dtype=np.int64)
     return np.sort(np.random.default_rng(seed).choice(ntotal, size=n, replace=False)).astype(np.int64)
-
-
-def _train_sample(shards: list[tuple[Path, int]], dim: int, n: int, seed: int) -> np.ndarray:
-    """At most ``n`` rows drawn with ``default_rng(seed)`` (all rows in order if fewer), upcast to fp32."""
-    return memmap_vectors(shards, dim)(_sample_rows(sum(r for _, r in shards), n, seed))
 
 
 # --------------------------------------------------------------------------------------------- factory strings
@@ -573,6 +577,7 @@ def build_faiss_index(
     metric: str = "ip",
     train_sample: int = 1_000_000,
     seed: int = 1,
+    train_draw: str = DatastoreSettings.faiss_train_draw,
     add_chunk: int = ADD_CHUNK,
     nprobe: int = DatastoreSettings.nprobe,
     ef_search: int = DatastoreSettings.ef_search,
@@ -611,7 +616,7 @@ def build_faiss_index(
     with _omp_threads(threads):
         n_threads = faiss.omp_get_max_threads()
         needs_training = not index.is_trained
-        sample = _train_sample(shards, dim, n_train, seed) if needs_training else None
+        sample = memmap_vectors(shards, dim)(sample_rows(ntotal, n_train, seed, train_draw)) if needs_training else None
         index, on_gpu = _train_and_add(index, effective, shards, dim, sample, add_chunk, use_gpu)
         del sample
     if index.ntotal != ntotal:
@@ -626,6 +631,7 @@ def build_faiss_index(
         "dim": dim,
         "train_sample": n_train if needs_training else 0,
         "seed": seed,
+        "train_draw": train_draw,
         "params": params,
         "ef_construction": int(ef_construction) if hnsw is not None else None,
         **info,
@@ -735,7 +741,7 @@ def index_vectors(vectors: np.ndarray, factory: str = "Flat", metric: str = "ip"
     index = _make_index(effective, dim, metric)
     _disable_polysemous_training(index)
     if not index.is_trained:
-        index.train(x[_sample_rows(n, n_train, seed)])
+        index.train(x[sample_rows(n, n_train, seed)])
     index.add(x)
     params = _apply_search_params(index, nprobe, ef_search)
     return index, {"factory": factory, "factory_effective": effective, "metric": metric, "ntotal": n,
