@@ -21,12 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import lee_corpus_lines
+from tests.conftest import ROBERTA_VOCAB, lee_corpus_lines
 from tests.released_mirror import build_mirror
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-ROBERTA_VOCAB = ROOT / "tests" / "data" / "roberta-large"  # the released checkpoints' vocabulary (SOURCE.md there)
 CLOSED = ["agn", "subj", "sst2", "mr", "cr"]
 OPEN = ["lama_trex", "kamel", "nq", "templama_changed", "templama_unchanged", "entity_translation"]
 RELEASED_SYSTEMS = {"npm": "NPM", "npm_single": "NPM-single"}

@@ -18,7 +18,7 @@ from npm.datastore.store import (
     read_original_stopwords,
     stopword_ids_for,
 )
-from tests.conftest import lee_corpus_lines, save_tiny_bert
+from tests.conftest import ROBERTA_VOCAB, lee_corpus_lines, save_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,10 +92,6 @@ def test_planning_with_the_original_list_and_a_wordpiece_model_fails_before_writ
 
 
 # ---------------------------------------------------------------------------- with roberta-large's vocabulary
-
-# roberta-large's vocab.json + merges.txt, shipped as test data (tests/data/roberta-large/SOURCE.md)
-ROBERTA_VOCAB = Path(__file__).resolve().parent / "data" / "roberta-large"
-
 
 @pytest.fixture(scope="module")
 def roberta(tmp_path_factory):
