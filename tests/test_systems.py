@@ -288,6 +288,23 @@ ROUTE_FLAGS = {"paper.yaml": {"npm-repro tokenize-blocks": ("--word-boundaries c
                "released.yaml": {}}
 
 
+def test_blocks_for_another_model_s_tokenizer_keep_the_text_rule(tmp_path):
+    """Before: the blocks DensePhrases re-tokenizes for its own encoder inherited `data.word_boundaries: code` from
+    rule tokenize_blocks, which SpanBERT's WordPiece tokenizer cannot have (no token decodes with a leading space):
+    every DensePhrases job of config/paper.yaml would have failed. The rule is NPM's; other encoders read the text."""
+    from tests.test_checkpoints import SNAKEMAKE
+
+    out = subprocess.run([SNAKEMAKE, "all", "-n", "-p", "--cores", "1", "--directory", str(tmp_path), "-s",
+                          str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config" / "paper.yaml")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if "npm-repro tokenize-blocks" in line]
+    npm = [line for line in lines if " --out data/blocks/" in line]
+    other = [line for line in lines if " --out data/densephrases/blocks/" in line or " --out data/replug/blocks/" in line]
+    assert npm and all("--word-boundaries code" in line for line in npm)
+    assert other and all("--word-boundaries text" in line for line in other), other[:1]
+
+
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])
 def test_the_paper_routes_plan_every_evaluation_with_the_original_codes_settings(tmp_path, name):
     from tests.test_checkpoints import SNAKEMAKE

@@ -131,6 +131,14 @@ def subsample_of(corpus):
     return match["base"], int(match["percent"])
 
 
+def tokenize_settings(word_boundaries=None):
+    """The options of `npm-repro tokenize-blocks` from config `data`; ``word_boundaries`` replaces its rule for the
+    blocks of another model's tokenizer (DensePhrases, REPLUG: `text`, which every tokenizer family has; `code` is
+    NPM's, for its byte-level BPE)."""
+    data = dict(config["data"], **({"word_boundaries": word_boundaries} if word_boundaries else {}))
+    return to_args(data, DataSettings, "tokenize-blocks")
+
+
 def encoder_blocks(corpus, encoder, folder):
     """Blocks files of a corpus for a model with its own tokenizer: the corpus's own when ``encoder`` is
     model.encoder, else those in ``folder`` (the corpus tokenized by a `use rule` of tokenize_blocks)."""

@@ -257,7 +257,7 @@ rule tokenize_blocks:
         "../envs/data.yaml"
     params:
         tokenizer=TOKENIZER,
-        settings=to_args(config["data"], DataSettings, "tokenize-blocks"),
+        settings=tokenize_settings(),
     shell:
         "npm-repro tokenize-blocks --docs {input.docs}/shard{wildcards.shard}.jsonl.gz --tokenizer {params.tokenizer:q}"
         " {params.settings} --out {output.blocks} --summary {output.summary} > {log} 2>&1"

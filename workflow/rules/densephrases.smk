@@ -26,7 +26,7 @@ use rule tokenize_blocks as densephrases_tokenize_blocks with:
         "results/benchmarks/rules/densephrases_tokenize_blocks/{corpus}/shard{shard}.tsv"
     params:
         tokenizer=DP_ENCODER,
-        max_len=config["data"]["max_seq_length"],
+        settings=tokenize_settings(word_boundaries="text"),
 
 
 rule densephrases_manual_file:

@@ -19,7 +19,7 @@ use rule tokenize_blocks as replug_tokenize_blocks with:
         "results/benchmarks/rules/replug_tokenize_blocks/{corpus}/shard{shard}.tsv"
     params:
         tokenizer=REPLUG_ENCODER,
-        max_len=config["data"]["max_seq_length"],
+        settings=tokenize_settings(word_boundaries="text"),
 
 
 rule replug_texts:
