@@ -257,3 +257,26 @@ def test_with_the_text_rule_a_span_starts_only_on_a_word_initial_token(family, b
     _, flags, unit_offsets = encode_units(tok, lee_corpus_lines()[:80] + ORIGINAL_CASES, word_boundaries="text")
     lengths = np.diff(np.r_[0, np.sort(np.random.default_rng(1).choice(len(flags), 50, replace=False)), len(flags)])
     assert (span_starts(flags, lengths) == (((flags & SPECIAL) == 0) & ~is_subword(flags))).all()
+
+
+def test_tokenize_blocks_with_the_code_rule_stores_the_decoded_flags_and_records_the_rule(roberta_tokenizer, tmp_path):
+    """`npm-repro tokenize-blocks --word-boundaries code`: the blocks' flags are the per-id table's, and the rule is
+    in the summary and in the blocks file's checksum record."""
+    import gzip
+    import json
+
+    from npm.boundaries import decoded_flags
+    from npm.cli import main
+    from npm.data.blocks import load_blocks
+
+    docs = tmp_path / "docs.jsonl.gz"
+    with gzip.open(docs, "wt", encoding="utf-8") as f:
+        for k, text in enumerate(ORIGINAL_CASES):
+            f.write(json.dumps({"id": str(k), "units": [text]}) + "\n")
+    out, summary = tmp_path / "blocks.npz", tmp_path / "summary.json"
+    assert main(["tokenize-blocks", "--docs", str(docs), "--tokenizer", roberta_tokenizer.name_or_path,
+                 "--word-boundaries", "code", "--out", str(out), "--summary", str(summary)]) == 0
+    blocks = load_blocks(out)
+    np.testing.assert_array_equal(blocks["flags"], decoded_flags(roberta_tokenizer)[blocks["input_ids"]])
+    assert json.loads(summary.read_text())["word_boundaries"] == "code"
+    assert "--word-boundaries code" in (tmp_path / "blocks.npz.sha256.json").read_text()
