@@ -134,9 +134,7 @@ def decoded_flags(tokenizer) -> np.ndarray:
                         | (PUNCT_END if s[-1] in punct else 0)
                         | (PUNCT_TOKEN if len(s) == 1 and s in PUNCTUATION_TOKENS else 0)
                         | (PUNCT_PIECE if s in string.punctuation else 0))
-    special = np.zeros(size, dtype=bool)
-    special[[i for i in tokenizer.all_special_ids if i < size]] = True
-    flags[special] = SPECIAL | PUNCT_START | PUNCT_END
+    flags[[i for i in tokenizer.all_special_ids if i < size]] = SPECIAL | PUNCT_START | PUNCT_END
     flags.setflags(write=False)
     return flags
 

@@ -17,12 +17,11 @@ raw text, only roberta-large token ids. Per shard ``X`` of a corpus folder:
   block's text is its units joined by "\\n", as ``npm.data.blocks`` lays them out. Token spans are those bytes with
   the leading/trailing spaces trimmed, as the fast tokenizer's ``trim_offsets`` reports them (a token of spaces
   only gets the empty span at its end).
-* **Word boundaries.** The boundary bits (``npm.boundaries``) are computed by the rule ``word_boundaries`` as for
-  any corpus (``code``, the paper routes': from each id decoded on its own, as the original; ``text``: from the
-  recovered text). Where
-  ``X_valid.pkl`` is given, the released positions are kept: at every boundary between two tokens where our rule and
-  the released file disagree, the bits of those two tokens that the valid-start/-end rule reads (``SPACE_BEFORE`` of
-  the right token, ``PUNCT_END`` of the left, ``PUNCT_START`` of the right) are set so that
+* **Word boundaries.** The boundary bits (``npm.boundaries``) are computed by the rule ``word_boundaries`` as for any
+  corpus (``code``, the paper routes': from each id decoded on its own, as the original; ``text``: from the recovered
+  text). Where ``X_valid.pkl`` is given, the released positions are kept: at every boundary between two tokens where
+  our rule and the released file disagree, the bits of those two tokens that the valid-start/-end rule reads
+  (``SPACE_BEFORE`` of the right token, ``PUNCT_END`` of the left, ``PUNCT_START`` of the right) are set so that
   ``valid_starts``/``valid_ends`` give the released positions exactly. The summary reports how often the two rules
   disagree (``valid_disagreement_rate``) and any released position that no bits can express (a special token, or a
   block's first/last token left out), which keeps our rule.
