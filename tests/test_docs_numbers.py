@@ -93,7 +93,7 @@ def test_job_times_are_stated_in_the_timings_file_only():
 README_TIMES = re.compile(r"(\d[\d.,]*(?:-\d[\d.]*)?) ?(s|ms|min|minutes|seconds|hours|H100-hours|V100-hours|"
                           r"questions/s|queries/s|tokens/s|step/s)\b")
 CHECKED_README_TIMES = {
-    "25-50 minutes": "test_the_readme_s_demo_time_is_the_range_of_the_measured_runs",
+    "25-70 minutes": "test_the_readme_s_demo_time_is_the_range_of_the_measured_runs",
     "30 s": "test_settings_the_readme_states_are_the_code_s",
     "1.21 step/s": "test_settings_the_readme_states_are_the_code_s",  # the example progress line
     "11 H100-hours": "test_the_released_route_s_embedding_cost_follows_paper_scale_s",
