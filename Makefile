@@ -25,9 +25,10 @@ demo: $(STAMP)
 	PATH=$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) negative_control
 	$(BIN)/npm-repro check
 
-## make test: install with the dev extras, then run the test suite
+## make test: install with the dev extras, then run the test suite in two worker processes (pytest-xdist): a test
+## file runs whole on one worker, the files with end-to-end runs first (tests/conftest.py)
 test: $(STAMP)
-	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -ra
+	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check npm tests benchmarks

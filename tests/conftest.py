@@ -133,19 +133,44 @@ def build_tiny_corpus(folder: str | Path, model: str, lines: list[str]) -> dict[
             (("blocks", "blocks.npz"), ("ds", "ds"), ("faiss", "flat.faiss"), ("bm25", "bm25"))}
 
 
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker (`make test`: two workers, ``--dist loadfile --no-loadscope-reorder``, which hands
+    out whole files in collection order): the files with end-to-end runs (a test marked ``slow``) go first, so that a
+    run of minutes does not start last and become the suite's tail, and the files that read ``embedded_test_run``
+    after the one that builds it go last, so that no worker waits for the build. Without xdist the order is
+    pytest's."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each part is kept
+    readers = [item.path for item in items if "embedded_test_run" in getattr(item, "fixturenames", ())]
+    readers = list(dict.fromkeys(readers))  # the files that read the run, in order: the first builds it
+    items.sort(key=lambda item: item.path in readers[1:])
+
+
 @pytest.fixture(scope="session")
 def embedded_test_run(tmp_path_factory) -> Path:
     """A finished run of the workflow's default target on .test/config (as `snakemake --directory .test` runs it: the
-    folder's config/config.yaml merged over the embedded default), once per session: about 15-25 minutes on 2 CPU
+    folder's config/config.yaml merged over the embedded default), once per test run: about 10-25 minutes on 2 CPU
     cores. tests/test_workflow.py checks its outputs; tests/test_docs_commands.py runs the docs' Python snippets in it.
-    Read it, never write to it."""
+    Read it, never write to it. Under pytest-xdist the workers share it: the first to ask builds it under a file lock
+    in the run's common temporary folder, the others wait for it (xdist's recipe for a session fixture made once)."""
+    import fcntl
     import shutil
 
     from tests.workflow_api import ROOT, run_workflow
 
-    folder = tmp_path_factory.mktemp("embedded_test_run")
-    shutil.copytree(ROOT / ".test" / "config", folder / "config")
-    run_workflow(folder, targets=["all"], configfile=False)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder, done = root / "embedded_test_run", root / "embedded_test_run.done"
+    with open(root / "embedded_test_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a failed build's leftovers
+            shutil.copytree(ROOT / ".test" / "config", folder / "config")
+            run_workflow(folder, targets=["all"], configfile=False)
+            done.touch()
     return folder
 
 
