@@ -10,10 +10,11 @@ changed, and whether the other score is still inside the cell's band of npm/repo
 
 Also measured:
 
-* ``faiss_metric``: the demo's closed-set index is exact (``Flat``); the switch matters for the original's IVF-PQ, so
-  two ``IVF4096,PQ64`` indexes (nlist reduced to the datastore, as the build does) are built per NPM datastore, one
-  with ``metric="ip"`` and one with ``"l2"`` (the paper routes' value), and NPM's closed-set cells are evaluated
-  with each.
+* ``faiss_metric`` and ``faiss_train_draw``: the demo's closed-set index is exact (``Flat``); these switches matter
+  for the original's IVF-PQ, so ``IVF4096,PQ64`` indexes (nlist reduced to the datastore, as the build does) are
+  built per NPM datastore, one with the demo's values (``metric="ip"``, ``train_draw="sorted"``) and one per switch
+  with that switch at the paper routes' value (``"l2"``; ``"code"``: the original's sample in its drawn order), and
+  NPM's closed-set cells are evaluated with each.
 * ``sample_order``: the original's LAMA and KAMEL loaders read their relation files in an unsorted ``os.listdir``
   order, so its samples cannot be recovered. Each task is answered once in full; then ``--orders`` random orders of
   its relation files go through the sampling procedure (seed 0, ``npm.tasks.registry.task_examples``), and the spread
@@ -157,27 +158,36 @@ def measure_switches(root: Path, cells: list[dict], bands: dict, only: set[str])
     return rows
 
 
-def measure_faiss_metric(root: Path, cells: list[dict], bands: dict, factory: str) -> list[dict]:
-    """NPM's closed-set cells with an IVF-PQ index of each metric over each of its datastores."""
+# index switch -> (build_faiss_index's argument, the demo's value, the paper routes' value)
+INDEX_SWITCHES = {"faiss_metric": ("metric", "ip", "l2"), "faiss_train_draw": ("train_draw", "sorted", "code")}
+
+
+def measure_index_switches(root: Path, cells: list[dict], bands: dict, factory: str, names: list[str]) -> list[dict]:
+    """NPM's closed-set cells over IVF-PQ indexes of each of its datastores: one built with the demo's values, and one
+    per switch of ``names`` with that switch alone at the paper routes' value."""
     rows = []
     closed = [c for c in cells if c["system"] == "npm" and c["run"] == "npm" and resolve_task(c["task"]).closed]
+    variants = {"demo": {}} | {name: {INDEX_SWITCHES[name][0]: INDEX_SWITCHES[name][2]} for name in names}
+    base = {arg: value for arg, value, _ in INDEX_SWITCHES.values()}
     with tempfile.TemporaryDirectory() as tmp:
         built: dict[tuple[str, str], str] = {}
         for store in sorted({d for c in closed for d in c["inputs"]["datastore"]}):
             ds = load_datastore(root / store)
-            for metric in ("ip", "l2"):
-                out = Path(tmp) / f"{Path(store).name}.{metric}.faiss"
+            for variant, change in variants.items():
+                out = Path(tmp) / f"{Path(store).name}.{variant}.faiss"
                 t0 = time.perf_counter()
-                build_faiss_index(ds.vector_shards(), ds.hidden_size, out, factory=factory, metric=metric,
-                                  datastore=ds)
-                built[(store, metric)] = str(out)
-                print(f"{store}: {factory} {metric} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+                build_faiss_index(ds.vector_shards(), ds.hidden_size, out, factory=factory, datastore=ds,
+                                  **(base | change))
+                built[(store, variant)] = str(out)
+                print(f"{store}: {factory} {variant} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         for (_, _, _), group in groups_of(closed).items():
-            scores = {metric: run(group, root, group[0]["settings"],
-                                  {"faiss": [built[(d, metric)] for d in group[0]["inputs"]["datastore"]]})
-                      for metric in ("ip", "l2")}
-            rows += compare(scores["ip"], scores["l2"], group, bands, "faiss_metric", "l2")
+            scores = {variant: run(group, root, group[0]["settings"],
+                                   {"faiss": [built[(d, variant)] for d in group[0]["inputs"]["datastore"]]})
+                      for variant in variants}
+            for name in names:
+                rows += compare(scores["demo"], scores[name], group, bands, name, INDEX_SWITCHES[name][2])
     for r in rows:
+        r["demo_value"] = INDEX_SWITCHES[r["switch"]][1]
         r["note"] = f"both {factory}; the demo's own index is Flat"
     return rows
 
@@ -286,9 +296,11 @@ def main(argv=None) -> int:
     parser.add_argument("--root", type=Path, default=Path("."), help="a finished `make demo` folder")
     parser.add_argument("--expected", type=Path, default=Path(__file__).resolve().parents[1] / "npm" / "report"
                         / "expected" / "embedded.yaml", help="the embedded bands")
-    parser.add_argument("--skip", nargs="*", default=[], help="switches (or faiss_metric, sample_order) to skip")
+    parser.add_argument("--skip", nargs="*", default=[], help="switches (or faiss_metric, faiss_train_draw, precision, "
+                        "sample_order) to skip")
     parser.add_argument("--orders", type=int, default=1000, help="random relation-file orders (sample_order)")
-    parser.add_argument("--factory", default="IVF4096,PQ64", help="the IVF-PQ index of faiss_metric")
+    parser.add_argument("--factory", default="IVF4096,PQ64",
+                        help="the IVF-PQ index of faiss_metric and faiss_train_draw")
     parser.add_argument("--precision-corpora", nargs="*", default=["translation_passages"],
                         help="small corpora whose NPM datastore is embedded again in fp16 (precision)")
     parser.add_argument("--tasks", nargs="*", default=None, help="only these tasks' cells (default: all)")
@@ -305,12 +317,14 @@ def main(argv=None) -> int:
     if args.n_samples:
         cells = [dict(c, n_samples=args.n_samples) for c in cells]
     if args.only is not None:
-        args.skip = [name for name in [*SWITCHES, "faiss_metric", "precision", "sample_order"] if name not in args.only]
+        measured = [*SWITCHES, *INDEX_SWITCHES, "precision", "sample_order"]
+        args.skip = [name for name in measured if name not in args.only]
     bands = read_yaml(args.expected)["cells"]
     t0 = time.perf_counter()
     result = {"root": str(root), "switches": measure_switches(root, cells, bands, set(SWITCHES) - set(args.skip))}
-    if "faiss_metric" not in args.skip:
-        result["faiss_metric"] = measure_faiss_metric(root, cells, bands, args.factory)
+    index_switches = [name for name in INDEX_SWITCHES if name not in args.skip]
+    if index_switches:
+        result["index_switches"] = measure_index_switches(root, cells, bands, args.factory, index_switches)
     if "precision" not in args.skip:
         result["precision"] = measure_precision(root, cells, bands, args.precision_corpora)
     if "sample_order" not in args.skip:
@@ -318,7 +332,7 @@ def main(argv=None) -> int:
     result["lama_input"] = measure_lama_input(root, cells)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     write_summary(args.out, result, config=vars(args))
-    print(markdown(result["switches"] + result.get("faiss_metric", []) + result.get("precision", [])))
+    print(markdown(result["switches"] + result.get("index_switches", []) + result.get("precision", [])))
     print(json.dumps({k: result[k] for k in ("sample_order", "lama_input") if k in result}, indent=1))
     return 0
 
