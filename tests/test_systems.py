@@ -300,7 +300,8 @@ def test_blocks_for_another_model_s_tokenizer_keep_the_text_rule(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if "npm-repro tokenize-blocks" in line]
     npm = [line for line in lines if " --out data/blocks/" in line]
-    other = [line for line in lines if " --out data/densephrases/blocks/" in line or " --out data/replug/blocks/" in line]
+    other = [line for line in lines
+             if " --out data/densephrases/blocks/" in line or " --out data/replug/blocks/" in line]
     assert npm and all("--word-boundaries code" in line for line in npm)
     assert other and all("--word-boundaries text" in line for line in other), other[:1]
 
