@@ -557,8 +557,14 @@ class DensePhrasesQueryFt(Section):
     lr: float = _setting(3e-5, "learning rate (paper: 3e-5)", minimum=0, exclusive=True)
     k: int = _setting(100, "starts and ends retrieved per question (paper: 100)", minimum=1)
     objective: str = _setting("paper", "paper: phrase MML; code: the original's train-query, + start-only and end-only "
-                                       "MML, word embeddings frozen, weight decay 0.01 (not on biases and LayerNorm)",
+                                       "MML, each likelihood clamped at 1e-7, word embeddings frozen, weight decay "
+                                       "0.01 (not on biases and LayerNorm)",
                               choices=("paper", "code"))
+    candidates: str = _setting("phrases", "phrases: the top k phrases, searched with the encoders being trained; "
+                                          "code: the original's, each of the top k starts with its best end and each "
+                                          "of the top k ends with its best start (2 k, duplicates kept, zero-padded), "
+                                          "searched with the encoders as the epoch began, answers in whole words",
+                               choices=("phrases", "code"))
 
 
 @dataclass(frozen=True)
@@ -612,10 +618,11 @@ class DensePhrasesSettings(Section):
     nprobe: int = _setting(256, "IVF lists probed (paper: 256)", minimum=1, option=("index",))
     index_train_sample: int = _setting(1_000_000, "dump vectors an IVF / PQ / OPQ index trains on (a seeded sample)",
                                        minimum=1, option=("index",))
-    vectors: str = _setting("dump", "what the table's open-domain evaluations score a phrase from: dump = the fp16 "
-                                    "dump's vectors; index = the index's own codes, decoded (the code's: its index "
-                                    "keeps no float vectors). The compressed index is always scored from its codes",
-                            choices=PHRASE_VECTORS, option=("evaluate",))
+    vectors: str = _setting("dump", "what the table's open-domain evaluations and the query-side fine-tuning score a "
+                                    "phrase from: dump = the fp16 dump's vectors; index = the index's own codes, "
+                                    "decoded (the code's: its index keeps no float vectors). The compressed index is "
+                                    "always scored from its codes",
+                            choices=PHRASE_VECTORS, option=("evaluate", "query-ft"))
     refine_factor: int = _setting(1, "the table's open-domain evaluations take refine_factor x k starts and ends "
                                      "from the index and keep the k with the highest exact inner product with the "
                                      "fp16 dump (1 = the index's own ranking, the paper); above 1, the index-only EM "

@@ -138,7 +138,8 @@ def test_query_side_fine_tuning_moves_only_the_query_encoders_and_learns(world, 
 
 def test_the_code_s_query_side_fine_tuning_freezes_the_word_embeddings_and_decays_the_other_weights(world, tmp_path):
     """objective code = the original's train-query: its AdamW decays the weights by 0.01 but not biases and LayerNorm,
-    and the query encoders' word embeddings stay frozen; paper: every query parameter, no decay."""
+    and the query encoders' word embeddings stay frozen; paper: every query parameter, no decay. With its candidates,
+    scored from the index's codes, it trains end to end."""
     from npm.densephrases.query_ft import query_finetune, query_optimizer
 
     root = world["root"]
@@ -155,13 +156,126 @@ def test_the_code_s_query_side_fine_tuning_freezes_the_word_embeddings_and_decay
     assert all(p.ndim == 1 for p in flat["params"]) and all(p.ndim == 2 for p in decayed["params"])
 
     train = [{"question": "What is the capital of Greece?", "answers": ["Athens"]}]
-    query_finetune(root / "model", root / "dump", root / "flat.faiss", train, tmp_path / "qft", k=40, max_words=3,
-                   epochs=2, batch_size=1, lr=3e-3, objective="code", seed=0, progress=False)
+    summary = query_finetune(root / "model", root / "dump", root / "flat.faiss", train, tmp_path / "qft", k=40,
+                             max_words=3, epochs=2, batch_size=1, lr=3e-3, objective="code", candidates="code",
+                             seed=0, progress=False, vectors="index")  # the code's whole train-query
+    assert [e["skipped"] for e in summary["epochs"]] == [0, 0]
     before, after = DensePhrases.load(root / "model"), DensePhrases.load(tmp_path / "qft")
     for part in ("query_start", "query_end"):
         b, a = getattr(before, part), getattr(after, part)
         assert torch.equal(b.get_input_embeddings().weight, a.get_input_embeddings().weight)
         assert any(not torch.equal(v, a.state_dict()[k]) for k, v in b.state_dict().items())
+
+
+def _original_groups(searcher, blocks_path, q_start, q_end, k, max_words):
+    """``MIPS.search_phrase`` of the original code (densephrases/index.py at 9583883, with ``return_idxs``) written out
+    again on the dump: a document is a segment (one paragraph), its rows in dump order, ``f2o_start`` each row's
+    whitespace word counted from the passage text (SQuAD's ``doc_tokens``); each retrieved start scans the next L rows
+    of its document for the best end whose word is at most L words on, each retrieved end the L rows up to it for the
+    best start, invalid ones masked at -1e9, ``np.argmax``; a group whose best is masked is dropped. Returns per
+    question the (start, end) rows and each group's whole-word answer text."""
+    import re
+
+    arrays = load_blocks(blocks_path, text=True)
+    dump = searcher.dump
+    token, segment, passage = dump.token[:], dump.tokens.segment[:], dump.tokens.passage[:]
+    text = arrays["text"].tobytes().decode()
+
+    def passage_text(r):
+        b = int(passage[r])
+        return text[int(arrays["text_offsets"][b]):int(arrays["text_offsets"][b + 1])]
+
+    def word_spans(r):  # (start, end) characters of the passage's whitespace words
+        return [m.span() for m in re.finditer(r"\S+", passage_text(r))]
+
+    def f2o(r):  # the word of row r: the last word starting at or before its first character
+        start = int(arrays["token_spans"][token[r], 0])
+        return sum(a <= start for a, _ in word_spans(r)) - 1
+
+    docs = {int(s): np.flatnonzero(segment == s) for s in np.unique(segment)}
+    h = np.asarray(searcher.vectors[np.arange(len(token))], dtype=np.float32)
+    out = []
+    for qs, qe in zip(q_start, q_end, strict=True):
+        _, top_s = searcher.index.search(qs[None], k)
+        _, top_e = searcher.index.search(qe[None], k)
+        groups = []
+        for r, q, forward in [(r, qe, True) for r in top_s[0]] + [(r, qs, False) for r in top_e[0]]:
+            rows = docs[int(segment[r])]
+            local = int(np.flatnonzero(rows == r)[0])
+            words = [f2o(x) for x in rows]
+            scores, partners = [], []
+            for i in (range(max_words) if forward else range(max_words - 1, -1, -1)):
+                other = local + i if forward else local - i
+                a, b = (local, other) if forward else (other, local)
+                ok = 0 <= other < len(rows) and 0 <= words[b] - words[a] <= max_words
+                scores.append(float(h[rows[other]] @ q) if ok else -1e9)
+                partners.append(int(rows[other]) if ok else -1)
+            best = int(np.argmax(scores))
+            if scores[best] > -1e5:
+                i, j = (int(r), partners[best]) if forward else (partners[best], int(r))
+                spans = word_spans(i)
+                a, e = spans[f2o(i)][0], spans[f2o(j)][1]
+                groups.append(((i, j), passage_text(i)[a:e]))
+        out.append(groups)
+    return out
+
+
+def test_the_code_s_candidates_are_the_original_search_phrase_groups(world):
+    """``candidates: code`` (``PhraseSearcher.code_candidates``, ``npm.densephrases.search.code_partners``, whole-word
+    texts) against an independent transcription of the original's ``MIPS.search_phrase``: the same 2 k groups, in
+    the same order of retrieval, with the same answer texts, on a dump whose retrieved rows include pieces inside a
+    word and punctuation marks (which the phrase search of eq. 10 skips)."""
+    from npm.densephrases.searcher import PhraseSearcher
+
+    root = world["root"]
+    searcher = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss")
+    rng = np.random.default_rng(0)
+    d = searcher.dump.meta["hidden_size"]
+    q_start, q_end = (rng.standard_normal((4, d)).astype(np.float32) for _ in range(2))
+    k, max_words = 12, 2
+    got = searcher.code_candidates(q_start, q_end, k, max_words)
+    want = _original_groups(searcher, world["blocks"][0], q_start, q_end, k, max_words)
+    retrieved = np.concatenate([pairs.reshape(-1) for pairs in got])
+    tokens = searcher.dump.tokens
+    assert not tokens.word_start[retrieved].all()  # the whole-word mapping is exercised
+    for pairs, groups in zip(got, want, strict=True):
+        assert pairs.tolist() == [list(ij) for ij, _ in groups]
+        assert [searcher.phrase(i, j, 0.0, whole_words=True)["text"] for i, j in pairs.tolist()] == \
+            [t for _, t in groups]
+
+
+def test_the_code_s_query_loss_is_the_original_train_query_over_its_padded_groups(world):
+    """objective code over candidates code = the original's ``train_query`` (densephrases/encoder.py): logits over
+    the 2 k groups padded with zero vectors, -log of the softmax mass on the groups whose answer matches, clamped at
+    1e-7, for the phrase, start and end logits, summed; a question with no match gives None."""
+    from npm.densephrases.query_ft import batch_losses
+    from npm.densephrases.searcher import PhraseSearcher
+    from npm.tasks.metrics import exact_match
+
+    root = world["root"]
+    searcher = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss")
+    encoders = (searcher.model.query_start.eval(), searcher.model.query_end.eval())
+    k, max_words = 12, 2
+    qs, qe = searcher.encode(["What is the capital of Greece?"])
+    groups = _original_groups(searcher, world["blocks"][0], qs, qe, k, max_words)[0]
+    answer = groups[0][1]
+    questions = [{"question": "What is the capital of Greece?", "answers": [answer]},
+                 {"question": "What is the capital of Greece?", "answers": ["no such phrase here"]}]
+    with torch.no_grad():
+        got = batch_losses(searcher, questions, k, max_words, "code", "code", encoders)
+    assert got[1] is None
+    h = np.asarray(searcher.vectors[np.arange(len(searcher.dump.token))], dtype=np.float64)
+    start = np.zeros(2 * k)
+    end = np.zeros(2 * k)
+    target = np.zeros(2 * k, dtype=bool)
+    for g, ((i, j), text) in enumerate(groups):
+        start[g], end[g], target[g] = h[i] @ qs[0], h[j] @ qe[0], exact_match(text, [answer])
+
+    def nll(logits):
+        p = np.exp(logits - logits.max())
+        return -np.log(np.clip((p / p.sum())[target].sum(), 1e-7, 1))
+
+    assert float(got[0]) == pytest.approx(nll(start + end) + nll(start) + nll(end), rel=1e-4)
 
 
 def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_question(world):

@@ -10,17 +10,28 @@ q_start and q_end from the dump's stored vectors, and
 
 (``objective="paper"``), with Adam (AdamW, weight decay 0) over every query-encoder parameter. ``objective="code"``
 is the original code's ``train-query``: it adds two terms, the same marginal likelihood over the start scores alone
-and over the end scores alone, freezes the query encoders' word embeddings and decays the other weights by 0.01
-(biases and LayerNorm not), as its hard-coded AdamW (``query_optimizer``). A question none of whose candidates
-matches is skipped (counted, as in the original). Answers match after SQuAD normalisation
-(``npm.tasks.metrics.exact_match``). Linear decay, gradient norm clipped at 1; the epoch with the best dev EM is kept
-when dev questions are given (paper), else the last. Not reproduced from the code: its candidates are the top k
-starts and the top k ends (here the top k phrases) and their vectors come back from its index (here from the dump).
+and over the end scores alone, clamps each likelihood at 1e-7 (no gradient below), freezes the query encoders' word
+embeddings and decays the other weights by 0.01 (biases and LayerNorm not), as its hard-coded AdamW
+(``query_optimizer``). A question none of whose candidates matches is skipped (counted, as in the original); the
+batch's loss is the mean over the others. Answers match after SQuAD normalisation (``npm.tasks.metrics.exact_match``).
+Linear decay, gradient norm clipped at 1; the epoch with the best dev EM is kept when dev questions are given (paper),
+else the last.
+
+The candidates S(q) (``candidates``): ``phrases``, the top k phrases of eq. 10 (``npm.densephrases.search``) searched
+with the query vectors of the step itself; ``code``, the original's (``train_query.py`` with ``MIPS.search_phrase``):
+each of the top k start rows with its best end and each of the top k end rows with its best start
+(``PhraseSearcher.code_candidates``), 2 k groups with duplicates kept, padded to 2 k with zero vectors (logit 0, in
+the softmax), searched with the query encoders as they were when the epoch began (the code's ``pretrained_encoder``,
+in eval mode), a phrase's text running over whole whitespace words. Both score from ``vectors``: the dump's fp16
+vectors, or (``index``, the code's ``reconstruct``) the index's own codes. Not reproduced: the code's regex match
+for CuratedTREC and its ``doc`` targets (``label_strat``, off by default).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import math
 import os
 import random
 import time
@@ -34,40 +45,62 @@ from npm.densephrases.evaluate import open_domain
 from npm.densephrases.search import search
 from npm.densephrases.searcher import PhraseSearcher
 from npm.io import atomic_dir, write_json
+from npm.model import autocast, encode
 from npm.progress import bar as progress_bar
-from npm.settings import DensePhrasesQueryFt
+from npm.settings import DensePhrasesQueryFt, DensePhrasesSettings
 from npm.tasks.metrics import exact_match
 
 log = logging.getLogger("npm-repro.densephrases")
 OBJECTIVES = ("paper", "code")
+CANDIDATES = ("phrases", "code")
+MAX_NLL = -math.log(1e-7)  # the code's MIN_PROB clamp
 
 
-def marginal_nll(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-    """-log sum_{positive} exp(score) + log sum_all exp(score) over one candidate list [P]."""
-    return torch.logsumexp(scores, 0) - torch.logsumexp(scores[positive], 0)
+def marginal_nll(scores: torch.Tensor, positive: torch.Tensor, clamp: bool = False) -> torch.Tensor:
+    """-log sum_{positive} exp(score) + log sum_all exp(score) over one candidate list [P]; ``clamp``: at most
+    -log 1e-7 and no gradient beyond, the code's ``-log(p.clamp(1e-7, 1))``."""
+    nll = torch.logsumexp(scores, 0) - torch.logsumexp(scores[positive], 0)
+    return torch.clamp(nll, max=MAX_NLL) if clamp else nll
 
 
-def batch_losses(searcher, questions: list[dict], k: int, max_words: int,
-                 objective: str) -> list[torch.Tensor | None]:
+def batch_losses(searcher, questions: list[dict], k: int, max_words: int, objective: str,
+                 candidates: str, search_encoders=None) -> list[torch.Tensor | None]:
     """L_query of each {question, answers} record (with gradient into the query encoders), None where no candidate
-    matches: one forward pass of the query encoders and one search for the whole batch."""
-    q_start, q_end = searcher.query_vectors([q["question"] for q in questions])
-    qs, qe = q_start.detach().float().cpu().numpy(), q_end.detach().float().cpu().numpy()
-    found = search(searcher.index, searcher.dump.vectors, searcher.dump.tokens, qs, qe, k, max_words,
-                   top_n=k)  # S(q): the top-k phrases of each question
+    matches: one forward pass of the query encoders and one search for the whole batch. ``candidates`` (module
+    docstring): ``phrases``, the top-k phrases searched with the encoders' own vectors; ``code``, the original's
+    2 k start and end groups searched with ``search_encoders`` (the query encoders as they were when the epoch began,
+    in eval mode), padded to 2 k with zero vectors."""
+    texts = [q["question"] for q in questions]
+    q_start, q_end = searcher.query_vectors(texts)
+    if candidates == "code":
+        with torch.inference_mode(), autocast(searcher.device, searcher.precision):
+            enc = searcher.tokenize(texts)
+            qs, qe = (encode(e, enc["input_ids"], enc["attention_mask"])[:, 0].float().cpu().numpy()
+                      for e in search_encoders)
+        found, width = searcher.code_candidates(qs, qe, k, max_words), 2 * k
+    else:
+        qs, qe = q_start.detach().float().cpu().numpy(), q_end.detach().float().cpu().numpy()
+        found = [pairs for pairs, _ in search(searcher.index, searcher.vectors, searcher.dump.tokens, qs, qe, k,
+                                              max_words, top_n=k)]  # S(q): the top-k phrases of each question
+        width = 0
     losses = []
-    for n, (record, (pairs, _)) in enumerate(zip(questions, found, strict=True)):
-        positive = torch.as_tensor([exact_match(searcher.phrase(i, j, 0.0)["text"], record["answers"])
-                                    for i, j in pairs.tolist()], dtype=torch.bool, device=q_start.device)
-        if not positive.any():
+    for n, (record, pairs) in enumerate(zip(questions, found, strict=True)):
+        positive = [exact_match(searcher.phrase(i, j, 0.0, whole_words=candidates == "code")["text"],
+                                record["answers"]) for i, j in pairs.tolist()]
+        if not any(positive):
             losses.append(None)
             continue
-        h_i = torch.as_tensor(np.asarray(searcher.dump.vectors[pairs[:, 0]], dtype=np.float32), device=q_start.device)
-        h_j = torch.as_tensor(np.asarray(searcher.dump.vectors[pairs[:, 1]], dtype=np.float32), device=q_start.device)
-        s_start, s_end = h_i @ q_start[n].float(), h_j @ q_end[n].float()
-        loss = marginal_nll(s_start + s_end, positive)
+        pad = max(width - len(pairs), 0)  # the code's dummy groups: zero vectors, logit 0
+        positive = torch.as_tensor(positive + [False] * pad, dtype=torch.bool, device=q_start.device)
+        h_i, h_j = (torch.as_tensor(np.asarray(searcher.vectors[pairs[:, c]], dtype=np.float32),
+                                    device=q_start.device) for c in (0, 1))
+        zeros = torch.zeros(pad, device=q_start.device)
+        s_start = torch.cat([h_i @ q_start[n].float(), zeros])
+        s_end = torch.cat([h_j @ q_end[n].float(), zeros])
+        clamp = objective == "code"
+        loss = marginal_nll(s_start + s_end, positive, clamp)
         if objective == "code":
-            loss = loss + marginal_nll(s_start, positive) + marginal_nll(s_end, positive)
+            loss = loss + marginal_nll(s_start, positive, clamp) + marginal_nll(s_end, positive, clamp)
         losses.append(loss)
     return losses
 
@@ -100,21 +133,25 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
                    train: list[dict], out_dir: str | os.PathLike, dev: list[dict] | None = None,
                    k: int = DensePhrasesQueryFt.k, max_words: int = 20, epochs: int = DensePhrasesQueryFt.epochs,
                    batch_size: int = DensePhrasesQueryFt.batch_size, lr: float = DensePhrasesQueryFt.lr,
-                   objective: str = DensePhrasesQueryFt.objective, *, seed: int, progress: bool = True,
-                   precision: str = "fp32", device: str | None = None, run: tracking.Run | None = None) -> dict:
+                   objective: str = DensePhrasesQueryFt.objective,
+                   candidates: str = DensePhrasesQueryFt.candidates, *, seed: int, progress: bool = True,
+                   precision: str = "fp32", device: str | None = None, vectors: str = DensePhrasesSettings.vectors,
+                   run: tracking.Run | None = None) -> dict:
     """Fine-tune the query encoders of ``model_dir`` on ``train`` [{question, answers}] and write the whole model
     (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch. ``run`` (``npm.tracking``; the
     caller finishes it) gets each step's loss and learning rate and each epoch's row (dev EM, questions per
-    second)."""
+    second). ``vectors`` (``npm.densephrases.searcher.PhraseSearcher``): what candidates are found and scored
+    from."""
     from transformers import get_linear_schedule_with_warmup
 
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, not {objective!r}")
+    for name, value, allowed in (("objective", objective, OBJECTIVES), ("candidates", candidates, CANDIDATES)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
     if not train:
         raise ValueError("no training question for query-side fine-tuning")
     random.seed(seed)
     torch.manual_seed(seed)
-    searcher = PhraseSearcher(model_dir, dump_dir, index_path, device=device, precision=precision)
+    searcher = PhraseSearcher(model_dir, dump_dir, index_path, device=device, precision=precision, vectors=vectors)
     model = searcher.model
     for p in [*model.phrase.parameters(), *model.filter_head.parameters()]:
         p.requires_grad_(False)
@@ -133,8 +170,11 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
         model.query_end.train()
         order = np.random.default_rng([seed, epoch]).permutation(len(train))
         losses, skipped = [], 0
+        frozen = [copy.deepcopy(e).eval() for e in (model.query_start, model.query_end)] \
+            if candidates == "code" else None  # the code searches with the epoch's starting encoders
         for a in range(0, len(order), batch_size):
-            batch = batch_losses(searcher, [train[i] for i in order[a:a + batch_size]], k, max_words, objective)
+            batch = batch_losses(searcher, [train[i] for i in order[a:a + batch_size]], k, max_words, objective,
+                                 candidates, frozen)
             kept = [x for x in batch if x is not None]
             skipped += len(batch) - len(kept)
             step += 1
@@ -162,8 +202,8 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     for part, state in best_state.items():
         getattr(model, part).load_state_dict(state)
     summary = {"epochs": history, "dev_em_before": before, "dev_em_best": best_em if dev else None,
-               "k": k, "max_words": max_words, "objective": objective, "train_questions": len(train),
-               "base_model": str(model_dir), "dump": str(dump_dir)}
+               "k": k, "max_words": max_words, "objective": objective, "candidates": candidates, "vectors": vectors,
+               "train_questions": len(train), "base_model": str(model_dir), "dump": str(dump_dir)}
     with atomic_dir(out_dir) as tmp:
         model.save(tmp)
         write_json(Path(tmp) / "query_ft_summary.json", summary)

@@ -128,6 +128,30 @@ def _reach(rows: np.ndarray, tokens: PhraseTokens, max_words: int, step: int) ->
     return np.concatenate(found), np.concatenate(other)
 
 
+def code_partners(rows: np.ndarray, tokens: PhraseTokens, word_gap, h, q: np.ndarray, max_words: int,
+                  step: int) -> np.ndarray:
+    """The original code's partner of each retrieved dump row (``MIPS.search_phrase``; -1 in ``rows``: none), -1
+    where it has none: ``step`` 1, the best end of a retrieved start; -1, the best start of a retrieved end. It
+    looks at the ``max_words`` dump rows that begin (end) at the retrieved one, keeps those of its segment that are
+    at most ``max_words`` whitespace words away (``word_gap(a, b)``: words from row a's to row b's, a <= b; the
+    code's ``f2o_start[end] - f2o_start[start] <= max_answer_length``, so up to L + 1 words), and takes the one with
+    the highest q . h_row, the first in row order on a tie (``np.argmax``). Unlike :func:`candidates`, a retrieved
+    row inside a word or on a punctuation mark is kept, as the code maps each row to its whole word."""
+    rows = np.asarray(rows, dtype=np.int64)
+    n, width = len(tokens), int(max_words)
+    window = rows[:, None] + np.arange(width)[None, :] - (width - 1 if step == -1 else 0)  # [G, L], ascending
+    own = 0 if step == 1 else width - 1  # the retrieved row's column
+    ok = (window >= 0) & (window < n) & (rows[:, None] >= 0)
+    idx = np.clip(window, 0, max(n - 1, 0))
+    segment, word = tokens.segment[idx], tokens.word[idx]
+    ok &= (segment == segment[:, own:own + 1]) & (word >= 0) & (word[:, own:own + 1] >= 0)
+    a, b = (np.broadcast_to(idx[:, own:own + 1], idx.shape), idx)[::step]
+    ok[ok] &= word_gap(a[ok], b[ok]) <= max_words
+    scores = np.where(ok, np.asarray(h[idx], dtype=np.float32) @ np.asarray(q, dtype=np.float32), -np.inf)
+    best = np.argmax(scores, axis=1)
+    return np.where(ok.any(1), idx[np.arange(len(rows)), best], -1)
+
+
 def phrase_scores(h: np.ndarray, q_start: np.ndarray, q_end: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     """f(i, j) = q_start . h_i + q_end . h_j (float32 [P]) from the stored vectors (fp16 upcast)."""
     hi = np.asarray(h[pairs[:, 0]], dtype=np.float32)

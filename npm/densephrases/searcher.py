@@ -15,10 +15,12 @@ import os
 import numpy as np
 import torch
 
+from npm.boundaries import SPACE_BEFORE, SPECIAL
 from npm.data.blocks import load_blocks
+from npm.datastore.faiss_index import search as faiss_search
 from npm.densephrases.dump import PhraseDump, load_index
 from npm.densephrases.model import DensePhrases
-from npm.densephrases.search import IndexVectors, search
+from npm.densephrases.search import IndexVectors, code_partners, search
 from npm.model import autocast, torch_device
 from npm.settings import PHRASE_VECTORS, DensePhrasesSettings
 
@@ -48,11 +50,12 @@ class PhraseSearcher:
         self._files, firsts_b, firsts_t = [], [0], [0]
         for path in self.dump.meta["blocks"]:
             arrays = load_blocks(path, text=True)
-            self._files.append({k: arrays[k] for k in ("text", "text_offsets", "token_spans", "block_doc",
-                                                       "doc_ids")})
+            self._files.append({k: arrays[k] for k in ("text", "text_offsets", "token_spans", "block_doc", "doc_ids",
+                                                       "flags", "block_offsets")})
             firsts_b.append(firsts_b[-1] + len(arrays["block_doc"]))
             firsts_t.append(firsts_t[-1] + len(arrays["input_ids"]))
         self._first_block, self._first_token = np.asarray(firsts_b), np.asarray(firsts_t)
+        self._word_counts: dict[int, np.ndarray] = {}
 
     def tokenize(self, questions: list[str]) -> dict:
         """The query encoders' inputs (``input_ids``, ``attention_mask``); an empty question is a ValueError naming
@@ -76,11 +79,17 @@ class PhraseSearcher:
             qs, qe = self.query_vectors(questions)
         return qs.float().cpu().numpy(), qe.float().cpu().numpy()
 
-    def phrase(self, i: int, j: int, score: float) -> dict:
-        """Phrase (dump rows i, j) with its exact surface text, passage, document and passage text."""
+    def phrase(self, i: int, j: int, score: float, whole_words: bool = False) -> dict:
+        """Phrase (dump rows i, j) with its exact surface text, passage, document and passage text. ``whole_words``:
+        from the start of the whitespace-delimited word of row i to the end of that of row j, as the original code
+        answers (``word2char_start[f2o_start[i]]``, :meth:`word_counts`)."""
         ti, tj = int(self.dump.token[i]), int(self.dump.token[j])
         f = int(np.searchsorted(self._first_token, ti, side="right") - 1)
         arrays = self._files[f]
+        if whole_words:
+            counts, first = self.word_counts(f), int(self._first_token[f])
+            ti = first + int(np.searchsorted(counts, counts[ti - first], side="left"))
+            tj = first + int(np.searchsorted(counts, counts[tj - first], side="right")) - 1
         b = int(self.dump.tokens.passage[i]) - int(self._first_block[f])
         base = int(arrays["text_offsets"][b])
         a = base + int(arrays["token_spans"][ti - self._first_token[f], 0])
@@ -89,6 +98,49 @@ class PhraseSearcher:
         return {"text": decode(a, e), "score": float(score), "passage": int(self.dump.tokens.passage[i]),
                 "doc": str(arrays["doc_ids"][arrays["block_doc"][b]]), "rows": [int(i), int(j)],
                 "context": decode(base, int(arrays["text_offsets"][b + 1]))}
+
+    def word_counts(self, f: int) -> np.ndarray:
+        """int32 per token of blocks file ``f``: how many of its tokens up to this one begin a whitespace-delimited
+        word (the original's words, SQuAD's ``doc_tokens``: a non-special token after whitespace, after a special
+        token or first in its block) or are special, so that a word is a run of equal counts. Made on first use."""
+        if f not in self._word_counts:
+            arrays = self._files[f]
+            flags = np.asarray(arrays["flags"])
+            special = (flags & SPECIAL) != 0
+            begins = special | ((flags & SPACE_BEFORE) != 0)
+            begins[1:] |= special[:-1]
+            begins[np.asarray(arrays["block_offsets"][:-1], dtype=np.int64)] = True
+            self._word_counts[f] = np.cumsum(begins, dtype=np.int32)
+        return self._word_counts[f]
+
+    def word_gap(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """int64, the shape of dump rows ``a`` and ``b`` (``a <= b``, each pair in one segment): the whitespace
+        words from row a's word to row b's (0: the same word)."""
+        ta, tb = self.dump.token[np.asarray(a)], self.dump.token[np.asarray(b)]
+        f = np.searchsorted(self._first_token, tb, side="right") - 1
+        out = np.zeros(tb.shape, dtype=np.int64)
+        for u in np.unique(f):
+            sel, first = f == u, int(self._first_token[u])
+            counts = self.word_counts(int(u))
+            out[sel] = counts[tb[sel] - first].astype(np.int64) - counts[np.maximum(ta[sel] - first, 0)]
+        return out
+
+    def code_candidates(self, q_start: np.ndarray, q_end: np.ndarray, k: int, max_words: int) -> list[np.ndarray]:
+        """The original code's phrase candidates (``MIPS.search_phrase``, as its query-side fine-tuning draws them)
+        of each question: the dump rows (i, j) int64 [G, 2] of its top-``k`` starts, each with its best end, then of
+        its top-``k`` ends, each with its best start (``npm.densephrases.search.code_partners``); G <= 2 k, fewer
+        where a retrieved row has no partner. Duplicates are kept, as the code keeps them."""
+        qs = np.array(q_start, dtype=np.float32, ndmin=2)
+        qe = np.array(q_end, dtype=np.float32, ndmin=2)
+        top_starts, _ = faiss_search(self.index, qs, k)
+        top_ends, _ = faiss_search(self.index, qe, k)
+        out = []
+        for n in range(len(qs)):
+            ends = code_partners(top_starts[n], self.dump.tokens, self.word_gap, self.vectors, qe[n], max_words, 1)
+            starts = code_partners(top_ends[n], self.dump.tokens, self.word_gap, self.vectors, qs[n], max_words, -1)
+            pairs = np.concatenate([np.stack([top_starts[n], ends], 1), np.stack([starts, top_ends[n]], 1)])
+            out.append(pairs[(pairs >= 0).all(1)].astype(np.int64))
+        return out
 
     def search(self, questions: list[str], k: int = 10, max_words: int = 20, top_n: int = 10,
                refine_factor: int = DensePhrasesSettings.refine_factor) -> list[list[dict]]:
