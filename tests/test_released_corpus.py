@@ -32,20 +32,16 @@ EXTRA_UNITS = ["Café au lait — naïve “quotes” and 東京 in one line.", 
                "The cat's hat.", "The vote was 52 , 48 against ."]
 
 
-def _token_strings(tokenizer, ids):
-    """Each token decoded on its own, as the original's rule reads it (paper-map §3.2)."""
-    strings = original_strings(tokenizer)
-    return [strings[int(i)] for i in ids]
-
-
 def original_valid(tokenizer, ids, block_offsets):
     """(starts, ends) per block by the original's rule: valid start at i if i == 0, or token i starts with a space,
     or token i-1 ends with punctuation; valid end at i if i is last, or token i+1 starts with a space or with
-    punctuation; ids 0 and 2 (``<s>``, ``</s>``) never listed."""
+    punctuation; ids 0 and 2 (``<s>``, ``</s>``) never listed. Each token is read decoded on its own, as the
+    original's rule reads it (paper-map §3.2): the whole vocabulary is decoded once (half a second for roberta's)."""
+    strings = original_strings(tokenizer)
     valid = []
     for b in range(len(block_offsets) - 1):
         block = ids[block_offsets[b]:block_offsets[b + 1]]
-        s = _token_strings(tokenizer, block)
+        s = [strings[int(i)] for i in block]
         n = len(block)
         starts = [i for i in range(n) if i == 0 or s[i].startswith(" ") or s[i - 1][-1:] in set(string.punctuation)]
         ends = [i for i in range(n)
