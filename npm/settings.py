@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 PHRASE_VECTORS = ("dump", "index")  # what DensePhrases scores a phrase from: the fp16 dump, or the index's codes
+SEARCH_FORMS = ("paper", "code")  # how DensePhrases searches: eq. 10, or the original code's search_phrase groups
 
 
 def _setting(default, help: str, choices: tuple | None = None, minimum: float | None = None,
@@ -560,11 +561,8 @@ class DensePhrasesQueryFt(Section):
                                        "MML, each likelihood clamped at 1e-7, word embeddings frozen, weight decay "
                                        "0.01 (not on biases and LayerNorm)",
                               choices=("paper", "code"))
-    candidates: str = _setting("phrases", "phrases: the top k phrases, searched with the encoders being trained; "
-                                          "code: the original's, each of the top k starts with its best end and each "
-                                          "of the top k ends with its best start (2 k, duplicates kept, zero-padded), "
-                                          "searched with the encoders as the epoch began, answers in whole words",
-                               choices=("phrases", "code"))
+    dev_k: int | None = _setting(None, "starts and ends retrieved per dev question when the best epoch is chosen; "
+                                       "null = k (the code: 10, its evaluation's top_k)", minimum=1, kinds=(int,))
 
 
 @dataclass(frozen=True)
@@ -623,6 +621,14 @@ class DensePhrasesSettings(Section):
                                     "decoded (the code's: its index keeps no float vectors). The compressed index is "
                                     "always scored from its codes",
                             choices=PHRASE_VECTORS, option=("evaluate", "query-ft"))
+    search_form: str = _setting("paper", "how the open-domain evaluations and the query-side fine-tuning search "
+                                         "phrases. paper: eq. 10, the best phrases over the top k starts and ends "
+                                         "(query-side candidates: the top k phrases, searched with the encoders "
+                                         "being trained); code: the original's search_phrase, each of the top k "
+                                         "starts with its best end and each of the top k ends with its best start, "
+                                         "answers in whole whitespace words (query-side candidates: these 2 k "
+                                         "groups, duplicates kept, zero-padded, searched with the encoders as the "
+                                         "epoch began)", choices=SEARCH_FORMS, option=("evaluate", "query-ft"))
     refine_factor: int = _setting(1, "the table's open-domain evaluations take refine_factor x k starts and ends "
                                      "from the index and keep the k with the highest exact inner product with the "
                                      "fp16 dump (1 = the index's own ranking, the paper); above 1, the index-only EM "
@@ -646,6 +652,9 @@ class DensePhrasesSettings(Section):
                 raise ValueError(f"densephrases: {name} {getattr(settings, name)} filters by the filter head's "
                                  "logits, but train.lambda_filter is 0, so the head is never trained and would "
                                  f"drop tokens at random; set train.lambda_filter (the code: 1.0) or {name}: null")
+        if settings.search_form == "code" and settings.refine_factor > 1:
+            raise ValueError(f"densephrases: refine_factor {settings.refine_factor} re-ranks eq. 10's candidates, "
+                             "which search_form: code does not search; set refine_factor: 1 or search_form: paper")
         if settings.vectors == "index" and settings.refine_factor > 1:
             raise ValueError(f"densephrases: refine_factor {settings.refine_factor} re-ranks by the fp16 dump, which "
                              "vectors: index never reads; set refine_factor: 1 or vectors: dump")

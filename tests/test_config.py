@@ -67,11 +67,12 @@ def test_the_paper_route_s_densephrases_computes_as_the_code():
     lambda (2, 4) where DensePhrases' published numbers came from the code's (10; 5 epochs with start- and end-only
     MML; 4, 2 for SQuAD, the route's reading-comprehension data), and scored phrases from the fp16 dump where the
     code reads them back from its index; its query-side candidates were the top-k phrases where the code's are the
-    top-k starts and ends, each with its best partner."""
+    top-k starts and ends, each with its best partner; its evaluations searched eq. 10 where the code answers with the
+    best of those groups, and chose the best epoch at k 100 where the code evaluates at top_k 10."""
     config = load("paper.yaml")
     dp = DensePhrasesSettings.from_mapping(config["densephrases"])
     assert Settings.from_mapping(config["inference"]).phrase_max_words == 10
-    assert (dp.query_ft.objective, dp.query_ft.candidates, dp.query_ft.epochs) == ("code", "code", 5)
+    assert (dp.query_ft.objective, dp.search_form, dp.query_ft.epochs, dp.query_ft.dev_k) == ("code", "code", 5, 10)
     assert (dp.train.lambda_distill, dp.train.lambda_neg) == (4.0, 2.0)
     assert (dp.vectors, dp.refine_factor) == ("index", 1)  # scored from the index's codes, as the code
 

@@ -138,9 +138,11 @@ def test_query_side_fine_tuning_moves_only_the_query_encoders_and_learns(world, 
 
 def test_the_code_s_query_side_fine_tuning_freezes_the_word_embeddings_and_decays_the_other_weights(world, tmp_path):
     """objective code = the original's train-query: its AdamW decays the weights by 0.01 but not biases and LayerNorm,
-    and the query encoders' word embeddings stay frozen; paper: every query parameter, no decay. With its candidates,
-    scored from the index's codes, it trains end to end."""
+    and the query encoders' word embeddings stay frozen; paper: every query parameter, no decay. With its search
+    (candidates and dev EM, at dev_k), scored from the index's codes, it trains end to end."""
+    from npm.densephrases.evaluate import open_domain
     from npm.densephrases.query_ft import query_finetune, query_optimizer
+    from npm.densephrases.searcher import PhraseSearcher
 
     root = world["root"]
     model = DensePhrases.load(root / "model")
@@ -156,10 +158,18 @@ def test_the_code_s_query_side_fine_tuning_freezes_the_word_embeddings_and_decay
     assert all(p.ndim == 1 for p in flat["params"]) and all(p.ndim == 2 for p in decayed["params"])
 
     train = [{"question": "What is the capital of Greece?", "answers": ["Athens"]}]
-    summary = query_finetune(root / "model", root / "dump", root / "flat.faiss", train, tmp_path / "qft", k=40,
-                             max_words=3, epochs=2, batch_size=1, lr=3e-3, objective="code", candidates="code",
-                             seed=0, progress=False, vectors="index")  # the code's whole train-query
+    dev = [{"question": q, "answers": ["Athens", "Paris"]} for q in ("What is the capital of Greece?",
+                                                                     "Which city is the capital of France?")]
+    summary = query_finetune(root / "model", root / "dump", root / "flat.faiss", train, tmp_path / "qft", dev=dev,
+                             k=40, max_words=3, epochs=2, batch_size=1, lr=3e-3, objective="code", search_form="code",
+                             dev_k=4, seed=0, progress=False, vectors="index")  # the code's whole train-query
     assert [e["skipped"] for e in summary["epochs"]] == [0, 0]
+    # the best epoch is chosen by the EM the code's evaluation gives, at dev_k starts and ends
+    searcher = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss", vectors="index")
+    assert summary["dev_k"] == 4
+    assert summary["dev_em_before"] == open_domain(searcher, dev, 4, 3, search_form="code")["em"]
+    searcher = PhraseSearcher(tmp_path / "qft", root / "dump", root / "flat.faiss", vectors="index")
+    assert summary["dev_em_best"] == open_domain(searcher, dev, 4, 3, search_form="code")["em"]
     before, after = DensePhrases.load(root / "model"), DensePhrases.load(tmp_path / "qft")
     for part in ("query_start", "query_end"):
         b, a = getattr(before, part), getattr(after, part)
@@ -172,8 +182,9 @@ def _original_groups(searcher, blocks_path, q_start, q_end, k, max_words):
     again on the dump: a document is a segment (one paragraph), its rows in dump order, ``f2o_start`` each row's
     whitespace word counted from the passage text (SQuAD's ``doc_tokens``); each retrieved start scans the next L rows
     of its document for the best end whose word is at most L words on, each retrieved end the L rows up to it for the
-    best start, invalid ones masked at -1e9, ``np.argmax``; a group whose best is masked is dropped. Returns per
-    question the (start, end) rows and each group's whole-word answer text."""
+    best start, invalid ones masked at -1e9, ``np.argmax``; a group whose best is masked is dropped; the groups in
+    the code's order (each rank's start group, then its end group). Returns per question the (start, end) rows, each
+    group's whole-word answer text and its score (FAISS's score of the retrieved row plus its partner's)."""
     import re
 
     arrays = load_blocks(blocks_path, text=True)
@@ -196,10 +207,11 @@ def _original_groups(searcher, blocks_path, q_start, q_end, k, max_words):
     h = np.asarray(searcher.vectors[np.arange(len(token))], dtype=np.float32)
     out = []
     for qs, qe in zip(q_start, q_end, strict=True):
-        _, top_s = searcher.index.search(qs[None], k)
-        _, top_e = searcher.index.search(qe[None], k)
+        d_s, top_s = searcher.index.search(qs[None], k)
+        d_e, top_e = searcher.index.search(qe[None], k)
         groups = []
-        for r, q, forward in [(r, qe, True) for r in top_s[0]] + [(r, qs, False) for r in top_e[0]]:
+        ranks = zip(top_s[0], d_s[0], top_e[0], d_e[0], strict=True)  # each rank's start group, then its end group
+        for r, own, q, forward in [g for s_, d, e, f in ranks for g in ((s_, d, qe, True), (e, f, qs, False))]:
             rows = docs[int(segment[r])]
             local = int(np.flatnonzero(rows == r)[0])
             words = [f2o(x) for x in rows]
@@ -215,15 +227,15 @@ def _original_groups(searcher, blocks_path, q_start, q_end, k, max_words):
                 i, j = (int(r), partners[best]) if forward else (partners[best], int(r))
                 spans = word_spans(i)
                 a, e = spans[f2o(i)][0], spans[f2o(j)][1]
-                groups.append(((i, j), passage_text(i)[a:e]))
+                groups.append(((i, j), passage_text(i)[a:e], float(own) + scores[best]))
         out.append(groups)
     return out
 
 
 def test_the_code_s_candidates_are_the_original_search_phrase_groups(world):
-    """``candidates: code`` (``PhraseSearcher.code_candidates``, ``npm.densephrases.search.code_partners``, whole-word
+    """``search_form: code`` (``PhraseSearcher.code_candidates``, ``npm.densephrases.search.code_partners``, whole-word
     texts) against an independent transcription of the original's ``MIPS.search_phrase``: the same 2 k groups, in
-    the same order of retrieval, with the same answer texts, on a dump whose retrieved rows include pieces inside a
+    the code's order, with the same answer texts, on a dump whose retrieved rows include pieces inside a
     word and punctuation marks (which the phrase search of eq. 10 skips)."""
     from npm.densephrases.searcher import PhraseSearcher
 
@@ -239,9 +251,34 @@ def test_the_code_s_candidates_are_the_original_search_phrase_groups(world):
     tokens = searcher.dump.tokens
     assert not tokens.word_start[retrieved].all()  # the whole-word mapping is exercised
     for pairs, groups in zip(got, want, strict=True):
-        assert pairs.tolist() == [list(ij) for ij, _ in groups]
+        assert pairs.tolist() == [list(ij) for ij, _, _ in groups]
         assert [searcher.phrase(i, j, 0.0, whole_words=True)["text"] for i, j in pairs.tolist()] == \
-            [t for _, t in groups]
+            [t for _, t, _ in groups]
+
+
+def test_the_code_s_search_answers_with_the_original_search_s_best_group(world):
+    """``search_form: code`` (``PhraseSearcher.search``, ``code_ranked``) against the transcription of the original's
+    ``MIPS.search`` as its evaluation reads it: the groups sorted by score (Python's stable sort), the top one's
+    whole-word text is the answer; a question whose groups all fail has none. The eq. 10 search answers differently
+    on some question, or the switch would not be needed."""
+    from npm.densephrases.searcher import PhraseSearcher
+
+    root = world["root"]
+    searcher = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss")
+    questions = ["What is the capital of Greece?", "Which city is the capital of France?",
+                 "What does photosynthesis convert?", "Who wrote the play?", "Where is the Parthenon?"]
+    k, max_words = 6, 2
+    q_start, q_end = searcher.encode(questions)
+    want = []
+    for groups in _original_groups(searcher, world["blocks"][0], q_start, q_end, k, max_words):
+        ranked = sorted(groups, key=lambda g: -g[2])
+        want.append((ranked[0][1], ranked[0][2]) if ranked else None)
+    got = searcher.search(questions, k, max_words, top_n=1, search_form="code")
+    assert [(f[0]["text"], pytest.approx(f[0]["score"], abs=1e-4)) if f else None for f in got] == want
+    paper = searcher.search(questions, k, max_words, top_n=1)
+    assert [f[0]["text"] if f else None for f in paper] != [w[0] if w else None for w in want]
+    with pytest.raises(ValueError, match="refine_factor"):
+        searcher.search(questions, k, max_words, refine_factor=2, search_form="code")
 
 
 def test_the_code_s_query_loss_is_the_original_train_query_over_its_padded_groups(world):
@@ -268,7 +305,7 @@ def test_the_code_s_query_loss_is_the_original_train_query_over_its_padded_group
     start = np.zeros(2 * k)
     end = np.zeros(2 * k)
     target = np.zeros(2 * k, dtype=bool)
-    for g, ((i, j), text) in enumerate(groups):
+    for g, ((i, j), text, _) in enumerate(groups):
         start[g], end[g], target[g] = h[i] @ qs[0], h[j] @ qe[0], exact_match(text, [answer])
 
     def nll(logits):

@@ -243,7 +243,7 @@ SCHEMA_TO_CLI = {
        for key in ("epochs", "pre_batch_epochs", "pre_batch", "batch_size", "lr", "lambda_single", "lambda_distill",
                    "lambda_neg", "lambda_filter")},
     **{f"densephrases.query_ft.{key}": ("densephrases query-ft", f"--{key.replace('_', '-')}")
-       for key in ("epochs", "batch_size", "lr", "k")},
+       for key in ("epochs", "batch_size", "lr", "k", "dev_k")},
 }
 # read by the Snakefile, not by an npm-repro option: torchrun's process count, the datastores' disk-cost estimate
 NO_CLI_OPTION = {"training.gpus_per_node", "sources.*.tokens"}

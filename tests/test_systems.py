@@ -306,6 +306,25 @@ def test_blocks_for_another_model_s_tokenizer_keep_the_text_rule(tmp_path):
     assert other and all("--word-boundaries text" in line for line in other), other[:1]
 
 
+def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_path):
+    """Before: config/paper.yaml's DensePhrases evaluations answered with eq. 10's best phrase and its query-side
+    fine-tuning chose the best epoch by the dev EM at k 100, where the code answers with the best of its
+    search_phrase groups and evaluates the epochs at top_k 10 (docs/paper-map.md §D1.7)."""
+    from tests.test_checkpoints import SNAKEMAKE
+
+    out = subprocess.run([SNAKEMAKE, "all", "-n", "-p", "--cores", "1", "--directory", str(tmp_path), "-s",
+                          str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config" / "paper.yaml")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [line.partition("Shell command: ")[2] for line in out.stdout.splitlines()]
+    query_ft = [line for line in lines if line.startswith("npm-repro densephrases query-ft")]
+    searches = [line for line in lines if line.startswith("npm-repro densephrases evaluate") and " --task " in line]
+    assert query_ft and searches
+    for line in query_ft:
+        assert all(f" {flag} " in f" {line} " for flag in ("--search-form code", "--dev-k 10", "--objective code"))
+    assert all(" --search-form code " in f" {line} " for line in searches)
+
+
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])
 def test_the_paper_routes_plan_every_evaluation_with_the_original_codes_settings(tmp_path, name):
     from tests.test_checkpoints import SNAKEMAKE

@@ -193,7 +193,9 @@ def cmd_evaluate(args) -> int:
             questions = _questions(where) if kind == "file" else \
                 task_questions(where, args.tasks_root, searcher.model.tokenizer)
             out["open"][name] = {"source": str(where), "refine_factor": args.refine_factor, "vectors": args.vectors,
-                                 **open_domain(searcher, questions, args.k, args.max_words, args.refine_factor)}
+                                 "search_form": args.search_form,
+                                 **open_domain(searcher, questions, args.k, args.max_words, args.refine_factor,
+                                               args.search_form)}
             if args.refine_factor > 1:  # what the index alone ranks
                 out.setdefault("open_index_only", {})[name] = open_domain(searcher, questions, args.k, args.max_words)
             log.info("%s: open-domain EM@1 %.1f on %d questions; %.1f questions/s of question encoding and phrase "

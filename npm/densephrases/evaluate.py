@@ -253,11 +253,13 @@ def random_span_baseline(examples: list[dict], tokenizer,
 
 
 def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 20,
-                refine_factor: int = DensePhrasesSettings.refine_factor) -> dict:
-    """EM@1 (percent) of the top phrase of each {id, question, answers} record, questions/s, and the predictions."""
+                refine_factor: int = DensePhrasesSettings.refine_factor,
+                search_form: str = DensePhrasesSettings.search_form) -> dict:
+    """EM@1 (percent) of the top phrase of each {id, question, answers} record, questions/s, and the predictions
+    (``PhraseSearcher.search``)."""
     start = time.perf_counter()
     found = searcher.search([q["question"] for q in questions], k=k, max_words=max_words, top_n=1,
-                            refine_factor=refine_factor)
+                            refine_factor=refine_factor, search_form=search_form)
     seconds = time.perf_counter() - start
     hits = [bool(f) and exact_match(f[0]["text"], q["answers"]) for f, q in zip(found, questions, strict=True)]
     return {"n": len(hits), "em": 100.0 * float(np.mean(hits)), "queries_per_s": round(len(hits) / seconds, 2),

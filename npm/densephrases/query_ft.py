@@ -15,16 +15,17 @@ embeddings and decays the other weights by 0.01 (biases and LayerNorm not), as i
 (``query_optimizer``). A question none of whose candidates matches is skipped (counted, as in the original); the
 batch's loss is the mean over the others. Answers match after SQuAD normalisation (``npm.tasks.metrics.exact_match``).
 Linear decay, gradient norm clipped at 1; the epoch with the best dev EM is kept when dev questions are given (paper),
-else the last.
+else the last. The dev EM searches as the open-domain evaluation does (``search_form``), with ``dev_k`` starts and
+ends (default ``k``; the code's: 10, its evaluation's ``top_k``).
 
-The candidates S(q) (``candidates``): ``phrases``, the top k phrases of eq. 10 (``npm.densephrases.search``) searched
-with the query vectors of the step itself; ``code``, the original's (``train_query.py`` with ``MIPS.search_phrase``):
-each of the top k start rows with its best end and each of the top k end rows with its best start
-(``PhraseSearcher.code_candidates``), 2 k groups with duplicates kept, padded to 2 k with zero vectors (logit 0, in
-the softmax), searched with the query encoders as they were when the epoch began (the code's ``pretrained_encoder``,
-in eval mode), a phrase's text running over whole whitespace words. Both score from ``vectors``: the dump's fp16
-vectors, or (``index``, the code's ``reconstruct``) the index's own codes. Not reproduced: the code's regex match
-for CuratedTREC and its ``doc`` targets (``label_strat``, off by default).
+The candidates S(q) follow ``search_form``: ``paper``, the top k phrases of eq. 10 (``npm.densephrases.search``)
+searched with the query vectors of the step itself; ``code``, the original's (``train_query.py`` with
+``MIPS.search_phrase``): each of the top k start rows with its best end and each of the top k end rows with its best
+start (``PhraseSearcher.code_candidates``), 2 k groups with duplicates kept, padded to 2 k with zero vectors (logit 0,
+in the softmax), searched with the query encoders as they were when the epoch began (the code's
+``pretrained_encoder``, in eval mode), a phrase's text running over whole whitespace words. Both score from
+``vectors``: the dump's fp16 vectors, or (``index``, the code's ``reconstruct``) the index's own codes. Not
+reproduced: the code's regex match for CuratedTREC and its ``doc`` targets (``label_strat``, off by default).
 """
 
 from __future__ import annotations
@@ -47,12 +48,11 @@ from npm.densephrases.searcher import PhraseSearcher
 from npm.io import atomic_dir, write_json
 from npm.model import autocast, encode
 from npm.progress import bar as progress_bar
-from npm.settings import DensePhrasesQueryFt, DensePhrasesSettings
+from npm.settings import SEARCH_FORMS, DensePhrasesQueryFt, DensePhrasesSettings
 from npm.tasks.metrics import exact_match
 
 log = logging.getLogger("npm-repro.densephrases")
 OBJECTIVES = ("paper", "code")
-CANDIDATES = ("phrases", "code")
 MAX_NLL = -math.log(1e-7)  # the code's MIN_PROB clamp
 
 
@@ -64,15 +64,15 @@ def marginal_nll(scores: torch.Tensor, positive: torch.Tensor, clamp: bool = Fal
 
 
 def batch_losses(searcher, questions: list[dict], k: int, max_words: int, objective: str,
-                 candidates: str, search_encoders=None) -> list[torch.Tensor | None]:
+                 search_form: str, search_encoders=None) -> list[torch.Tensor | None]:
     """L_query of each {question, answers} record (with gradient into the query encoders), None where no candidate
-    matches: one forward pass of the query encoders and one search for the whole batch. ``candidates`` (module
-    docstring): ``phrases``, the top-k phrases searched with the encoders' own vectors; ``code``, the original's
+    matches: one forward pass of the query encoders and one search for the whole batch. ``search_form`` (module
+    docstring): ``paper``, the top-k phrases searched with the encoders' own vectors; ``code``, the original's
     2 k start and end groups searched with ``search_encoders`` (the query encoders as they were when the epoch began,
     in eval mode), padded to 2 k with zero vectors."""
     texts = [q["question"] for q in questions]
     q_start, q_end = searcher.query_vectors(texts)
-    if candidates == "code":
+    if search_form == "code":
         with torch.inference_mode(), autocast(searcher.device, searcher.precision):
             enc = searcher.tokenize(texts)
             qs, qe = (encode(e, enc["input_ids"], enc["attention_mask"])[:, 0].float().cpu().numpy()
@@ -85,7 +85,7 @@ def batch_losses(searcher, questions: list[dict], k: int, max_words: int, object
         width = 0
     losses = []
     for n, (record, pairs) in enumerate(zip(questions, found, strict=True)):
-        positive = [exact_match(searcher.phrase(i, j, 0.0, whole_words=candidates == "code")["text"],
+        positive = [exact_match(searcher.phrase(i, j, 0.0, whole_words=search_form == "code")["text"],
                                 record["answers"]) for i, j in pairs.tolist()]
         if not any(positive):
             losses.append(None)
@@ -124,9 +124,9 @@ def query_optimizer(model, lr: float, objective: str) -> tuple[torch.optim.AdamW
     return torch.optim.AdamW(groups, lr=lr, eps=1e-8), groups[0]["params"] + groups[1]["params"]
 
 
-def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int) -> float:
+def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int, search_form: str) -> float:
     """EM (percent) of the top phrase over {question, answers} records."""
-    return open_domain(searcher, questions, k, max_words)["em"]
+    return open_domain(searcher, questions, k, max_words, search_form=search_form)["em"]
 
 
 def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, index_path: str | os.PathLike,
@@ -134,17 +134,17 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
                    k: int = DensePhrasesQueryFt.k, max_words: int = 20, epochs: int = DensePhrasesQueryFt.epochs,
                    batch_size: int = DensePhrasesQueryFt.batch_size, lr: float = DensePhrasesQueryFt.lr,
                    objective: str = DensePhrasesQueryFt.objective,
-                   candidates: str = DensePhrasesQueryFt.candidates, *, seed: int, progress: bool = True,
+                   dev_k: int | None = DensePhrasesQueryFt.dev_k, *, seed: int, progress: bool = True,
                    precision: str = "fp32", device: str | None = None, vectors: str = DensePhrasesSettings.vectors,
-                   run: tracking.Run | None = None) -> dict:
+                   search_form: str = DensePhrasesSettings.search_form, run: tracking.Run | None = None) -> dict:
     """Fine-tune the query encoders of ``model_dir`` on ``train`` [{question, answers}] and write the whole model
     (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch. ``run`` (``npm.tracking``; the
     caller finishes it) gets each step's loss and learning rate and each epoch's row (dev EM, questions per
     second). ``vectors`` (``npm.densephrases.searcher.PhraseSearcher``): what candidates are found and scored
-    from."""
+    from; ``search_form`` and ``dev_k``: module docstring."""
     from transformers import get_linear_schedule_with_warmup
 
-    for name, value, allowed in (("objective", objective, OBJECTIVES), ("candidates", candidates, CANDIDATES)):
+    for name, value, allowed in (("objective", objective, OBJECTIVES), ("search_form", search_form, SEARCH_FORMS)):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
     if not train:
@@ -159,7 +159,8 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     n_batches = -(-len(train) // batch_size)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, max(1, epochs * n_batches))
     history, best_em, best_state = [], -1.0, None
-    before = exact_match_at_1(searcher, dev, k, max_words) if dev else None
+    dev_k = dev_k or k
+    before = exact_match_at_1(searcher, dev, dev_k, max_words, search_form) if dev else None
     run = run or tracking.Run()
     run.update(dev_em_before=before)
     step = 0  # optimizer steps so far (the run's x axis)
@@ -171,10 +172,10 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
         order = np.random.default_rng([seed, epoch]).permutation(len(train))
         losses, skipped = [], 0
         frozen = [copy.deepcopy(e).eval() for e in (model.query_start, model.query_end)] \
-            if candidates == "code" else None  # the code searches with the epoch's starting encoders
+            if search_form == "code" else None  # the code searches with the epoch's starting encoders
         for a in range(0, len(order), batch_size):
             batch = batch_losses(searcher, [train[i] for i in order[a:a + batch_size]], k, max_words, objective,
-                                 candidates, frozen)
+                                 search_form, frozen)
             kept = [x for x in batch if x is not None]
             skipped += len(batch) - len(kept)
             step += 1
@@ -189,7 +190,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
             scheduler.step()
             bar.update(1)
         model.eval()
-        em = exact_match_at_1(searcher, dev, k, max_words) if dev else None
+        em = exact_match_at_1(searcher, dev, dev_k, max_words, search_form) if dev else None
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else None,
                         "skipped": skipped, "dev_em": em, "seconds": round(time.perf_counter() - t0, 2)})
         run.log(step, epoch=epoch + 1, epoch_loss=history[-1]["loss"], skipped=skipped, dev_em=em,
@@ -202,8 +203,8 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     for part, state in best_state.items():
         getattr(model, part).load_state_dict(state)
     summary = {"epochs": history, "dev_em_before": before, "dev_em_best": best_em if dev else None,
-               "k": k, "max_words": max_words, "objective": objective, "candidates": candidates, "vectors": vectors,
-               "train_questions": len(train), "base_model": str(model_dir), "dump": str(dump_dir)}
+               "k": k, "dev_k": dev_k, "max_words": max_words, "objective": objective, "search_form": search_form,
+               "vectors": vectors, "train_questions": len(train), "base_model": str(model_dir), "dump": str(dump_dir)}
     with atomic_dir(out_dir) as tmp:
         model.save(tmp)
         write_json(Path(tmp) / "query_ft_summary.json", summary)

@@ -22,7 +22,7 @@ from npm.densephrases.dump import PhraseDump, load_index
 from npm.densephrases.model import DensePhrases
 from npm.densephrases.search import IndexVectors, code_partners, search
 from npm.model import autocast, torch_device
-from npm.settings import PHRASE_VECTORS, DensePhrasesSettings
+from npm.settings import PHRASE_VECTORS, SEARCH_FORMS, DensePhrasesSettings
 
 MAX_QUESTION_TOKENS = 64
 
@@ -138,21 +138,44 @@ class PhraseSearcher:
         for n in range(len(qs)):
             ends = code_partners(top_starts[n], self.dump.tokens, self.word_gap, self.vectors, qe[n], max_words, 1)
             starts = code_partners(top_ends[n], self.dump.tokens, self.word_gap, self.vectors, qs[n], max_words, -1)
-            pairs = np.concatenate([np.stack([top_starts[n], ends], 1), np.stack([starts, top_ends[n]], 1)])
+            pairs = np.stack([np.stack([top_starts[n], ends], 1), np.stack([starts, top_ends[n]], 1)], 1)
+            pairs = pairs.reshape(-1, 2)  # the code's order: each rank's start group, then its end group
             out.append(pairs[(pairs >= 0).all(1)].astype(np.int64))
         return out
 
-    def search(self, questions: list[str], k: int = 10, max_words: int = 20, top_n: int = 10,
-               refine_factor: int = DensePhrasesSettings.refine_factor) -> list[list[dict]]:
-        """The best ``top_n`` phrases of each question, best first, phrases of identical text merged into their
-        best occurrence (the original's de-duplication); ``refine_factor``: ``npm.densephrases.search.search``."""
-        q_start, q_end = self.encode(questions)
+    def code_ranked(self, q_start: np.ndarray, q_end: np.ndarray, k: int, max_words: int
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The original code's answers (``MIPS.search``): each question's :meth:`code_candidates` groups sorted by
+        q_start . h_i + q_end . h_j, best first, the code's order on a tie (a stable sort); (pairs [G, 2], scores
+        [G])."""
         out = []
-        for pairs, scores in search(self.index, self.vectors, self.dump.tokens, q_start, q_end, k, max_words,
-                                    top_n=max(top_n * 4, top_n), refine_factor=refine_factor):
+        for qs, qe, pairs in zip(q_start, q_end, self.code_candidates(q_start, q_end, k, max_words), strict=True):
+            scores = (np.asarray(self.vectors[pairs[:, 0]], dtype=np.float32) @ qs
+                      + np.asarray(self.vectors[pairs[:, 1]], dtype=np.float32) @ qe) if len(pairs) else np.zeros(0)
+            order = np.argsort(-scores, kind="stable")
+            out.append((pairs[order], scores[order]))
+        return out
+
+    def search(self, questions: list[str], k: int = 10, max_words: int = 20, top_n: int = 10,
+               refine_factor: int = DensePhrasesSettings.refine_factor,
+               search_form: str = DensePhrasesSettings.search_form) -> list[list[dict]]:
+        """The best ``top_n`` phrases of each question, best first, phrases of identical text merged into their
+        best occurrence (the original's de-duplication). ``search_form``: ``paper``, eq. 10
+        (``npm.densephrases.search.search``, ``refine_factor`` there); ``code``, the original's groups
+        (:meth:`code_ranked`), their texts in whole whitespace words."""
+        if search_form not in SEARCH_FORMS:
+            raise ValueError(f"search_form must be one of {SEARCH_FORMS}, got {search_form!r}")
+        if search_form == "code" and refine_factor > 1:
+            raise ValueError(f"refine_factor {refine_factor} re-ranks eq. 10's candidates: search_form code has none")
+        q_start, q_end = self.encode(questions)
+        found = self.code_ranked(q_start, q_end, k, max_words) if search_form == "code" else \
+            search(self.index, self.vectors, self.dump.tokens, q_start, q_end, k, max_words,
+                   top_n=max(top_n * 4, top_n), refine_factor=refine_factor)
+        out = []
+        for pairs, scores in found:
             seen, best = set(), []
             for (i, j), s in zip(pairs.tolist(), scores.tolist(), strict=True):
-                p = self.phrase(i, j, s)
+                p = self.phrase(i, j, s, whole_words=search_form == "code")
                 if p["text"] not in seen:
                     seen.add(p["text"])
                     best.append(p)
