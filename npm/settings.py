@@ -629,6 +629,11 @@ class DensePhrasesSettings(Section):
                                          "answers in whole whitespace words (query-side candidates: these 2 k "
                                          "groups, duplicates kept, zero-padded, searched with the encoders as the "
                                          "epoch began)", choices=SEARCH_FORMS, option=("evaluate", "query-ft"))
+    truecase: str | None = _setting(None, "truecase every all-lowercase question of the open-domain evaluations and "
+                                          "the query-side fine-tuning (NQ's), as the code's --truecase: the path of "
+                                          "its statistics (the code's english_with_questions.dist, in its data "
+                                          "release) or `package` (the truecase package's english.dist); null = as "
+                                          "given", kinds=(str,), option=("evaluate", "query-ft"))
     refine_factor: int = _setting(1, "the table's open-domain evaluations take refine_factor x k starts and ends "
                                      "from the index and keep the k with the highest exact inner product with the "
                                      "fp16 dump (1 = the index's own ranking, the paper); above 1, the index-only EM "

@@ -157,13 +157,14 @@ def test_the_code_s_query_side_fine_tuning_freezes_the_word_embeddings_and_decay
     assert (decayed["weight_decay"], flat["weight_decay"]) == (0.01, 0.0)
     assert all(p.ndim == 1 for p in flat["params"]) and all(p.ndim == 2 for p in decayed["params"])
 
-    train = [{"question": "What is the capital of Greece?", "answers": ["Athens"]}]
+    train = [{"question": "what is the capital of greece?", "answers": ["Athens"]}]  # truecased as it is read
     dev = [{"question": q, "answers": ["Athens", "Paris"]} for q in ("What is the capital of Greece?",
                                                                      "Which city is the capital of France?")]
     summary = query_finetune(root / "model", root / "dump", root / "flat.faiss", train, tmp_path / "qft", dev=dev,
                              k=40, max_words=3, epochs=2, batch_size=1, lr=3e-3, objective="code", search_form="code",
-                             dev_k=4, seed=0, progress=False, vectors="index")  # the code's whole train-query
-    assert [e["skipped"] for e in summary["epochs"]] == [0, 0]
+                             dev_k=4, truecase="package", seed=0, progress=False,
+                             vectors="index")  # the code's whole train-query
+    assert [e["skipped"] for e in summary["epochs"]] == [0, 0] and summary["truecased"] == {"train": 1, "dev": 0}
     # the best epoch is chosen by the EM the code's evaluation gives, at dev_k starts and ends
     searcher = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss", vectors="index")
     assert summary["dev_k"] == 4
@@ -418,6 +419,25 @@ def evaluations(world, tmp_path_factory):
     assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--rc", str(out / "rc.json"),
                  "--max-passage-tokens", "32", "--out", str(out / "rc.json")]) == 0
     return {name: json.loads((out / f"{name}.json").read_text()) for name in ("Flat", "rc")}
+
+
+def test_evaluate_truecases_the_lowercased_questions_and_records_what_it_asked(world, tmp_path):
+    """`evaluate --truecase` (the code's --truecase, npm.densephrases.truecase): an all-lowercase question is asked
+    truecased, a cased one as given; the results record each question asked, how many were truecased, and the search
+    form."""
+    from npm.cli import main
+
+    root = world["root"]
+    write_jsonl(tmp_path / "nq.jsonl", [{"question": "what is the capital of greece ?", "answers": ["Athens"]},
+                                        {"question": "Which city is the capital of France?", "answers": ["Paris"]}])
+    assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--dump", str(root / "dump"),
+                 "--index", str(root / "flat.faiss"), "--questions", str(tmp_path / "nq.jsonl"), "--k", "8",
+                 "--max-words", "3", "--truecase", "package", "--search-form", "code",
+                 "--out", str(tmp_path / "Flat.json")]) == 0
+    result = json.loads((tmp_path / "Flat.json").read_text())["open"]["nq"]
+    assert [p["question"] for p in result["predictions"]] == ["What is the capital of Greece?",
+                                                              "Which city is the capital of France?"]
+    assert (result["truecased"], result["truecase"], result["search_form"]) == (1, "package", "code")
 
 
 @pytest.mark.parametrize("name, part, metric, step", [

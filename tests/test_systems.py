@@ -309,7 +309,8 @@ def test_blocks_for_another_model_s_tokenizer_keep_the_text_rule(tmp_path):
 def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_path):
     """Before: config/paper.yaml's DensePhrases evaluations answered with eq. 10's best phrase and its query-side
     fine-tuning chose the best epoch by the dev EM at k 100, where the code answers with the best of its
-    search_phrase groups and evaluates the epochs at top_k 10 (docs/paper-map.md §D1.7)."""
+    search_phrase groups and evaluates the epochs at top_k 10, and asked NQ's lowercased questions as they are where
+    the code truecases them (docs/paper-map.md §D1.7): the statistics are an input placed by hand."""
     from tests.test_checkpoints import SNAKEMAKE
 
     out = subprocess.run([SNAKEMAKE, "all", "-n", "-p", "--cores", "1", "--directory", str(tmp_path), "-s",
@@ -320,9 +321,12 @@ def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_p
     query_ft = [line for line in lines if line.startswith("npm-repro densephrases query-ft")]
     searches = [line for line in lines if line.startswith("npm-repro densephrases evaluate") and " --task " in line]
     assert query_ft and searches
+    dist = "data/raw/densephrases/truecase/english_with_questions.dist"
     for line in query_ft:
-        assert all(f" {flag} " in f" {line} " for flag in ("--search-form code", "--dev-k 10", "--objective code"))
-    assert all(" --search-form code " in f" {line} " for line in searches)
+        assert all(f" {flag} " in f" {line} " for flag in ("--search-form code", "--dev-k 10", "--objective code",
+                                                           f"--truecase {dist}"))
+    assert all(f" --search-form code --truecase {dist} " in f" {line} " for line in searches)
+    assert f"rule densephrases_manual_file:\n    output: {dist}" in out.stdout
 
 
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])

@@ -25,6 +25,7 @@ from npm.densephrases.evaluate import (
     teacher_filter,
 )
 from npm.densephrases.rc import read_squad, write_squad
+from npm.densephrases.truecase import truecase_records
 from npm.io import provenance, read_json, read_jsonl, write_json
 from npm.model import load_tokenizer, torch_device
 from npm.options import DEVICE, MEM_MB, OUT, SEED, TASKS_ROOT, Command, option, section
@@ -190,10 +191,10 @@ def cmd_evaluate(args) -> int:
                        if k in searcher.dump.meta}
         out["open"] = {}
         for name, (kind, where) in sets.items():
-            questions = _questions(where) if kind == "file" else \
-                task_questions(where, args.tasks_root, searcher.model.tokenizer)
+            questions, truecased = truecase_records(args.truecase, _questions(where) if kind == "file" else
+                                                    task_questions(where, args.tasks_root, searcher.model.tokenizer))
             out["open"][name] = {"source": str(where), "refine_factor": args.refine_factor, "vectors": args.vectors,
-                                 "search_form": args.search_form,
+                                 "search_form": args.search_form, "truecase": args.truecase, "truecased": truecased,
                                  **open_domain(searcher, questions, args.k, args.max_words, args.refine_factor,
                                                args.search_form)}
             if args.refine_factor > 1:  # what the index alone ranks

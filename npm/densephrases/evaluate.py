@@ -263,8 +263,8 @@ def open_domain(searcher, questions: list[dict], k: int = 10, max_words: int = 2
     seconds = time.perf_counter() - start
     hits = [bool(f) and exact_match(f[0]["text"], q["answers"]) for f, q in zip(found, questions, strict=True)]
     return {"n": len(hits), "em": 100.0 * float(np.mean(hits)), "queries_per_s": round(len(hits) / seconds, 2),
-            "predictions": [{"id": q.get("id"), "prediction": f[0]["text"] if f else "", "answers": q["answers"],
-                             "em": h} for f, q, h in zip(found, questions, hits, strict=True)]}
+            "predictions": [{"id": q.get("id"), "question": q["question"], "prediction": f[0]["text"] if f else "",
+                             "answers": q["answers"], "em": h} for f, q, h in zip(found, questions, hits, strict=True)]}
 
 
 def task_questions(task: str, tasks_root, tokenizer=None, n_samples: int = 0) -> list[dict]:

@@ -45,6 +45,7 @@ from npm import tracking
 from npm.densephrases.evaluate import open_domain
 from npm.densephrases.search import search
 from npm.densephrases.searcher import PhraseSearcher
+from npm.densephrases.truecase import truecase_records
 from npm.io import atomic_dir, write_json
 from npm.model import autocast, encode
 from npm.progress import bar as progress_bar
@@ -124,6 +125,17 @@ def query_optimizer(model, lr: float, objective: str) -> tuple[torch.optim.AdamW
     return torch.optim.AdamW(groups, lr=lr, eps=1e-8), groups[0]["params"] + groups[1]["params"]
 
 
+def _optimizer_step(kept: list[torch.Tensor], params: list[torch.nn.Parameter], optimizer) -> float:
+    """One step on the mean loss of a batch's questions that have a matching candidate, the gradient norm clipped at
+    1; returns that loss."""
+    loss = torch.stack(kept).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
 def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int, search_form: str) -> float:
     """EM (percent) of the top phrase over {question, answers} records."""
     return open_domain(searcher, questions, k, max_words, search_form=search_form)["em"]
@@ -136,12 +148,14 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
                    objective: str = DensePhrasesQueryFt.objective,
                    dev_k: int | None = DensePhrasesQueryFt.dev_k, *, seed: int, progress: bool = True,
                    precision: str = "fp32", device: str | None = None, vectors: str = DensePhrasesSettings.vectors,
-                   search_form: str = DensePhrasesSettings.search_form, run: tracking.Run | None = None) -> dict:
+                   search_form: str = DensePhrasesSettings.search_form,
+                   truecase: str | None = DensePhrasesSettings.truecase, run: tracking.Run | None = None) -> dict:
     """Fine-tune the query encoders of ``model_dir`` on ``train`` [{question, answers}] and write the whole model
     (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch. ``run`` (``npm.tracking``; the
     caller finishes it) gets each step's loss and learning rate and each epoch's row (dev EM, questions per
     second). ``vectors`` (``npm.densephrases.searcher.PhraseSearcher``): what candidates are found and scored
-    from; ``search_form`` and ``dev_k``: module docstring."""
+    from; ``search_form`` and ``dev_k``: module docstring; ``truecase``: the statistics that truecase the
+    all-lowercase questions of ``train`` and ``dev`` (``npm.densephrases.truecase``), None: as given."""
     from transformers import get_linear_schedule_with_warmup
 
     for name, value, allowed in (("objective", objective, OBJECTIVES), ("search_form", search_form, SEARCH_FORMS)):
@@ -149,6 +163,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
             raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
     if not train:
         raise ValueError("no training question for query-side fine-tuning")
+    (train, truecased), (dev, truecased_dev) = truecase_records(truecase, train), truecase_records(truecase, dev)
     random.seed(seed)
     torch.manual_seed(seed)
     searcher = PhraseSearcher(model_dir, dump_dir, index_path, device=device, precision=precision, vectors=vectors)
@@ -180,12 +195,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
             skipped += len(batch) - len(kept)
             step += 1
             if kept:
-                loss = torch.stack(kept).mean()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(float(loss.detach()))
+                losses.append(_optimizer_step(kept, params, optimizer))
                 run.log(step, loss=losses[-1], lr=scheduler.get_last_lr()[0])
             scheduler.step()
             bar.update(1)
@@ -204,7 +214,8 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
         getattr(model, part).load_state_dict(state)
     summary = {"epochs": history, "dev_em_before": before, "dev_em_best": best_em if dev else None,
                "k": k, "dev_k": dev_k, "max_words": max_words, "objective": objective, "search_form": search_form,
-               "vectors": vectors, "train_questions": len(train), "base_model": str(model_dir), "dump": str(dump_dir)}
+               "vectors": vectors, "truecase": truecase, "truecased": {"train": truecased, "dev": truecased_dev},
+               "train_questions": len(train), "base_model": str(model_dir), "dump": str(dump_dir)}
     with atomic_dir(out_dir) as tmp:
         model.save(tmp)
         write_json(Path(tmp) / "query_ft_summary.json", summary)

@@ -27,13 +27,20 @@ if DP:
         _config_error(f"densephrases.corpus: {DP_CORPUS!r} is not a source; sources: {sorted(config['sources'])}")
 
 
-# DensePhrases files placed by hand (config densephrases.rc's SQuAD files, query_ft's question files): rule
-# densephrases_manual_file plans them, so that `snakemake -n` lists the whole DAG, and fails with instructions.
+def dp_truecase():
+    """The truecasing statistics of config `truecase` as an input ([] when off or the truecase package's own)."""
+    return [DP["truecase"]] if DP and DP["truecase"] not in (None, "package") else []
+
+
+# DensePhrases files placed by hand (config densephrases.rc's SQuAD files, query_ft's question files, the truecasing
+# statistics): rule densephrases_manual_file plans them, so that `snakemake -n` lists the whole DAG, and fails with
+# instructions.
 DP_MANUAL = sorted(
     {
         path
         for path in ([] if not DP or DP["rc"] == "embedded" else list(DP["rc"].values()))
         + [(DP.get("query_ft") or {}).get(split) for split in ("train", "dev")]
+        + dp_truecase()
         if path
     }
 )
@@ -94,6 +101,7 @@ def dp_evaluate_inputs(wildcards):
         "tasks": task_inputs(DP["eval_tasks"]),
         "dump": dp_dump(negatives, DP_CORPUS),
         "index": dp_index(negatives, DP_CORPUS, wildcards.index),
+        "truecase": dp_truecase(),
     }
 
 
@@ -129,4 +137,5 @@ def dp_compressed_inputs(wildcards):
         "index": f"data/densephrases/index_trimmed/{wildcards.negatives}/{DP_CORPUS}/{DP_COMPRESSED}.faiss",
         "rc": dp_rc("test"),
         "pool": [dp_rc(split) for split in DP["d_small_pool"]],
+        "truecase": dp_truecase(),
     }

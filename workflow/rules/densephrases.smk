@@ -31,7 +31,8 @@ use rule tokenize_blocks as densephrases_tokenize_blocks with:
 
 rule densephrases_manual_file:
     """A DensePhrases input placed by hand (config densephrases.rc: SQuAD v1.1 / NQ-RC JSON; densephrases.query_ft:
-    JSONL questions); this job only fails with that instruction, so that `snakemake -n` still plans the whole DAG."""
+    JSONL questions; densephrases.truecase: the code's statistics); this job only fails with that instruction, so
+    that `snakemake -n` still plans the whole DAG."""
     output:
         "{dp_manual}",
     log:
@@ -43,7 +44,8 @@ rule densephrases_manual_file:
     shell:
         "echo 'densephrases: {output} does not exist; place it there by hand (SQuAD v1.1:"
         " https://rajpurkar.github.io/SQuAD-explorer/dataset/; NQ-RC and the open-domain NQ questions: the"
-        " DensePhrases release; see config/paper.yaml), then re-run.' | tee {log} >&2; exit 1"
+        " DensePhrases release; truecasing statistics: truecase/english_with_questions.dist of the DensePhrases"
+        " data release, densephrases-data.tar.gz; see config/paper.yaml), then re-run.' | tee {log} >&2; exit 1"
 
 
 rule densephrases_rc:
@@ -274,6 +276,7 @@ rule densephrases_query_ft:
         index=lambda wc: dp_index(wc.negatives, DP_CORPUS, DP_INDEX),
         train=lambda wc: dp_qft("train"),
         dev=lambda wc: dp_qft("dev"),
+        truecase=lambda wc: dp_truecase(),
     output:
         directory("results/densephrases/model_{negatives}_qft"),
     log:
