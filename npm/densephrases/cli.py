@@ -147,7 +147,8 @@ def cmd_query_ft(args) -> int:
         summary = query_finetune(args.checkpoint, args.dump, args.index, _questions(args.train), args.out,
                                  dev=_questions(args.dev) if args.dev else None, max_words=args.max_words,
                                  **_step_settings(args, "query-ft", DensePhrasesQueryFt),
-                                 **_step_settings(args, "query-ft"), seed=args.seed, device=args.device, run=run)
+                                 **_step_settings(args, "query-ft"), seed=args.seed, device=args.device, run=run,
+                                 provenance=provenance({k: v for k, v in vars(args).items() if k != "func"}))
     log.info("query-side fine-tuning: dev EM %s -> %s", summary["dev_em_before"], summary["dev_em_best"])
     return 0
 

@@ -149,13 +149,15 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
                    dev_k: int | None = DensePhrasesQueryFt.dev_k, *, seed: int, progress: bool = True,
                    precision: str = "fp32", device: str | None = None, vectors: str = DensePhrasesSettings.vectors,
                    search_form: str = DensePhrasesSettings.search_form,
-                   truecase: str | None = DensePhrasesSettings.truecase, run: tracking.Run | None = None) -> dict:
+                   truecase: str | None = DensePhrasesSettings.truecase, run: tracking.Run | None = None,
+                   provenance: dict | None = None) -> dict:
     """Fine-tune the query encoders of ``model_dir`` on ``train`` [{question, answers}] and write the whole model
     (phrase side unchanged) to ``out_dir``; returns a summary with EM per epoch. ``run`` (``npm.tracking``; the
     caller finishes it) gets each step's loss and learning rate and each epoch's row (dev EM, questions per
     second). ``vectors`` (``npm.densephrases.searcher.PhraseSearcher``): what candidates are found and scored
     from; ``search_form`` and ``dev_k``: module docstring; ``truecase``: the statistics that truecase the
-    all-lowercase questions of ``train`` and ``dev`` (``npm.densephrases.truecase``), None: as given."""
+    all-lowercase questions of ``train`` and ``dev`` (``npm.densephrases.truecase``), None: as given;
+    ``provenance`` (``npm.io.provenance``: the command, its settings, the git commit) is written into the summary."""
     from transformers import get_linear_schedule_with_warmup
 
     for name, value, allowed in (("objective", objective, OBJECTIVES), ("search_form", search_form, SEARCH_FORMS)):
@@ -215,8 +217,9 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     summary = {"epochs": history, "dev_em_before": before, "dev_em_best": best_em if dev else None,
                "k": k, "dev_k": dev_k, "max_words": max_words, "objective": objective, "search_form": search_form,
                "vectors": vectors, "truecase": truecase, "truecased": {"train": truecased, "dev": truecased_dev},
-               "train_questions": len(train), "base_model": str(model_dir), "dump": str(dump_dir)}
+               "train_questions": len(train), "base_model": str(model_dir), "dump": str(dump_dir),
+               **({"provenance": provenance} if provenance else {})}
     with atomic_dir(out_dir) as tmp:
         model.save(tmp)
-        write_json(Path(tmp) / "query_ft_summary.json", summary)
+        write_json(Path(tmp) / "query_ft_summary.json", summary, default=str)  # paths of the provenance as strings
     return summary
