@@ -349,7 +349,8 @@ def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_quest
 def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
     """`densephrases evaluate` results -> results/tables/densephrases.csv: reading comprehension and the negatives
     rows ({p}, D_small) from each negatives model's rc.json, before / after query-side fine-tuning, and per index
-    its size, build time, EM (re-ranked and index-only) and queries/s."""
+    its size, build time, EM (re-ranked and index-only) and queries/s; a note names the code's search and the
+    questions truecased."""
     import csv
 
     from npm.cli import main
@@ -358,7 +359,7 @@ def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
 
     root = world["root"]
     write_jsonl(tmp_path / "nq.jsonl", [{"question": "What is the capital of Greece?", "answers": ["Athens"]},
-                                         {"question": "Where is the Parthenon?", "answers": ["Athens"]}])
+                                         {"question": "where is the parthenon?", "answers": ["Athens"]}])
     rc = [{"id": f"r{n}", "title": f"t{n}", "context": text, "question": f"Which city is named in {n}?",
            "answers": ["Athens"], "answer_start": [text.index("Athens")]} for n, text in enumerate(DOCS[:2])]
     write_squad(tmp_path / "rc.json", rc, "test")
@@ -372,7 +373,8 @@ def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
         paths.append(tmp_path / "eval" / variant / f"{name}.json")
         assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--dump", str(root / "dump"),
                      "--index", str(index), "--questions", str(tmp_path / "nq.jsonl"), "--k", "8", "--max-words",
-                     "3", "--refine-factor", "2" if name == "IVF2_Flat" else "1", "--out", str(paths[-1])]) == 0
+                     "3", "--refine-factor", "2" if name == "IVF2_Flat" else "1", "--out", str(paths[-1]),
+                     *(["--search-form", "code", "--truecase", "package"] if variant.endswith("_qft") else [])]) == 0
     for variant in ("pre_batch", "in_batch"):
         paths.append(tmp_path / "eval" / variant / "rc.json")
         assert main(["densephrases", "evaluate", "--checkpoint", str(root / "model"), "--rc", str(tmp_path / "rc.json"),
@@ -388,6 +390,8 @@ def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):
             ("index", "Flat", "bytes per vector"), ("index", "IVF2,Flat", "queries/s (CPU)"),
             ("index", "IVF2,Flat", "EM@1 nq (not re-ranked)")} <= parts
     assert ("index", "Flat", "EM@1 nq (not re-ranked)") not in parts  # no re-ranking there
+    (after,) = [r for r in table.rows if r["Row"] == "after"]  # the note says how it searched and what it truecased
+    assert "as the original code searches" in after["Note"] and "lowercased questions truecased: 1" in after["Note"]
     assert not any(r["Part"] == "index" and r["Row"] == "in-batch" for r in table.rows)
     neg = {(r["Row"], r["Column"]): r for r in table.rows if r["Part"] == "negatives"}
     assert neg[("+ pre-batch", "EM D_small")]["Paper"] == 60.4 and 0 <= neg[("in-batch", "EM {p}")]["Ours"] <= 100

@@ -123,6 +123,10 @@ def _open_rows(part: str, row: str, rows: pd.DataFrame, results: dict, paper: di
         alone = settings.get(task, {}).get("vectors") == "index"  # scored from the index's codes: index only
         note += "; retrieved and scored from the index's codes alone (no fp16 dump)" if alone else ""
         note += "; the index's own top k, spans scored from the fp16 dump" if subset == "index_only" else ""
+        if settings.get(task, {}).get("search_form") == "code":
+            note += "; answered as the original code searches (its best search_phrase group, in whole words)"
+        if settings.get(task, {}).get("truecased"):
+            note += f"; lowercased questions truecased: {settings[task]['truecased']}"
         out.append({"Part": part, "Row": row, "Column": f"EM@1 {task}{' (index only)' if alone else suffix}",
                     "Ours": round(em, 2),
                     "±": _se(em, n), "Paper": (paper or {}).get(task), "Note": note})
