@@ -136,6 +136,18 @@ def _optimizer_step(kept: list[torch.Tensor], params: list[torch.nn.Parameter], 
     return float(loss.detach())
 
 
+def _check_choices(**values: tuple[str, tuple]) -> None:
+    for name, (value, allowed) in values.items():
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
+
+
+def _query_state(model) -> dict:
+    """A copy of the query encoders' weights (the best epoch's, restored at the end)."""
+    return {part: {k: v.clone() for k, v in getattr(model, part).state_dict().items()}
+            for part in ("query_start", "query_end")}
+
+
 def exact_match_at_1(searcher, questions: list[dict], k: int, max_words: int, search_form: str) -> float:
     """EM (percent) of the top phrase over {question, answers} records."""
     return open_domain(searcher, questions, k, max_words, search_form=search_form)["em"]
@@ -160,9 +172,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
     ``provenance`` (``npm.io.provenance``: the command, its settings, the git commit) is written into the summary."""
     from transformers import get_linear_schedule_with_warmup
 
-    for name, value, allowed in (("objective", objective, OBJECTIVES), ("search_form", search_form, SEARCH_FORMS)):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
+    _check_choices(objective=(objective, OBJECTIVES), search_form=(search_form, SEARCH_FORMS))
     if not train:
         raise ValueError("no training question for query-side fine-tuning")
     (train, truecased), (dev, truecased_dev) = truecase_records(truecase, train), truecase_records(truecase, dev)
@@ -209,8 +219,7 @@ def query_finetune(model_dir: str | os.PathLike, dump_dir: str | os.PathLike, in
                 questions_per_s=round(len(train) / history[-1]["seconds"], 2) if history[-1]["seconds"] else None)
         if dev is None or em > best_em:
             best_em = em if em is not None else best_em
-            best_state = {part: {k_: v.clone() for k_, v in getattr(model, part).state_dict().items()}
-                          for part in ("query_start", "query_end")}
+            best_state = _query_state(model)
     bar.close()
     for part, state in best_state.items():
         getattr(model, part).load_state_dict(state)
