@@ -45,9 +45,12 @@ class DensePhrases(torch.nn.Module):
         """h [B, m, d]: the phrase encoder's last layer over passage tokens."""
         return encode(self.phrase, ids, attention)
 
-    def query_vectors(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q_start, q_end [B, d]: the [CLS] outputs of the two query encoders."""
-        return encode(self.query_start, ids, attention)[:, 0], encode(self.query_end, ids, attention)[:, 0]
+    def query_vectors(self, ids: torch.Tensor, attention: torch.Tensor,
+                      encoders: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_start, q_end [B, d]: the [CLS] outputs of the two query encoders (``encoders``: another (start, end) pair
+        in their place, e.g. a frozen copy)."""
+        start, end = encoders or (self.query_start, self.query_end)
+        return encode(start, ids, attention)[:, 0], encode(end, ids, attention)[:, 0]
 
     def filter_logits(self, h: torch.Tensor) -> torch.Tensor:
         """[B, m, 2]: start- and end-filter logits of every token vector."""

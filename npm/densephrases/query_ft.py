@@ -47,7 +47,7 @@ from npm.densephrases.search import search
 from npm.densephrases.searcher import PhraseSearcher
 from npm.densephrases.truecase import truecase_records
 from npm.io import atomic_dir, write_json
-from npm.model import autocast, encode
+from npm.model import autocast
 from npm.progress import bar as progress_bar
 from npm.settings import SEARCH_FORMS, DensePhrasesQueryFt, DensePhrasesSettings
 from npm.tasks.metrics import exact_match
@@ -76,8 +76,8 @@ def batch_losses(searcher, questions: list[dict], k: int, max_words: int, object
     if search_form == "code":
         with torch.inference_mode(), autocast(searcher.device, searcher.precision):
             enc = searcher.tokenize(texts)
-            qs, qe = (encode(e, enc["input_ids"], enc["attention_mask"])[:, 0].float().cpu().numpy()
-                      for e in search_encoders)
+            qs, qe = (v.float().cpu().numpy() for v in
+                      searcher.model.query_vectors(enc["input_ids"], enc["attention_mask"], search_encoders))
         found, width = searcher.code_candidates(qs, qe, k, max_words), 2 * k
     else:
         qs, qe = q_start.detach().float().cpu().numpy(), q_end.detach().float().cpu().numpy()

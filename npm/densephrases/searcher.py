@@ -20,7 +20,7 @@ from npm.data.blocks import load_blocks
 from npm.datastore.faiss_index import search as faiss_search
 from npm.densephrases.dump import PhraseDump, load_index
 from npm.densephrases.model import DensePhrases
-from npm.densephrases.search import IndexVectors, code_partners, search
+from npm.densephrases.search import IndexVectors, code_partners, phrase_scores, search
 from npm.model import autocast, torch_device
 from npm.settings import PHRASE_VECTORS, SEARCH_FORMS, DensePhrasesSettings
 
@@ -150,8 +150,7 @@ class PhraseSearcher:
         [G])."""
         out = []
         for qs, qe, pairs in zip(q_start, q_end, self.code_candidates(q_start, q_end, k, max_words), strict=True):
-            scores = (np.asarray(self.vectors[pairs[:, 0]], dtype=np.float32) @ qs
-                      + np.asarray(self.vectors[pairs[:, 1]], dtype=np.float32) @ qe) if len(pairs) else np.zeros(0)
+            scores = phrase_scores(self.vectors, qs, qe, pairs) if len(pairs) else np.zeros(0, dtype=np.float32)
             order = np.argsort(-scores, kind="stable")
             out.append((pairs[order], scores[order]))
         return out
