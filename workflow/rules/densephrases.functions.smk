@@ -1,5 +1,6 @@
 # Input functions and names of the rules in densephrases.smk (included at its top), out of its rules for `snakemake --lint`.
 from npm.settings import DensePhrasesQueryFt, DensePhrasesTeacher, DensePhrasesTrain
+from npm.densephrases.truecase import PACKAGE as TRUECASE_PACKAGE
 
 # DensePhrases (config `densephrases`, its defaults filled in above; rules in densephrases.smk; absent = none
 # of its targets, and the names below are empty).
@@ -29,7 +30,7 @@ if DP:
 
 def dp_truecase():
     """The truecasing statistics of config `truecase` as an input ([] when off or the truecase package's own)."""
-    return [DP["truecase"]] if DP and DP["truecase"] not in (None, "package") else []
+    return [DP["truecase"]] if DP and DP["truecase"] not in (None, TRUECASE_PACKAGE) else []
 
 
 # DensePhrases files placed by hand (config densephrases.rc's SQuAD files, query_ft's question files, the truecasing
