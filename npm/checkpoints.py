@@ -51,6 +51,10 @@ class Layout:
     rule: str
     command: str
 
+    def name(self, n: int) -> str:
+        """The name of checkpoint N, ``<prefix>-<N>``."""
+        return f"{self.prefix}-{n}"
+
     def number(self, path: Path) -> int | None:
         """N of a checkpoint folder ``<prefix>-<N>``, else None."""
         head, _, n = path.name.partition("-")
@@ -114,7 +118,7 @@ def save(folder: str | os.PathLike, n: int, state: dict, layout: Layout, write_m
          keep: int | None = None) -> Path:
     """Write checkpoint ``<prefix>-<n>`` of ``folder`` atomically: ``write_model(build folder)``, ``state`` in the
     state file, the checksums of all; then remove all but the newest ``keep`` checkpoints (None: keep all)."""
-    final = Path(folder) / f"{layout.prefix}-{n}"
+    final = Path(folder) / layout.name(n)
     previous = checkpoints(folder, layout)
     size = bytes_under(previous[-1]) if previous else None  # the size of this one, near enough
     if size is not None and size > shutil.disk_usage(folder).free:

@@ -540,6 +540,12 @@ class DensePhrasesTrain(Section):
     lambda_distill: float = _setting(2.0, "lambda_2 (paper: 2); 0 = no teacher (train waits on none)", minimum=0)
     lambda_neg: float = _setting(4.0, "lambda_3 (paper: 4)", minimum=0)
     lambda_filter: float = _setting(0.0, "filter BCE weight (paper: not in eq. 9; code: 1.0)", minimum=0)
+    generated_first: bool = _setting(False, "false (paper 4.1): the generated questions (rc.generated) join the RC "
+                                            "training set; true (the code's run-rc): two stages, each with a new "
+                                            "optimiser and schedule: epochs - pre_batch_epochs epochs on the "
+                                            "generated questions alone with in-batch negatives, then "
+                                            "pre_batch_epochs epochs on the RC training set with pre-batch negatives "
+                                            "from its first epoch")
 
 
 @dataclass(frozen=True)
@@ -581,8 +587,10 @@ class DensePhrasesSettings(Section):
                                                  "= encoder", kinds=(str,), option=False)
     rc: str | dict = _setting("embedded", "reading-comprehension data: `embedded` (distant supervision from the "
                                           "embedded facts, rule densephrases_rc) or {train, dev, test} paths of SQuAD "
-                                          "v1.1 JSON files (SQuAD, NQ-RC)", choices=("embedded",), kinds=(str, dict),
-                              option=False)
+                                          "v1.1 JSON files (SQuAD, NQ-RC), and optionally `generated`, the path of "
+                                          "generated training questions in the same format (the code's question-"
+                                          "generation file, already filtered)", choices=("embedded",),
+                              kinds=(str, dict), option=False)
     qg_filter: bool = _setting(True, "question generation's filter (paper 4.1): train the student on the generated "
                                      "questions that the cross-attention teacher answers exactly (rule "
                                      "densephrases_filter); false = on every training question", option=False)

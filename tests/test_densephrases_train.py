@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,6 +131,56 @@ def test_training_learns_resumes_only_itself_and_uses_pre_batch_in_the_last_epoc
     with torch.no_grad():
         next(model.query_start.parameters()).add_(1.0)
     assert all(torch.equal(v, before[k]) for k, v in model.phrase.state_dict().items())
+
+
+GENERATED = [("Italy", "Rome"), ("Spain", "Madrid"), ("Ghana", "Accra"), ("Nepal", "Kathmandu"), ("Cuba", "Havana"),
+             ("Iran", "Tehran")]
+
+
+def test_generated_questions_join_the_training_set_or_train_first_as_the_codes_two_stages(world, tmp_path):
+    """Paper 4.1: generated questions are added to the training set; the code's run-rc trains on them alone first
+    (in-batch negatives), then on the RC set from those encoders with pre-batch negatives from its first epoch, each
+    stage with a new optimiser and schedule (paper-map §D1.7)."""
+    from npm.densephrases.train import PhraseTrainConfig, stages, train_densephrases
+
+    generated = [{"id": f"g{n}", "title": c, "context": f"The capital of {c} is {city}.",
+                  "question": f"Which city is the capital of {c}?", "answers": [city],
+                  "answer_start": [len(f"The capital of {c} is ")]} for n, (c, city) in enumerate(GENERATED)]
+    write_squad(tmp_path / "generated.json", generated, "test")
+    cfg = dict(encoder=world["encoder"], train=world["train"], generated=str(tmp_path / "generated.json"),
+               checkpoint_dir=str(tmp_path / "ck"), epochs=3, pre_batch_epochs=1, pre_batch=2, batch_size=2, lr=2e-3,
+               max_passage_tokens=64, max_question_tokens=24, lambda_distill=0.0)
+    joint = train_densephrases(PhraseTrainConfig(**cfg, out_dir=str(tmp_path / "joint")), progress=False)
+    assert joint["examples"] == 8 + 6 and joint["steps"] == 3 * 7 and len(joint["stages"]) == 1
+
+    two_cfg = PhraseTrainConfig(**cfg, generated_first=True, out_dir=str(tmp_path / "two"))
+    two = train_densephrases(two_cfg, progress=False)
+    first, second = two["stages"]
+    assert (first["examples"], first["steps"]) == (6, 2 * 3) and (second["examples"], second["steps"]) == (8, 4)
+    rows = list(csv.DictReader(open(tmp_path / "two" / "train_log.csv")))
+    assert [int(r["step"]) for r in rows] == list(range(1, 11)) and [r["stage"] for r in rows] == ["1"] * 6 + ["2"] * 4
+    assert all(r["pre_batch"] == "0" and r["loss_neg"] != "nan" for r in rows[:6])  # in-batch negatives only
+    assert [r["pre_batch"] for r in rows[6:]] == ["0", "1", "2", "2"]  # pre-batch from the RC stage's first epoch
+    summary = json.loads((tmp_path / "two" / "train_summary.json").read_text())
+    assert summary["settings"]["generated_first"] and len(summary["stages"]) == 2
+
+    # each stage is an ordinary run: the first is the run of the generated questions alone, the second the RC set's
+    # run from the first one's last epoch, so either resumes from (and only from) its own checkpoints
+    plan = stages(two_cfg)
+    assert plan[0].train == cfg["generated"] and plan[0].negatives == "in_batch" and plan[0].pre_batch_epochs == 0
+    alone = train_densephrases(replace(plan[0], out_dir=str(tmp_path / "alone")), progress=False)
+    assert alone["run_folder"] == first["run_folder"] and alone["steps"] == first["steps"]
+    init = str(Path(first["run_folder"]) / "epoch-2")
+    rc_stage = train_densephrases(replace(plan[1], init=init, out_dir=str(tmp_path / "rc")), progress=False)
+    assert rc_stage["run_folder"] == second["run_folder"] and rc_stage["steps"] == 4
+    assert second["run_folder"] != joint["run_folder"] != first["run_folder"]
+    again = train_densephrases(two_cfg, progress=False)
+    assert again["stages"] == two["stages"]
+
+    with pytest.raises(ValueError, match="give their file"):
+        train_densephrases(PhraseTrainConfig(**{**cfg, "generated": None}, generated_first=True, out_dir="-"))
+    with pytest.raises(ValueError, match="both must be at least 1"):
+        train_densephrases(PhraseTrainConfig(**{**cfg, "pre_batch_epochs": 0}, generated_first=True, out_dir="-"))
 
 
 def test_a_batch_loss_ignores_padding_beyond_its_longest_sequence(world):

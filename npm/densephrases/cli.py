@@ -86,6 +86,7 @@ def cmd_train(args) -> int:
     cfg = PhraseTrainConfig(encoder=args.encoder, train=str(args.train), out_dir=str(args.out),
                             checkpoint_dir=str(args.checkpoint_dir),
                             teacher=str(args.teacher) if args.teacher else None,
+                            generated=str(args.generated) if args.generated else None,
                             **from_args(args, DensePhrasesTrain).as_dict(), **_step_settings(args, "train"),
                             seed=args.seed, device=args.device)
     with tracking.from_args(args, "densephrases_train", args.negatives) as run:
@@ -260,6 +261,9 @@ INDEX = option("--index", type=Path, required=True, help="FAISS index of the dum
 ENCODER = option("--encoder", required=True, help="checkpoint of the three encoders (paper: SpanBERT-base-cased)")
 TRAIN = option("--train", type=Path, required=True, help="SQuAD v1.1 JSON")
 TEACHER = option("--teacher", type=Path, default=None, help="teacher folder (train-teacher); none = no distillation")
+GENERATED = option("--generated", type=Path, default=None,
+                   help="SQuAD v1.1 JSON of generated training questions (config rc.generated; the code's "
+                        "question-generation file); none = none")
 CHECKPOINT_DIR = option("--checkpoint-dir", type=Path, required=True, help="run folders with per-epoch checkpoints")
 # the search options, with the defaults of npm.settings.Settings (config inference.phrase_k and .phrase_max_words);
 # query-ft's k is config densephrases.query_ft.k
@@ -292,9 +296,11 @@ STEPS = (
                      _settings("filter"))),
     Command("train", "the phrase and question encoders (eq. 9), resumable", cmd_train,
             description="L = lambda_single L_single + lambda_distill L_distill + lambda_neg L_neg (+ lambda_filter "
-                        "L_filter); pre-batch negatives in the last epochs (npm.densephrases.train).",
-            options=(ENCODER, TRAIN, TEACHER, OUT(help="model folder"), CHECKPOINT_DIR, section(DensePhrasesTrain),
-                     _settings("train"), SEED, tracking.OPTIONS)),
+                        "L_filter); pre-batch negatives in the last epochs; generated questions joined to the "
+                        "training set, or trained first as a stage of their own with --generated-first "
+                        "(npm.densephrases.train).",
+            options=(ENCODER, TRAIN, GENERATED, TEACHER, OUT(help="model folder"), CHECKPOINT_DIR,
+                     section(DensePhrasesTrain), _settings("train"), SEED, tracking.OPTIONS)),
     Command("dump", "the phrase dump: fp16 token vectors of every passage", cmd_dump,
             description="Encodes every block of the corpus with the phrase encoder (npm.densephrases.dump).",
             options=(CHECKPOINT(help="DensePhrases model folder"),

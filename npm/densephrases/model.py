@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from npm.fingerprint import file_fingerprint, model_fingerprint
 from npm.model import encode, load_encoder, load_tokenizer
 
 PARTS = ("phrase", "query_start", "query_end")
@@ -75,6 +76,13 @@ class DensePhrases(torch.nn.Module):
         model.filter_head.load_state_dict(torch.load(path / "filter_head.pt", weights_only=True))
         model.filter_trained = bool(meta.get("filter_trained", False))
         return model
+
+
+def model_fingerprint_all(path: str | Path) -> str:
+    """The fingerprint of a whole DensePhrases model folder: its three encoders and its filter head."""
+    path = Path(path)
+    _meta(path)  # a clear error if it is not a model folder
+    return ":".join([*(model_fingerprint(str(path / p)) for p in PARTS), file_fingerprint(path / "filter_head.pt")])
 
 
 def load_filter_head(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, bool]:

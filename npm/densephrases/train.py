@@ -9,7 +9,11 @@
    L_neg + ``lambda_filter`` L_filter (``npm.densephrases.losses``). ``negatives``: ``none``, ``in_batch`` (the
    other gold vectors of the batch), or ``pre_batch`` (paper): in-batch, plus the detached gold vectors of the last C
    batches in the last ``pre_batch_epochs`` epochs (the paper: 4 epochs, pre-batch in the last 2; the queue starts
-   empty each epoch).
+   empty each epoch). Generated questions (``generated``, the code's question-generation file) join the RC training
+   set (paper 4.1), or, with ``generated_first``, train alone first, as the code's ``run-rc`` does: the first
+   ``epochs - pre_batch_epochs`` epochs on the generated questions with in-batch negatives, then ``pre_batch_epochs``
+   epochs on the RC training set from those encoders, pre-batch negatives from its first epoch, each stage with a
+   new optimiser and schedule (docs/paper-map.md §D1.7).
 
 Adam (AdamW with weight decay 0), a linear decay, gradient norm clipped at 1 (appendix D). Shuffling is seeded per
 epoch. Both trainings are resumable per epoch (``npm.checkpoints``): ``run-<id>/epoch-N/`` (the model and ``state.pt``
@@ -26,7 +30,7 @@ import json
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +48,7 @@ from npm.densephrases.losses import (
     token_logits,
     total_loss,
 )
-from npm.densephrases.model import DensePhrases
+from npm.densephrases.model import DensePhrases, model_fingerprint_all
 from npm.densephrases.rc import read_squad
 from npm.fingerprint import file_fingerprint, model_fingerprint
 from npm.io import atomic_dir, folder_lock, write_json
@@ -65,6 +69,9 @@ class PhraseTrainConfig:
     out_dir: str
     checkpoint_dir: str
     teacher: str | None = None  # a train_teacher folder; None = no distillation
+    generated: str | None = None  # SQuAD v1.1 JSON of generated questions (the code's QG file); None = none
+    generated_first: bool = False  # the code's two stages: the generated questions alone first (module docstring)
+    init: str | None = None  # a DensePhrases model folder to start from instead of ``encoder`` (the code's --load_dir)
     negatives: str = "pre_batch"
     epochs: int = 4
     pre_batch_epochs: int = 2
@@ -109,11 +116,15 @@ def _layout(kind: str) -> checkpoints.Layout:
 def _run_dir(cfg, kind: str) -> Path:
     """The run folder of these settings (``npm.checkpoints.run_folder``): the id hashes them (the precision as this
     machine runs it, not the device name) and the fingerprints of the encoder, the training file and the teacher."""
-    hashed = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "checkpoint_dir", "encoder", "train",
-                                                                "teacher", "device")}
+    paths = ("out_dir", "checkpoint_dir", "encoder", "train", "teacher", "generated", "init", "device")
+    hashed = {k: v for k, v in asdict(cfg).items() if k not in paths}
     hashed.update(kind=kind, encoder=model_fingerprint(cfg.encoder), train=file_fingerprint(cfg.train),
                   teacher=model_fingerprint(cfg.teacher) if getattr(cfg, "teacher", None) else None,
                   precision=effective_precision(torch_device(cfg.device), cfg.precision))
+    if getattr(cfg, "generated", None):  # keys only where set: the runs made before them keep their ids
+        hashed["generated"] = file_fingerprint(cfg.generated)
+    if getattr(cfg, "init", None):
+        hashed["init"] = model_fingerprint_all(cfg.init)
     record = {"run_id": checkpoints.run_id(hashed), "kind": kind, "settings": asdict(cfg)}
     return checkpoints.run_folder(cfg.checkpoint_dir, record, _layout(kind))
 
@@ -166,7 +177,10 @@ def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]
 
 
 def _features(cfg) -> dict:
+    """The training features: the RC training set, and the generated questions where ``cfg`` has them."""
     examples = read_squad(cfg.train)
+    if getattr(cfg, "generated", None):
+        examples += [{**ex, "question_generated": True} for ex in read_squad(cfg.generated)]
     feats = rc_features(examples, load_tokenizer(cfg.encoder), cfg.max_passage_tokens, cfg.max_question_tokens)
     if feats["dropped"]:
         log.warning("%s: %d of %d answers lie beyond %d passage tokens and are left out", cfg.train,
@@ -328,54 +342,96 @@ def step_loss(model, feats: dict, rows: np.ndarray, cfg: PhraseTrainConfig, queu
     return total_loss(parts, lambdas), {k: float(v.detach()) for k, v in parts.items()}
 
 
-def train_densephrases(cfg: PhraseTrainConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
-    """Train (or resume) the phrase and query encoders; writes the model folder ``cfg.out_dir``. ``run`` as for
-    ``train_teacher``."""
-    device = torch_device(cfg.device)
+def _check(cfg: PhraseTrainConfig) -> None:
     if cfg.negatives not in NEGATIVES:
         raise ValueError(f"negatives must be one of {NEGATIVES}, not {cfg.negatives!r}")
     if not 0 <= cfg.pre_batch_epochs <= cfg.epochs:
         raise ValueError(f"pre_batch_epochs must be between 0 and epochs = {cfg.epochs}, got {cfg.pre_batch_epochs}")
+    if cfg.generated_first and not cfg.generated:
+        raise ValueError("generated_first trains on the generated questions first: give their file (--generated)")
+    if cfg.generated_first and not 0 < cfg.pre_batch_epochs < cfg.epochs:
+        raise ValueError(f"generated_first: the generated questions train epochs - pre_batch_epochs epochs and the RC "
+                         f"set pre_batch_epochs, so both must be at least 1; got epochs = {cfg.epochs}, "
+                         f"pre_batch_epochs = {cfg.pre_batch_epochs}")
+
+
+def stages(cfg: PhraseTrainConfig) -> list[PhraseTrainConfig]:
+    """The runs of a training: ``cfg`` itself, or with ``generated_first`` the code's two (module docstring); the
+    second's ``init`` is filled in once the first has trained."""
+    if not cfg.generated_first:
+        return [cfg]
+    first = replace(cfg, train=cfg.generated, generated=None, generated_first=False,
+                    epochs=cfg.epochs - cfg.pre_batch_epochs, pre_batch_epochs=0,
+                    negatives="none" if cfg.negatives == "none" else "in_batch")
+    second = replace(cfg, generated=None, generated_first=False, epochs=cfg.pre_batch_epochs)
+    return [first, second]
+
+
+def _train_stage(cfg: PhraseTrainConfig, device, run: tracking.Run, progress: bool, first_step: int,
+                 desc: str) -> tuple[DensePhrases, list[dict], dict]:
+    """Train (or resume) one run of ``cfg``; (model, its step rows, {run_folder, examples, dropped}). Its steps are
+    tracked from ``first_step`` + 1."""
+    run_dir, feats = _start(cfg, "densephrases")
+    n = len(feats["start"])
+    teacher_s = teacher_e = None
+    if cfg.teacher and cfg.lambda_distill:
+        teacher_s, teacher_e = teacher_logits(load_teacher(cfg.teacher).to(device), feats, precision=cfg.precision)
+    start_epoch, model, state = _resume(run_dir, "densephrases", DensePhrases.load)
+    run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, examples=n)
+    if model is None:
+        model = DensePhrases.load(cfg.init) if cfg.init else DensePhrases.from_encoder(cfg.encoder)
+    model.filter_trained = model.filter_trained or bool(cfg.lambda_filter)
+    model.to(device)
+    steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
+    optimizer, scheduler = _optimizer(model.parameters(), cfg.lr, steps)
+    rows = [] if state is None else _restore(state, optimizer, scheduler)
+    model.train()
+    bar = progress_bar(total=steps, initial=len(rows), desc=desc, unit="step", show=progress)
+    for epoch in range(start_epoch, cfg.epochs):
+        pre = cfg.negatives == "pre_batch" and epoch >= cfg.epochs - cfg.pre_batch_epochs
+        queue = PreBatchQueue(cfg.pre_batch) if pre else None  # a new, empty queue every epoch
+        for batch in _batches(n, cfg.batch_size, cfg.seed, epoch):
+            t0 = time.perf_counter()
+            used = len(queue) if queue else 0  # pre-batch batches this step scores against
+            with autocast(device, cfg.precision):
+                loss, parts = step_loss(model, feats, batch, cfg, queue, teacher_s, teacher_e)
+            _update(loss, model, optimizer, scheduler)
+            rows.append({"step": len(rows) + 1, "epoch": epoch + 1, "loss": round(float(loss.detach()), 6),
+                         **{f"loss_{k}": round(parts.get(k, float("nan")), 6) for k in
+                            ("single", "distill", "neg", "filter")},
+                         "pre_batch": used, "seconds": round(time.perf_counter() - t0, 3)})
+            _track(run, {**rows[-1], "step": first_step + len(rows)}, scheduler, len(batch))
+            bar.update(1)
+            bar.set_postfix(loss=f"{rows[-1]['loss']:.3f}")
+        _save(run_dir, "densephrases", epoch + 1, model.save, optimizer, scheduler, rows)
+        run.log(first_step + len(rows), checkpoint_step=first_step + len(rows), checkpoint_epoch=epoch + 1)
+    bar.close()
+    return model, rows, {"run_folder": str(run_dir), "examples": n, "dropped": feats["dropped"]}
+
+
+def train_densephrases(cfg: PhraseTrainConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
+    """Train (or resume) the phrase and query encoders, in one run or the code's two (``generated_first``); writes
+    the model folder ``cfg.out_dir``, whose ``train_log.csv`` numbers the steps across the runs (column ``stage``).
+    ``run`` as for ``train_teacher``."""
+    device = torch_device(cfg.device)
+    _check(cfg)
+    run = run or tracking.Run()
+    runs = stages(cfg)
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases training"):
-        run_dir, feats = _start(cfg, "densephrases")
-        n = len(feats["start"])
-        teacher_s = teacher_e = None
-        if cfg.teacher and cfg.lambda_distill:
-            teacher_s, teacher_e = teacher_logits(load_teacher(cfg.teacher).to(device), feats,
-                                                  precision=cfg.precision)
-        start_epoch, model, state = _resume(run_dir, "densephrases", DensePhrases.load)
-        run = run or tracking.Run()
-        run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, examples=n)
-        model = DensePhrases.from_encoder(cfg.encoder) if model is None else model
-        model.filter_trained = model.filter_trained or bool(cfg.lambda_filter)
-        model.to(device)
-        steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
-        optimizer, scheduler = _optimizer(model.parameters(), cfg.lr, steps)
-        rows = [] if state is None else _restore(state, optimizer, scheduler)
-        model.train()
-        bar = progress_bar(total=steps, initial=len(rows), desc="DensePhrases", unit="step", show=progress)
-        for epoch in range(start_epoch, cfg.epochs):
-            pre = cfg.negatives == "pre_batch" and epoch >= cfg.epochs - cfg.pre_batch_epochs
-            queue = PreBatchQueue(cfg.pre_batch) if pre else None  # a new, empty queue every epoch
-            for batch in _batches(n, cfg.batch_size, cfg.seed, epoch):
-                t0 = time.perf_counter()
-                used = len(queue) if queue else 0  # pre-batch batches this step scores against
-                with autocast(device, cfg.precision):
-                    loss, parts = step_loss(model, feats, batch, cfg, queue, teacher_s, teacher_e)
-                _update(loss, model, optimizer, scheduler)
-                rows.append({"step": len(rows) + 1, "epoch": epoch + 1, "loss": round(float(loss.detach()), 6),
-                             **{f"loss_{k}": round(parts.get(k, float("nan")), 6) for k in
-                                ("single", "distill", "neg", "filter")},
-                             "pre_batch": used, "seconds": round(time.perf_counter() - t0, 3)})
-                _track(run, rows[-1], scheduler, len(batch))
-                bar.update(1)
-                bar.set_postfix(loss=f"{rows[-1]['loss']:.3f}")
-            _save(run_dir, "densephrases", epoch + 1, model.save, optimizer, scheduler, rows)
-            run.log(len(rows), checkpoint_step=len(rows), checkpoint_epoch=epoch + 1)
-        bar.close()
+        log_rows, summaries, model = [], [], None
+        for k, stage in enumerate(runs):
+            if k:  # the code's second stage starts from the first stage's encoders (its --load_dir)
+                last_epoch = _layout("densephrases").name(runs[k - 1].epochs)
+                stage = replace(stage, init=str(Path(summaries[-1]["run_folder"]) / last_epoch))
+            desc = "DensePhrases" if len(runs) == 1 else f"DensePhrases, stage {k + 1} of {len(runs)}"
+            model, rows, summary = _train_stage(stage, device, run, progress, len(log_rows), desc)
+            log_rows += [{**r, "step": len(log_rows) + i + 1, "stage": k + 1} for i, r in enumerate(rows)]
+            summaries.append({**summary, "steps": len(rows), "settings": asdict(stage)})
         with atomic_dir(cfg.out_dir) as tmp:
             model.save(tmp)
-            _write_log(tmp / "train_log.csv", rows)
-            write_json(tmp / "train_summary.json", {"run_folder": str(run_dir), "examples": n,
-                                                    "dropped": feats["dropped"], "settings": asdict(cfg)})
-    return {"run_folder": str(run_dir), "steps": len(rows), "examples": n}
+            _write_log(tmp / "train_log.csv", log_rows)
+            write_json(tmp / "train_summary.json", {**summaries[-1], "settings": asdict(cfg),
+                                                    "stages": summaries if len(runs) > 1 else None})
+    last = summaries[-1]
+    return {"run_folder": last["run_folder"], "steps": len(log_rows), "examples": last["examples"],
+            "stages": [{k: s[k] for k in ("run_folder", "steps", "examples")} for s in summaries]}
