@@ -310,7 +310,8 @@ def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_p
     """Before: config/paper.yaml's DensePhrases evaluations answered with eq. 10's best phrase and its query-side
     fine-tuning chose the best epoch by the dev EM at k 100, where the code answers with the best of its
     search_phrase groups and evaluates the epochs at top_k 10, and asked NQ's lowercased questions as they are where
-    the code truecases them (docs/paper-map.md §D1.7): the statistics are an input placed by hand."""
+    the code truecases them (docs/paper-map.md §D1.7): the statistics are an input placed by hand. Its phrase model
+    trained on SQuAD alone, where the code's run-rc trains on its generated questions first, then on SQuAD."""
     from tests.test_checkpoints import SNAKEMAKE
 
     out = subprocess.run([SNAKEMAKE, "all", "-n", "-p", "--cores", "1", "--directory", str(tmp_path), "-s",
@@ -327,6 +328,10 @@ def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_p
                                                            f"--truecase {dist}"))
     assert all(f" --search-form code --truecase {dist} " in f" {line} " for line in searches)
     assert f"rule densephrases_manual_file:\n    output: {dist}" in out.stdout
+    generated = "data/raw/densephrases/squad/train-v1.1_qg_ents_t5large_3500_filtered.json"
+    trains = [line for line in lines if line.startswith("npm-repro densephrases train ")]
+    assert trains and all(f" --generated {generated} " in line and " --generated-first " in line for line in trains)
+    assert f"rule densephrases_manual_file:\n    output: {generated}" in out.stdout
 
 
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])

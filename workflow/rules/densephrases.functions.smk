@@ -24,6 +24,11 @@ if DP:
     DP_INDEXES = {_slug(f): f for f in [DP["index"], *DP["compare_indexes"]]}
     DP_INDEX = _slug(DP["index"])
     DP_COMPRESSED = _slug(DP["compressed"]) if DP["compressed"] else None  # file name of config `compressed`
+    if DP["train"]["generated_first"] and not (isinstance(DP["rc"], dict) and DP["rc"].get("generated")):
+        _config_error(
+            "densephrases.train.generated_first trains on the generated questions first: give their file "
+            "as densephrases.rc.generated"
+        )
     if DP_CORPUS not in config["sources"]:
         _config_error(f"densephrases.corpus: {DP_CORPUS!r} is not a source; sources: {sorted(config['sources'])}")
 
@@ -79,6 +84,12 @@ def dp_rc(split):
 def dp_train_file():
     """The student's training file: the RC training split, filtered by the teacher with config `qg_filter`."""
     return "data/densephrases/rc/train.filtered.json" if DP["qg_filter"] else dp_rc("train")
+
+
+def dp_generated():
+    """Config rc.generated, the generated training questions, as an input ([] when none)."""
+    generated = DP["rc"].get("generated") if isinstance(DP["rc"], dict) else None
+    return [generated] if generated else []
 
 
 def dp_qft(split):

@@ -30,9 +30,9 @@ use rule tokenize_blocks as densephrases_tokenize_blocks with:
 
 
 rule densephrases_manual_file:
-    """A DensePhrases input placed by hand (config densephrases.rc: SQuAD v1.1 / NQ-RC JSON; densephrases.query_ft:
-    JSONL questions; densephrases.truecase: the code's statistics); this job only fails with that instruction, so
-    that `snakemake -n` still plans the whole DAG."""
+    """A DensePhrases input placed by hand (config densephrases.rc: SQuAD v1.1 / NQ-RC JSON and the generated
+    questions; densephrases.query_ft: JSONL questions; densephrases.truecase: the code's statistics); this job only
+    fails with that instruction, so that `snakemake -n` still plans the whole DAG."""
     output:
         "{dp_manual}",
     log:
@@ -43,9 +43,10 @@ rule densephrases_manual_file:
         "../envs/data.yaml"
     shell:
         "echo 'densephrases: {output} does not exist; place it there by hand (SQuAD v1.1:"
-        " https://rajpurkar.github.io/SQuAD-explorer/dataset/; NQ-RC and the open-domain NQ questions: the"
-        " DensePhrases release; truecasing statistics: truecase/english_with_questions.dist of the DensePhrases"
-        " data release, densephrases-data.tar.gz; see config/paper.yaml), then re-run.' | tee {log} >&2; exit 1"
+        " https://rajpurkar.github.io/SQuAD-explorer/dataset/; NQ-RC, the generated questions and the open-domain"
+        " NQ questions: the DensePhrases release; truecasing statistics: truecase/english_with_questions.dist of"
+        " the DensePhrases data release, densephrases-data.tar.gz; see config/paper.yaml), then re-run.'"
+        " | tee {log} >&2; exit 1"
 
 
 rule densephrases_rc:
@@ -118,9 +119,11 @@ rule densephrases_filter:
 
 rule densephrases_train:
     """Phrase and question encoders (eq. 9) with the negatives of the wildcard (resumable per epoch); the teacher
-    only where train.lambda_distill > 0."""
+    only where train.lambda_distill > 0; config rc.generated's questions joined to the training set, or trained
+    first (train.generated_first, the code's two stages)."""
     input:
         train=lambda wc: dp_train_file(),
+        generated=lambda wc: dp_generated(),
         teacher=lambda wc: ["results/densephrases/teacher"] if DP["train"]["lambda_distill"] else [],
     output:
         directory("results/densephrases/model_{negatives}"),
@@ -142,8 +145,10 @@ rule densephrases_train:
         settings=lambda wc: dp_args("train"),
         seed=config["seed"],
         teacher=lambda wc, input: f"--teacher {input.teacher}" if input.teacher else "",
+        generated=lambda wc, input: f"--generated {input.generated}" if input.generated else "",
     shell:
         "npm-repro densephrases train --encoder {params.encoder:q} --train {input.train} {params.teacher}"
+        " {params.generated}"
         " --out {output} --checkpoint-dir results/checkpoints/densephrases {params.train} {params.settings}"
         " --seed {params.seed} {params.tracking} > {log} 2>&1"
 
