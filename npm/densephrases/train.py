@@ -178,12 +178,11 @@ def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]
 
 def _features(cfg) -> dict:
     """The training features: the RC training set, and the generated questions where ``cfg`` has them."""
-    examples = read_squad(cfg.train)
-    if getattr(cfg, "generated", None):
-        examples += [{**ex, "question_generated": True} for ex in read_squad(cfg.generated)]
+    files = [cfg.train, *([cfg.generated] if getattr(cfg, "generated", None) else [])]
+    examples = [ex for path in files for ex in read_squad(path)]
     feats = rc_features(examples, load_tokenizer(cfg.encoder), cfg.max_passage_tokens, cfg.max_question_tokens)
     if feats["dropped"]:
-        log.warning("%s: %d of %d answers lie beyond %d passage tokens and are left out", cfg.train,
+        log.warning("%s: %d of %d answers lie beyond %d passage tokens and are left out", " + ".join(files),
                     feats["dropped"], len(examples), cfg.max_passage_tokens)
     return feats
 

@@ -12,6 +12,12 @@ def _slug(factory):
     return re.sub(r"[^A-Za-z0-9]+", "_", factory).strip("_")
 
 
+def dp_generated():
+    """Config rc.generated, the generated training questions, as an input ([] when none)."""
+    generated = DP["rc"].get("generated") if isinstance(DP["rc"], dict) else None
+    return [generated] if generated else []
+
+
 if "densephrases" in evaluated_systems() and not DP:
     _config_error("evaluation lists the system densephrases but config has no `densephrases` section")
 DP_ENCODER = DP_TEACHER_ENCODER = DP_CORPUS = DP_NEGATIVES = DP_INDEX = DP_COMPRESSED = None
@@ -24,7 +30,7 @@ if DP:
     DP_INDEXES = {_slug(f): f for f in [DP["index"], *DP["compare_indexes"]]}
     DP_INDEX = _slug(DP["index"])
     DP_COMPRESSED = _slug(DP["compressed"]) if DP["compressed"] else None  # file name of config `compressed`
-    if DP["train"]["generated_first"] and not (isinstance(DP["rc"], dict) and DP["rc"].get("generated")):
+    if DP["train"]["generated_first"] and not dp_generated():
         _config_error(
             "densephrases.train.generated_first trains on the generated questions first: give their file "
             "as densephrases.rc.generated"
@@ -84,12 +90,6 @@ def dp_rc(split):
 def dp_train_file():
     """The student's training file: the RC training split, filtered by the teacher with config `qg_filter`."""
     return "data/densephrases/rc/train.filtered.json" if DP["qg_filter"] else dp_rc("train")
-
-
-def dp_generated():
-    """Config rc.generated, the generated training questions, as an input ([] when none)."""
-    generated = DP["rc"].get("generated") if isinstance(DP["rc"], dict) else None
-    return [generated] if generated else []
 
 
 def dp_qft(split):
