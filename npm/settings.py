@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 PHRASE_VECTORS = ("dump", "index")  # what DensePhrases scores a phrase from: the fp16 dump, or the index's codes
 SEARCH_FORMS = ("paper", "code")  # how DensePhrases searches: eq. 10, or the original code's search_phrase groups
+DUMP_PASSAGES = ("blocks", "units")  # what DensePhrases' dump encodes: NPM's blocks, or each text unit alone (the code)
 
 
 def _setting(default, help: str, choices: tuple | None = None, minimum: float | None = None,
@@ -608,6 +609,16 @@ class DensePhrasesSettings(Section):
     filter_threshold: float | None = _setting(None, "dump filter: keep tokens whose start- or end-filter logit "
                                                     "exceeds it (code: -2 dev, 1 Wikipedia); null = every token",
                                               kinds=(float,), option=("dump",))
+    dump_passages: str = _setting("blocks", "what the phrase encoder reads when it dumps a token: blocks = the "
+                                            "corpus's blocks (NPM's, text units packed into 256 tokens); units = "
+                                            "each text unit (paragraph) alone, in windows of dump_max_tokens "
+                                            "starting every dump_stride tokens, a token taking the vector of the "
+                                            "window where it has the most context (the paper's and the code's "
+                                            "paragraphs)", choices=DUMP_PASSAGES, option=("dump",))
+    dump_max_tokens: int = _setting(512, "tokens of a units window, its begin and end tokens included (code: 512)",
+                                    minimum=3, option=("dump",))
+    dump_stride: int = _setting(500, "tokens between the starts of a unit's windows (code: 500); at most "
+                                     "dump_max_tokens - 2", minimum=1, option=("dump",))
     index: str = _setting("Flat", "FAISS factory string of the knowledge-table row's index", option=False)
     compare_indexes: tuple = _setting((), "other factory strings evaluated in the table (size, build time, EM, "
                                           "queries/s)", kinds=(list, tuple), option=False)
@@ -671,6 +682,10 @@ class DensePhrasesSettings(Section):
         if settings.vectors == "index" and settings.refine_factor > 1:
             raise ValueError(f"densephrases: refine_factor {settings.refine_factor} re-ranks by the fp16 dump, which "
                              "vectors: index never reads; set refine_factor: 1 or vectors: dump")
+        if settings.dump_stride > settings.dump_max_tokens - 2:
+            raise ValueError(f"densephrases: dump_stride {settings.dump_stride} would skip the tokens between a unit's "
+                             f"windows of dump_max_tokens {settings.dump_max_tokens} (2 are the begin and end "
+                             f"tokens); set it to at most {settings.dump_max_tokens - 2} (the code: 500 of 512)")
         t = settings.train
         if "pre_batch" in (t.negatives, *settings.negatives_ablation) and not (t.pre_batch and t.pre_batch_epochs):
             raise ValueError(f"densephrases: pre_batch negatives with train.pre_batch {t.pre_batch} and "

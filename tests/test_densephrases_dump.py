@@ -510,6 +510,97 @@ def test_a_dump_made_shard_by_shard_equals_the_one_shard_dump_of_the_same_blocks
     assert load_index(root / "sharded.faiss", two, root / "model").ntotal == one.meta["rows"]
 
 
+def _code_windows(n: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
+    """(start, length) of the original code's windows over a paragraph of n tokens, as its reader loops: a window
+    of max_tokens - 2 tokens every stride tokens while len(spans) * stride < n, until one does not overflow."""
+    spans = []
+    while len(spans) * stride < n:
+        start = len(spans) * stride
+        spans.append((start, min(n - start, max_tokens - 2)))
+        if start + max_tokens - 2 >= n:
+            break
+    return spans
+
+
+def _max_context(spans: list[tuple[int, int]], position: int) -> int:
+    """The code's _check_is_max_context: the span where the token has the most context (the first among ties)."""
+    best, best_k = None, None
+    for k, (start, length) in enumerate(spans):
+        if start <= position <= start + length - 1:
+            score = min(position - start, start + length - 1 - position) + 0.01 * length
+            if best is None or score > best:
+                best, best_k = score, k
+    return best_k
+
+
+@pytest.mark.parametrize("max_tokens,stride", [(8, 4), (8, 6), (12, 3), (130, 100), (512, 500)])
+def test_units_windows_are_the_code_s_windows_and_a_token_belongs_to_its_max_context_window(max_tokens, stride):
+    from npm.densephrases.dump import unit_windows
+
+    rng = np.random.default_rng(max_tokens + stride)
+    lengths = rng.integers(1, 3 * max_tokens, size=12).tolist() + [max_tokens - 2, max_tokens - 1, 1]
+    flags = np.concatenate([np.r_[8, np.zeros(n, np.uint8), 8] for n in lengths]).astype(np.uint8)
+    positions, offsets, owner, unit = unit_windows(flags, max_tokens, stride)
+    expected_positions, expected_owner, first = [], [], 1
+    for n in lengths:
+        spans = _code_windows(n, max_tokens, stride)
+        for k, (start, length) in enumerate(spans):
+            expected_positions += [first + start + t for t in range(length)]
+            expected_owner += [_max_context(spans, start + t) == k for t in range(length)]
+        first += n + 2
+    assert positions.tolist() == expected_positions and owner.tolist() == expected_owner
+    assert len(offsets) - 1 == sum(len(_code_windows(n, max_tokens, stride)) for n in lengths)
+    assert sorted(positions[owner].tolist()) == np.flatnonzero(flags == 0).tolist()  # each token owned once
+    starts = np.cumsum([1] + [n + 2 for n in lengths[:-1]])
+    assert unit.tolist() == [[a, a + n - 1] for a, n in zip(starts.tolist(), lengths, strict=True)
+                             for _ in _code_windows(n, max_tokens, stride)]
+
+
+def test_a_units_dump_encodes_each_text_unit_alone_in_its_windows(world, tmp_path):
+    """`dump --dump-passages units`: the same rows and phrase table as the blocks dump, each token's vector the
+    phrase encoder's over ``[CLS] window [SEP]`` of its own unit (its max-context window), recorded in the meta; the
+    shards of a dump agree on it, and an index of the blocks dump is refused for the units dump."""
+    from npm.densephrases.dump import DumpPassages, combine_shards, dump_shard, shard_dir, unit_windows
+
+    root = world["root"]
+    blocks = load_blocks(world["blocks"][0])
+    model = DensePhrases.load(root / "model").eval()
+    for max_tokens, stride in ((128, 100), (8, 4)):  # whole units; windows of 6 tokens every 4
+        passages = DumpPassages("units", max_tokens, stride)
+        out = tmp_path / f"units{max_tokens}"
+        meta = dump_phrases(root / "model", world["blocks"], out, progress=False, passages=passages)
+        assert meta["dump_passages"] == {"form": "units", "max_tokens": max_tokens, "stride": stride}
+        units, plain = PhraseDump(out), PhraseDump(root / "dump")
+        assert units.token[:].tolist() == plain.token[:].tolist() and meta["rows"] == plain.meta["rows"]
+        for name, values in plain.tokens.arrays().items():
+            assert units.tokens.arrays()[name][:].tolist() == values[:].tolist(), name
+        positions, offsets, owner, unit = unit_windows(blocks["flags"], max_tokens, stride)
+        expected = np.zeros((len(blocks["input_ids"]), model.hidden_size), np.float32)
+        for w in range(len(offsets) - 1):
+            rows = positions[offsets[w]:offsets[w + 1]]
+            ids = blocks["input_ids"][np.r_[unit[w, 0] - 1, rows, unit[w, 1] + 1]]
+            with torch.inference_mode():
+                h = model.phrase_vectors(torch.as_tensor(ids[None]), torch.ones(1, len(ids), dtype=torch.long))
+            own = owner[offsets[w]:offsets[w + 1]]
+            expected[rows[own]] = h[0, 1:-1].numpy()[own]
+        assert np.allclose(np.asarray(units.vectors[:], np.float32), expected[units.token[:]], atol=2e-3)
+    assert np.diff(offsets).max() == 6 and len(offsets) - 1 > len(np.unique(unit, axis=0))  # units of 2+ windows
+    assert not np.allclose(np.asarray(units.vectors[:], np.float32), np.asarray(plain.vectors[:], np.float32),
+                           atol=1e-2)  # a block of two units is read as one passage; each unit alone differs
+    with pytest.raises(ValueError, match="built from another phrase dump"):
+        load_index(root / "flat.faiss", units)
+    dump_shard(root / "model", world["blocks"][0], shard_dir(tmp_path / "mixed", 0), progress=False,
+               passages=DumpPassages("units", 8, 4))
+    dump_shard(root / "model", world["blocks"][0], shard_dir(tmp_path / "mixed", 1), progress=False)
+    with pytest.raises(ValueError, match="shard1: its dump_passages .* differs from shard0's"):
+        combine_shards(tmp_path / "mixed", 2)
+    with pytest.raises(ValueError, match="dump_max_tokens 512 exceeds the phrase encoder's 128 positions"):
+        dump_shard(root / "model", world["blocks"][0], tmp_path / "long", progress=False,
+                   passages=DumpPassages("units", 512, 500))
+    with pytest.raises(ValueError, match="stride must be 1 to 6, got 7"):
+        DumpPassages("units", 8, 7)
+
+
 def test_a_dump_without_all_its_shards_or_with_a_foreign_shard_is_refused(world, tmp_path):
     from npm.densephrases.dump import combine_shards, dump_shard, shard_dir
 
@@ -562,7 +653,8 @@ def test_a_dry_run_of_the_paper_config_plans_one_dump_job_per_blocks_shard(tmp_p
                           "--configfile", str(root / "config" / "paper.yaml")], cwd=root, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    dumps = sorted(re.findall(r"--out data/densephrases/dump/pre_batch/enwiki --shard (\d+)", out.stdout), key=int)
+    dumps = sorted(re.findall(r"--out data/densephrases/dump/pre_batch/enwiki --shard (\d+) .*--dump-passages units "
+                              r"--dump-max-tokens 512 --dump-stride 500", out.stdout), key=int)
     assert dumps == [str(k) for k in range(shards)] and shards > 1
     assert out.stdout.count("densephrases combine --dump data/densephrases/dump/pre_batch/enwiki --shards "
                             f"{shards} ") == 1

@@ -235,6 +235,8 @@ SCHEMA_TO_CLI = {
     "densephrases.max_passage_tokens": ("densephrases train", "--max-passage-tokens"),
     "densephrases.max_question_tokens": ("densephrases train", "--max-question-tokens"),
     "densephrases.nprobe": ("densephrases index", "--nprobe"),
+    "densephrases.dump_max_tokens": ("densephrases dump", "--dump-max-tokens"),
+    "densephrases.dump_stride": ("densephrases dump", "--dump-stride"),
     "densephrases.index_train_sample": ("densephrases index", "--index-train-sample"),
     "densephrases.refine_factor": ("densephrases evaluate", "--refine-factor"),
     **{f"densephrases.teacher.{key}": ("densephrases train-teacher", f"--{key.replace('_', '-')}")

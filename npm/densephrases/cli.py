@@ -95,11 +95,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_dump(args) -> int:
-    from npm.densephrases.dump import dump_phrases, dump_shard, shard_dir  # deferred: loads torch
+    from npm.densephrases.dump import DumpPassages, dump_phrases, dump_shard, shard_dir  # deferred: loads torch
 
+    passages = DumpPassages(args.dump_passages, args.dump_max_tokens, args.dump_stride)
     if args.shard is None:
         meta = dump_phrases(args.checkpoint, [str(b) for b in args.blocks], args.out, args.filter_threshold,
-                            args.batch_blocks, precision=args.precision, device=args.device)
+                            args.batch_blocks, precision=args.precision, device=args.device, passages=passages)
         out = args.out
     else:
         if len(args.blocks) != 1:
@@ -107,7 +108,7 @@ def cmd_dump(args) -> int:
                              f"{len(args.blocks)}")
         out = shard_dir(args.out, args.shard)
         meta = dump_shard(args.checkpoint, args.blocks[0], out, args.filter_threshold, args.batch_blocks,
-                          precision=args.precision, device=args.device)
+                          precision=args.precision, device=args.device, passages=passages)
     log.info("%d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"],
              100 * meta["rows"] / max(1, meta["tokens"]), out)
     return 0
@@ -302,7 +303,8 @@ STEPS = (
             options=(ENCODER, TRAIN, GENERATED, TEACHER, OUT(help="model folder"), CHECKPOINT_DIR,
                      section(DensePhrasesTrain), _settings("train"), SEED, tracking.OPTIONS)),
     Command("dump", "the phrase dump: fp16 token vectors of every passage", cmd_dump,
-            description="Encodes every block of the corpus with the phrase encoder (npm.densephrases.dump).",
+            description="Encodes every block of the corpus, or each text unit alone (--dump-passages units), with "
+                        "the phrase encoder (npm.densephrases.dump).",
             options=(CHECKPOINT(help="DensePhrases model folder"),
                      option("--blocks", nargs="+", required=True, help="the corpus's blocks .npz files, in order"),
                      OUT(help="dump folder"),
@@ -310,7 +312,8 @@ STEPS = (
                             help="write only the folder of this shard of the dump (shard{K}, from the one --blocks "
                                  "file); `densephrases combine` then writes the dump's meta.json. Default: the whole "
                                  "dump"),
-                     option("--batch-blocks", type=positive_int, default=32, help="blocks per forward pass"),
+                     option("--batch-blocks", type=positive_int, default=32,
+                            help="blocks (units windows) per forward pass"),
                      _settings("dump"))),
     Command("combine", "the dump's meta.json over its shards (after `dump --shard` of each)", cmd_combine,
             description="Checks that one phrase encoder and filter made the shards shard0 ... shard{N-1} of the dump "

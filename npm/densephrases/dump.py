@@ -32,13 +32,14 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
+from npm.boundaries import SPECIAL
+from npm.data.blocks import check_vocabulary, load_blocks
 from npm.datastore.faiss_index import build_faiss_index
 from npm.densephrases.model import DensePhrases, load_filter_head
 from npm.densephrases.search import PhraseTokens
@@ -46,12 +47,95 @@ from npm.fingerprint import corpus_fingerprint, file_fingerprint, model_fingerpr
 from npm.io import atomic_dir, atomic_path, read_json, write_json
 from npm.model import autocast, effective_precision, torch_device
 from npm.progress import bar as progress_bar
-from npm.settings import DensePhrasesSettings
+from npm.settings import DUMP_PASSAGES, DensePhrasesSettings
 
 COLUMNS = ("token", *(f.name for f in fields(PhraseTokens)))  # one .npy per column of a shard's token table
 OFFSETS = {"token": "token_offset", "passage": "passage_offset", "segment": "segment_offset"}  # local -> global ids
 WRITE_CHUNK = 1 << 16  # rows copied at a time from the encoded vectors to the shard's file
-SHARD_KEYS = ("phrase_side", "hidden_size", "filter_threshold", "precision", "token_filter")  # every shard agrees
+# the meta keys every shard of a dump agrees on
+SHARD_KEYS = ("phrase_side", "hidden_size", "filter_threshold", "precision", "token_filter", "dump_passages")
+
+
+@dataclass(frozen=True)
+class DumpPassages:
+    """What the phrase encoder reads when it dumps a token (config ``densephrases.dump_passages``): ``blocks``, the
+    blocks file's blocks as they are (NPM's: text units packed into 256 tokens, a long unit cut without overlap); or
+    ``units``, each text unit alone (the paper's and the original code's paragraphs: ``generate_phrase_vecs.py
+    --max_seq_length 512 --doc_stride 500``), ``[begin] tokens [end]`` in windows of ``max_tokens`` starting every
+    ``stride`` tokens (:func:`unit_windows`). Either way a token keeps its one row, its passage (block) and its
+    segment in the dump's table: only its vector changes (the code's dump stores a token of two windows twice; here
+    it has the vector of the window where it has the most context)."""
+
+    form: str = DensePhrasesSettings.dump_passages
+    max_tokens: int = DensePhrasesSettings.dump_max_tokens
+    stride: int = DensePhrasesSettings.dump_stride
+
+    def __post_init__(self):
+        if self.form not in DUMP_PASSAGES:
+            raise ValueError(f"dump passages must be one of {DUMP_PASSAGES}, got {self.form!r}")
+        if self.form == "units" and not 1 <= self.stride <= self.max_tokens - 2:
+            raise ValueError(f"a units window of {self.max_tokens} tokens holds {self.max_tokens - 2} of a unit; "
+                             f"its stride must be 1 to {self.max_tokens - 2}, got {self.stride}")
+
+    def record(self) -> dict:
+        """The shard meta's ``dump_passages`` entry (none for blocks, so that earlier dumps read as blocks)."""
+        if self.form == "blocks":
+            return {}
+        return {"dump_passages": {"form": self.form, "max_tokens": self.max_tokens, "stride": self.stride}}
+
+    def check_model(self, config) -> None:
+        """A ValueError when a units window is longer than the encoder's positions (``config``, a transformers
+        config; RoBERTa-like position ids start after the padding id)."""
+        limit = config.max_position_embeddings
+        if "roberta" in getattr(config, "model_type", ""):
+            limit -= (config.pad_token_id or 0) + 1
+        if self.form == "units" and self.max_tokens > limit:
+            raise ValueError(f"dump_max_tokens {self.max_tokens} exceeds the phrase encoder's {limit} positions; "
+                             f"set densephrases.dump_max_tokens <= {limit}")
+
+    def windows(self, arrays: dict, path) -> tuple:
+        """(positions int64 [P], offsets int64 [n+1], owner bool [P], wrap) of a blocks file's ``arrays``: window w
+        reads the file's tokens ``positions[offsets[w]:offsets[w+1]]``, wrapped in the ids ``wrap[0][w]`` and
+        ``wrap[1][w]`` (None: as they are), and writes the vectors of those it ``owner``s."""
+        if self.form == "blocks":
+            n = len(arrays["input_ids"])
+            return np.arange(n, dtype=np.int64), arrays["block_offsets"], np.ones(n, bool), None
+        positions, offsets, owner, unit = unit_windows(arrays["flags"], self.max_tokens, self.stride)
+        ids, special = arrays["input_ids"], (arrays["flags"] & SPECIAL) != 0
+        before, after = unit[:, 0] - 1, unit[:, 1] + 1
+        if len(unit) and (before.min() < 0 or after.max() >= len(ids) or not special[before].all()
+                          or not special[after].all()):
+            raise ValueError(f"{path}: a text unit is not wrapped in begin and end tokens; rebuild the blocks "
+                             "(rule tokenize_blocks)")
+        return positions, offsets, owner, (ids[before], ids[after])
+
+
+def unit_windows(flags: np.ndarray, max_tokens: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                           np.ndarray]:
+    """The original code's dump windows over the text units of a blocks file (``flags`` uint8 [T]; a unit is a
+    maximal run of non-special tokens, across block boundaries): a unit of n tokens is read in windows of at most
+    W = ``max_tokens`` - 2 of its tokens starting at 0, ``stride``, 2 ``stride``, ..., the last the first to reach
+    its end. A token in two windows belongs to the one where it has the most context, min(left, right) + 0.01 x the
+    window's length, ties to the earlier (the code's SQuAD reader, ``_check_is_max_context``). Returns (positions
+    int64 [P], offsets int64 [n_windows+1], owner bool [P], unit int64 [n_windows, 2]: the first and last token of
+    each window's unit)."""
+    width = max_tokens - 2
+    idx = np.flatnonzero((np.asarray(flags) & SPECIAL) == 0)
+    opens = np.r_[True, np.diff(idx) > 1] if len(idx) else np.zeros(0, bool)
+    starts = idx[opens]
+    lengths = np.diff(np.r_[np.flatnonzero(opens), len(idx)])
+    count = 1 + -(-np.maximum(lengths - width, 0) // stride)
+    unit = np.repeat(np.arange(len(starts), dtype=np.int64), count)
+    begin = (np.arange(len(unit)) - np.repeat(np.cumsum(count) - count, count)) * stride  # within its unit
+    size = np.minimum(width, lengths[unit] - begin)
+    offsets = np.r_[0, np.cumsum(size)].astype(np.int64)
+    inside = np.arange(offsets[-1]) - np.repeat(offsets[:-1], size)
+    positions = (np.repeat(starts[unit] + begin, size) + inside).astype(np.int64)
+    score = 100 * np.minimum(inside, np.repeat(size, size) - 1 - inside) + np.repeat(size, size)  # 100 x the code's
+    order = np.lexsort((np.repeat(np.arange(len(unit)), size), -score, positions))
+    owner = np.zeros(len(positions), bool)
+    owner[order[np.r_[True, positions[order][1:] != positions[order][:-1]]] if len(order) else order] = True
+    return positions, offsets, owner, np.stack([starts, starts + lengths - 1], 1)[unit].reshape(-1, 2)
 
 
 def shard_dir(dump_dir: str | os.PathLike, shard: int) -> Path:
@@ -67,11 +151,14 @@ def dump_record(model_dir: str | os.PathLike) -> str:
 
 def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out_dir: str | os.PathLike,
                filter_threshold: float | None = None, batch_blocks: int = 32, progress: bool = True,
-               precision: str = "fp32", device: str | None = None, model=None) -> dict:
+               precision: str = "fp32", device: str | None = None, model=None,
+               passages: DumpPassages | None = None) -> dict:
     """Encode every block of ``blocks_path`` with the phrase encoder of ``model_dir`` (on ``device``, default CUDA
     when available, under ``precision``'s autocast, ``npm.model.autocast``) and write the shard folder ``out_dir``
-    atomically. ``model``: the loaded ``DensePhrases`` of ``model_dir`` (loaded here when None)."""
+    atomically. ``model``: the loaded ``DensePhrases`` of ``model_dir`` (loaded here when None). ``passages``: what
+    the encoder reads (:class:`DumpPassages`; None: the blocks)."""
     t0 = time.perf_counter()
+    passages = passages or DumpPassages()
     dev = torch_device(device)
     if model is None:
         model = DensePhrases.load(model_dir).eval().to(dev)
@@ -79,14 +166,18 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
         _require_trained_filter(model.filter_trained, model_dir)
     arrays = load_blocks(blocks_path)
     check_vocabulary(blocks_path, arrays["input_ids"], model.phrase.config.vocab_size)
+    passages.check_model(model.phrase.config)
     table = PhraseTokens.from_flags(arrays["flags"], arrays["block_offsets"])
     n_tokens = int((table.word >= 0).sum())
     with atomic_dir(out_dir) as tmp:
         tmp.mkdir()
         vecs = np.lib.format.open_memmap(tmp / "all.npy", "w+", np.float16, (len(table), model.hidden_size))
-        keep = _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_blocks, vecs,
-                            f"phrase dump {Path(blocks_path).name}", progress)
-        rows = np.flatnonzero(keep)
+        logits = _encode_file(model, dev, precision, arrays, passages.windows(arrays, blocks_path),
+                              filter_threshold is not None, batch_blocks, vecs,
+                              f"phrase dump {Path(blocks_path).name}", progress)
+        rows = np.flatnonzero(table.word >= 0)
+        if filter_threshold is not None:
+            rows = _filtered(rows, logits[rows], table.passage, filter_threshold)
         with open(tmp / "vectors.f16", "wb") as out:  # the kept rows, in order, a chunk at a time
             for a in range(0, len(rows), WRITE_CHUNK):
                 vecs[rows[a:a + WRITE_CHUNK]].tofile(out)
@@ -99,7 +190,8 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
                 "rows": len(rows), "tokens": n_tokens, "file_tokens": len(arrays["input_ids"]),
                 "passages": len(arrays["block_offsets"]) - 1,
                 "segments": int(table.segment.max(initial=-1)) + 1, "filter_threshold": filter_threshold,
-                "precision": effective_precision(dev, precision), "seconds": round(time.perf_counter() - t0, 2)}
+                "precision": effective_precision(dev, precision), **passages.record(),
+                "seconds": round(time.perf_counter() - t0, 2)}
         write_json(tmp / "meta.json", meta)  # last: a shard with meta.json is complete
     return meta
 
@@ -133,7 +225,7 @@ def combine_shards(dump_dir: str | os.PathLike, n_shards: int) -> dict:
     meta = {"model": metas[0]["model"], "phrase_side": metas[0]["phrase_side"], "corpus_fingerprint": fingerprint,
             "blocks": [m["blocks"] for m in metas], "shards": shards, "hidden_size": d, "rows": rows,
             "tokens": tokens, "filter_threshold": metas[0]["filter_threshold"],
-            **({"token_filter": metas[0]["token_filter"]} if metas[0].get("token_filter") else {}),
+            **{key: metas[0][key] for key in ("token_filter", "dump_passages") if metas[0].get(key)},
             "kept_share": round(rows / max(1, tokens), 4), "bytes": rows * d * 2, "precision": metas[0]["precision"],
             "seconds": round(sum(m["seconds"] for m in metas), 2)}
     write_json(dump_dir / "meta.json", meta)
@@ -142,7 +234,8 @@ def combine_shards(dump_dir: str | os.PathLike, n_shards: int) -> dict:
 
 def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir: str | os.PathLike,
                  filter_threshold: float | None = None, batch_blocks: int = 32, progress: bool = True,
-                 precision: str = "fp32", device: str | None = None, model=None) -> dict:
+                 precision: str = "fp32", device: str | None = None, model=None,
+                 passages: DumpPassages | None = None) -> dict:
     """The whole dump of the blocks files ``blocks_paths`` (in corpus order) in one process: shard ``k`` from the
     ``k``-th file (:func:`dump_shard`), then the meta (:func:`combine_shards`); ``out_dir`` is written atomically.
     ``model``: the ``DensePhrases`` of ``model_dir`` already loaded (None: loaded here)."""
@@ -152,7 +245,7 @@ def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir:
     with atomic_dir(out_dir) as tmp:
         for k, path in enumerate(blocks_paths):
             dump_shard(model_dir, path, shard_dir(tmp, k), filter_threshold, batch_blocks, progress, precision,
-                       device, model)
+                       device, model, passages)
         meta = combine_shards(tmp, len(blocks_paths))
     return meta
 
@@ -178,7 +271,8 @@ def trim_dump(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, filter_th
                                   | _load(path / "word_end.npy", shard["rows"]))
             vectors = _load(path / "vectors.f16", shard["rows"], (d,))
             if head is not None:
-                rows = _filtered(rows, vectors, _load(path / "passage.npy", shard["rows"]), head, filter_threshold)
+                rows = _filtered(rows, best_filter_logits(vectors, rows, *head),
+                                 _load(path / "passage.npy", shard["rows"]), filter_threshold)
             with open(out / "vectors.f16", "wb") as f:
                 for a in range(0, len(rows), WRITE_CHUNK):
                     np.asarray(vectors[rows[a:a + WRITE_CHUNK]]).tofile(f)
@@ -220,11 +314,9 @@ def best_filter_logits(vectors, rows: np.ndarray, weight: np.ndarray, bias: np.n
     return np.concatenate(parts or [np.empty((0, 2), np.float32)]).max(1)
 
 
-def _filtered(rows: np.ndarray, vectors, passage: np.ndarray, head: tuple[np.ndarray, np.ndarray],
-              threshold: float) -> np.ndarray:
-    """The ``rows`` (ascending) whose best filter logit over their fp16 ``vectors`` exceeds ``threshold``, and the
-    best row of each passage where none does (ties to the lower row)."""
-    best = best_filter_logits(vectors, rows, *head)
+def _filtered(rows: np.ndarray, best: np.ndarray, passage: np.ndarray, threshold: float) -> np.ndarray:
+    """The ``rows`` (ascending) whose best filter logit (``best``, one per row) exceeds ``threshold``, and the best
+    row of each passage where none does (ties to the lower row)."""
     keep = best > threshold
     owner = passage[rows]
     order = np.lexsort((-best, owner))  # per passage, best logit first (stable: the lower row among ties)
@@ -235,33 +327,38 @@ def _filtered(rows: np.ndarray, vectors, passage: np.ndarray, head: tuple[np.nda
     return rows[keep]
 
 
-def _encode_file(model, dev, precision, arrays, table, filter_threshold, batch_blocks, vecs, desc, progress):
-    """Bool keep [tokens], with the fp16 vectors of every token of one blocks file written into ``vecs`` [tokens, d]
-    (a memmap on disk: a shard's vectors are never all in memory): every block through the phrase encoder, shortest
-    first; special tokens dropped, and with ``filter_threshold`` the tokens whose best filter logit does not exceed
-    it (at least the best of each passage stays)."""
-    offsets = arrays["block_offsets"]
+def _encode_file(model, dev, precision, arrays, windows, want_logits, batch_blocks, vecs, desc, progress):
+    """The best filter logit of every token of one blocks file (float32 [tokens]; None without ``want_logits``), with
+    the fp16 vectors of its tokens written into ``vecs`` [tokens, d] (a memmap on disk: a shard's vectors are never
+    all in memory): every window of ``windows`` (:meth:`DumpPassages.windows`) through the phrase encoder, shortest
+    first, each token written from the window that owns it."""
+    positions, offsets, owner, wrap = windows
     lengths = np.diff(offsets)
     order = np.argsort(lengths, kind="stable")
-    keep = table.word >= 0
+    shift = 0 if wrap is None else 1
+    logits = np.full(len(vecs), -np.inf, np.float32) if want_logits else None
     with torch.inference_mode(), autocast(dev, precision):
         for a in progress_bar(range(0, len(order), batch_blocks), desc=desc, unit="batch", show=progress):
             batch = order[a:a + batch_blocks]
-            ids, att = pad_blocks(arrays["input_ids"], offsets, batch, int(max(1, lengths[batch].max())))
+            width = int(max(1, lengths[batch].max())) + 2 * shift
+            ids = np.zeros((len(batch), width), dtype=np.int64)
+            att = np.zeros((len(batch), width), dtype=np.int64)
+            for k, w in enumerate(batch):
+                n = int(lengths[w])
+                ids[k, shift:shift + n] = arrays["input_ids"][positions[offsets[w]:offsets[w + 1]]]
+                if wrap is not None:
+                    ids[k, 0], ids[k, n + 1] = wrap[0][w], wrap[1][w]
+                att[k, :n + 2 * shift] = 1
             h = model.phrase_vectors(torch.as_tensor(ids, device=dev), torch.as_tensor(att, device=dev))
-            logits = model.filter_logits(h).max(-1).values.float().cpu() if filter_threshold is not None else None
-            h = h.float().cpu()
-            for k, b in enumerate(batch):
-                rows = np.arange(offsets[b], offsets[b + 1])
-                vecs[rows] = h[k, :len(rows)].numpy().astype(np.float16)
-                if logits is not None and len(rows):
-                    score = logits[k, :len(rows)].numpy()
-                    ok = keep[rows] & (score > filter_threshold)
-                    if not ok.any() and keep[rows].any():  # at least one token of a passage
-                        cand = np.flatnonzero(keep[rows])
-                        ok[cand[np.argmax(score[cand])]] = True
-                    keep[rows] = ok
-    return keep
+            best = model.filter_logits(h).max(-1).values.float().cpu().numpy() if want_logits else None
+            h = h.float().cpu().numpy()
+            for k, w in enumerate(batch):
+                own = owner[offsets[w]:offsets[w + 1]]
+                rows = positions[offsets[w]:offsets[w + 1]][own]
+                vecs[rows] = h[k, shift:shift + len(own)][own].astype(np.float16)
+                if want_logits:
+                    logits[rows] = best[k, shift:shift + len(own)][own]
+    return logits
 
 
 class Concat:
@@ -350,6 +447,7 @@ def build_index(dump_dir: str | os.PathLike, out_path: str | os.PathLike, factor
         raise ValueError(f"phrase dump {dump_dir} ({dump.meta['rows']} vectors): {e}") from None
     index_bytes = os.path.getsize(out_path)
     record.update(dump=str(dump_dir), phrase_side=dump.meta["phrase_side"],
+                  dump_passages=dump.meta.get("dump_passages"),
                   corpus_fingerprint=dump.meta["corpus_fingerprint"], rows=dump.meta["rows"], index_bytes=index_bytes,
                   bytes_per_vector=round(index_bytes / max(1, dump.meta["rows"]), 2))
     with atomic_path(str(out_path) + ".json") as tmp_json:  # the same sidecar, now naming the dump
@@ -367,7 +465,7 @@ def load_index(index_path: str | os.PathLike, dump: PhraseDump, model_dir: str |
         raise FileNotFoundError(f"{index_path}: no sidecar {sidecar.name}; rebuild it with `npm-repro densephrases "
                                 "index`")
     record = json.loads(sidecar.read_text())
-    for key in ("phrase_side", "corpus_fingerprint", "rows"):
+    for key in ("phrase_side", "corpus_fingerprint", "rows", "dump_passages"):
         if record.get(key) != dump.meta.get(key):
             raise ValueError(f"index {index_path} was built from another phrase dump ({key} differs from "
                              f"{dump.path}): rebuild the index from this dump")
