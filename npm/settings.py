@@ -508,7 +508,9 @@ __all__ = ["NAMES", "DataSettings", "DatastoreSettings", "EmbeddedSettings", "Ma
 # parent's field; a key that several steps read names them (``options(DensePhrasesSettings, "dump")``).
 
 _DP_LENGTH_STEPS = ("train-teacher", "filter", "train", "evaluate")
-_DP_ENCODER_STEPS = ("train-teacher", "filter", "train", "dump", "query-ft", "evaluate", "search")
+_DP_ENCODER_STEPS = ("train-teacher", "filter", "train", "dump", "query-ft", "evaluate", "search", "registry")
+# "registry": `npm-repro evaluate --system densephrases`, the knowledge tables' DensePhrases row, which searches as
+# `densephrases evaluate` does
 
 
 @dataclass(frozen=True)
@@ -635,28 +637,32 @@ class DensePhrasesSettings(Section):
     nprobe: int = _setting(256, "IVF lists probed (paper: 256)", minimum=1, option=("index",))
     index_train_sample: int = _setting(1_000_000, "dump vectors an IVF / PQ / OPQ index trains on (a seeded sample)",
                                        minimum=1, option=("index",))
-    vectors: str = _setting("dump", "what the table's open-domain evaluations and the query-side fine-tuning score a "
-                                    "phrase from: dump = the fp16 dump's vectors; index = the index's own codes, "
-                                    "decoded (the code's: its index keeps no float vectors). The compressed index is "
-                                    "always scored from its codes",
-                            choices=PHRASE_VECTORS, option=("evaluate", "query-ft"))
-    search_form: str = _setting("paper", "how the open-domain evaluations and the query-side fine-tuning search "
-                                         "phrases. paper: eq. 10, the best phrases over the top k starts and ends "
-                                         "(query-side candidates: the top k phrases, searched with the encoders "
-                                         "being trained); code: the original's search_phrase, each of the top k "
-                                         "starts with its best end and each of the top k ends with its best start, "
+    vectors: str = _setting("dump", "what the open-domain evaluations (the table's and the knowledge tables' row) "
+                                    "and the query-side fine-tuning score a phrase from: dump = the fp16 dump's "
+                                    "vectors; index = the index's own codes, decoded (the code's: its index keeps no "
+                                    "float vectors). The compressed index is always scored from its codes",
+                            choices=PHRASE_VECTORS, option=("evaluate", "query-ft", "registry"))
+    search_form: str = _setting("paper", "how the open-domain evaluations (the table's and the knowledge "
+                                         "tables' row) and the query-side fine-tuning search phrases. paper: eq. "
+                                         "10, the best phrases over the top k starts and ends (query-side "
+                                         "candidates: the top k phrases, searched with the encoders being "
+                                         "trained); code: the original's search_phrase, each of the top k starts "
+                                         "with its best end and each of the top k ends with its best start, "
                                          "answers in whole whitespace words (query-side candidates: these 2 k "
                                          "groups, duplicates kept, zero-padded, searched with the encoders as the "
-                                         "epoch began)", choices=SEARCH_FORMS, option=("evaluate", "query-ft"))
-    truecase: str | None = _setting(None, "truecase every all-lowercase question of the open-domain evaluations and "
-                                          "the query-side fine-tuning (NQ's), as the code's --truecase: the path of "
-                                          "its statistics (the code's english_with_questions.dist, in its data "
-                                          "release) or `package` (the truecase package's english.dist); null = as "
-                                          "given", kinds=(str,), option=("evaluate", "query-ft"))
-    refine_factor: int = _setting(1, "the table's open-domain evaluations take refine_factor x k starts and ends "
+                                         "epoch began)", choices=SEARCH_FORMS,
+                            option=("evaluate", "query-ft", "registry"))
+    truecase: str | None = _setting(None, "truecase every all-lowercase question of the open-domain evaluations (the "
+                                          "table's and the knowledge tables' row) and the query-side fine-tuning "
+                                          "(NQ's), as the code's --truecase: the path of its statistics (the "
+                                          "code's english_with_questions.dist, in its data release) or `package` "
+                                          "(the truecase package's english.dist); null = as given", kinds=(str,),
+                                    option=("evaluate", "query-ft", "registry"))
+    refine_factor: int = _setting(1, "the open-domain evaluations (the table's and the knowledge tables' row) take "
+                                     "refine_factor x k starts and ends "
                                      "from the index and keep the k with the highest exact inner product with the "
                                      "fp16 dump (1 = the index's own ranking, the paper); above 1, the index-only EM "
-                                     "is recorded too", minimum=1, option=("evaluate",))
+                                     "is recorded too", minimum=1, option=("evaluate", "registry"))
     precision: str = _setting("bf16", "autocast of every DensePhrases step (on CPU bf16 where the CPU has it "
                                       "natively, else fp32)", choices=("bf16", "fp32"), option=_DP_ENCODER_STEPS)
     query_ft: DensePhrasesQueryFt | None = _setting(None, "query-side fine-tuning (rule densephrases_query_ft); the "

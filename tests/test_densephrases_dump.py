@@ -323,7 +323,7 @@ def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_quest
 
     from npm.densephrases.searcher import PhraseSearcher
     from npm.evaluation.systems import Inputs, get
-    from npm.settings import Settings
+    from npm.settings import DensePhrasesSettings, Settings
 
     root = world["root"]
     system = get("densephrases")
@@ -335,7 +335,8 @@ def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_quest
                 {"id": "b", "input": "The Parthenon stands in <mask> .", "answers": ["Athens"]}]
     out = scorer.open_set(SimpleNamespace(name="nq"), examples[:1], None)
     cloze = scorer.open_set(SimpleNamespace(name="lama_trex"), examples[1:], None)
-    direct = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss").search(
+    direct = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss",
+                            precision=DensePhrasesSettings.precision).search(
         ["What is the capital of Greece?", "The Parthenon stands in"], k=8, max_words=3, top_n=1)
     assert out["answers"] + cloze["answers"] == [d[0]["text"] for d in direct]
     assert [r["question"] for r in out["records"] + cloze["records"]] == ["What is the capital of Greece?",
@@ -344,6 +345,38 @@ def test_the_registry_system_answers_each_input_with_the_top_phrase_of_its_quest
     with pytest.raises(ValueError, match="one --phrase-dump and one --phrase-index"):
         system.load(system, Inputs(checkpoint=str(root / "model"), phrase_dump=[str(root / "dump")] * 2,
                                    phrase_index=[str(root / "flat.faiss")] * 2), settings)
+
+
+def test_the_registry_row_searches_as_the_densephrases_table_s_evaluations(world):
+    """The knowledge tables' DensePhrases row takes config densephrases's search keys (`npm-repro evaluate
+    --search-form --vectors --truecase --refine-factor --precision`, Inputs.phrase_search): its answers are those
+    of `densephrases evaluate`'s search with the same keys, over the truecased questions, and its metrics record
+    them."""
+    from types import SimpleNamespace
+
+    from npm.cli import build_parser
+    from npm.densephrases.searcher import PhraseSearcher
+    from npm.evaluation.systems import Inputs, get
+    from npm.settings import Settings
+
+    root = world["root"]
+    keys = {"search_form": "code", "vectors": "index", "truecase": "package", "refine_factor": 1, "precision": "fp32"}
+    system, settings = get("densephrases"), Settings(phrase_k=8, phrase_max_words=3)
+    scorer = system.load(system, Inputs(checkpoint=str(root / "model"), phrase_dump=[str(root / "dump")],
+                                        phrase_index=[str(root / "flat.faiss")], corpus="toy", phrase_search=keys),
+                         settings)
+    examples = [{"id": "a", "input": "what is the capital of greece?", "answers": ["Athens"]},
+                {"id": "b", "input": "Where is the Parthenon?", "answers": ["Athens"]}]
+    out = scorer.open_set(SimpleNamespace(name="nq"), examples, None)
+    asked = [r["question"] for r in out["records"]]
+    assert asked == ["What is the capital of Greece?", "Where is the Parthenon?"] and out["metrics"]["truecased"] == 1
+    direct = PhraseSearcher(root / "model", root / "dump", root / "flat.faiss", precision="fp32",
+                            vectors="index").search(asked, k=8, max_words=3, top_n=1, search_form="code")
+    assert out["answers"] == [d[0]["text"] for d in direct]
+    assert {k: scorer.info[k] for k in keys} == keys
+    args = build_parser().parse_args(["evaluate", "--task", "nq", "--system", "densephrases", "--checkpoint", "m",
+                                      "--search-form", "code", "--truecase", "package"])
+    assert (args.search_form, args.truecase, args.vectors, args.precision) == ("code", "package", "dump", "bf16")
 
 
 def test_the_table_has_the_papers_parts_from_evaluate_results(world, tmp_path):

@@ -188,13 +188,14 @@ def test_a_replug_retriever_of_its_own_reads_the_corpus_in_its_own_tokenization(
 
 def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     """Config `densephrases`: the knowledge-table row reads the query-side fine-tuned model with the dump and index
-    of the model it was fine-tuned from; the negatives ablation adds a training and an evaluation per setting;
-    qg_filter trains the students on the questions the teacher answers, and they distil it only at lambda_distill
-    > 0; a config that lists the system without the section is refused at start-up."""
+    of the model it was fine-tuned from, and searches as the DensePhrases table's evaluations; the negatives
+    ablation adds a training and an evaluation per setting; qg_filter trains the students on the questions the
+    teacher answers, and they distil it only at lambda_distill > 0; a config that lists the system without the
+    section is refused at start-up."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    cfg["densephrases"].update(negatives_ablation=["none"], qg_filter=True)
+    cfg["densephrases"].update(negatives_ablation=["none"], qg_filter=True, truecase="package")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = subprocess.run([SNAKEMAKE, "-n", "-p", "--cores", "1", "--directory", str(tmp_path / "w"), "-s",
                           str(ROOT / "Snakefile"), "results/tables/densephrases.csv",
@@ -206,6 +207,10 @@ def test_densephrases_rules_chain_one_model_dump_and_index(tmp_path):
     assert "--checkpoint results/densephrases/model_pre_batch_qft " in row
     assert "--phrase-dump data/densephrases/dump/pre_batch/enwiki " in row
     assert "--phrase-index data/densephrases/index/pre_batch/enwiki/Flat.faiss " in row
+    (table,) = [s for s in shells if "densephrases evaluate" in s and "_qft/Flat.json" in s]
+    for flag in ("--search-form paper", "--truecase package", "--refine-factor 100", "--vectors dump",
+                 "--precision bf16"):
+        assert f"{flag} " in row and f"{flag} " in table, flag  # the row searches as the table's evaluations
     (qft,) = [s for s in shells if "densephrases query-ft" in s]
     assert "--checkpoint results/densephrases/model_pre_batch " in qft and "pre_batch/enwiki/Flat.faiss" in qft
     assert "--train data/densephrases/rc/cloze_train.jsonl" in qft

@@ -14,6 +14,7 @@ from npm.evaluation.harness import evaluate_tasks
 from npm.evaluation.systems import NEGATIVE_CONTROLS, SYSTEMS, Inputs
 from npm.io import dumps_json
 from npm.options import COMMAND_VERBOSE, DEVICE, TASKS_ROOT, THREADS, Command, option, section
+from npm.settings import DensePhrasesSettings
 from npm.verbosity import set_library_output
 
 TABLE_KEYS = ("metric", "score", "ci95", "stderr", "n", "corpus", "queries_per_s", "seconds")  # the run's table
@@ -31,7 +32,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     inputs = Inputs(checkpoint=args.checkpoint, datastore=args.datastore, faiss=args.faiss, bm25=args.bm25,
                     blocks=args.blocks, encoder=args.encoder, phrase_dump=args.phrase_dump,
                     phrase_index=args.phrase_index, corpus=args.corpus, device=args.device,
-                    tasks_root=str(args.tasks_root), control=args.negative_control)
+                    tasks_root=str(args.tasks_root), control=args.negative_control,
+                    phrase_search={f.name: getattr(args, f.name)
+                                   for f in settings_module.options(DensePhrasesSettings, "registry")})
     results = evaluate_tasks(args.task, args.system, inputs, settings_module.from_args(args), n_samples=args.n_samples,
                              tokenizer=args.tokenizer, predictions_paths=args.predictions,
                              metrics_paths=args.metrics)
@@ -85,7 +88,7 @@ COMMANDS = (
             option("--predictions", type=Path, nargs="+", help="predictions JSONL to write, one per --task"),
             option("--metrics", type=Path, nargs="+", help="metrics JSON to write, one per --task (printed when "
                    "absent)"),
-            section(settings_module.Settings), tracking.OPTIONS),
+            section(settings_module.Settings), section(DensePhrasesSettings, "registry"), tracking.OPTIONS),
         description="Zero-shot evaluation of one system on one or more tasks that read the same artefacts; the model "
                     f"and the indexes load once (paper 4-6). Systems:\n{SYSTEMS_HELP}",
         formatter=_Formatter),

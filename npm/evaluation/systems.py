@@ -53,6 +53,7 @@ class Inputs:
     device: str | None = None
     tasks_root: str = str(DEFAULT_TASKS_ROOT)  # the task folders (and fuzzy_verbalizers/)
     control: str | None = None  # negative control: "shuffled_vectors" (NEGATIVE_CONTROLS)
+    phrase_search: dict = field(default_factory=dict)  # DensePhrases: how it searches (config densephrases's keys)
 
 
 NEGATIVE_CONTROLS = ("shuffled_vectors",)  # Datastore.shuffle_vectors: every vector decoupled from its token

@@ -79,6 +79,7 @@ def evaluate_inputs(wildcards):
         inputs["encoder"] = retriever_encoder(system, as_input=True)
     if "phrase_dump" in needs:
         inputs["phrase_dump"] = [dp_dump(DP_NEGATIVES, corpus) for corpus in corpora]
+        inputs["truecase"] = dp_truecase()
     if "phrase_index" in needs:
         inputs["phrase_index"] = [dp_index(DP_NEGATIVES, corpus, DP_INDEX) for corpus in corpora]
     return inputs
@@ -98,6 +99,12 @@ def evaluate_args(wildcards, input):
     if any(name != "encoder" for name in needs):
         args.append(f"--corpus {'+'.join(run_corpora(wildcards))}")
     return " ".join(args)
+
+
+def phrase_search_args(wildcards):
+    """How a DensePhrases evaluation searches (config densephrases: search_form, vectors, truecase, refine_factor,
+    precision; the DensePhrases table's open-domain evaluations search alike); nothing for another system."""
+    return dp_args("registry") if "phrase_dump" in run_needs(wildcards)[1] else ""
 
 
 def evaluation_wildcards(task, run):

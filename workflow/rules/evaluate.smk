@@ -22,7 +22,7 @@ rule convert_smollm2:
 
 EVALUATE_SHELL = (
     "npm-repro evaluate --task {params.tasks} --system {params.system} {params.args} {params.n}"
-    " {params.settings} --tokenizer {params.tokenizer:q} --threads {threads}"
+    " {params.settings} {params.phrase_search} --tokenizer {params.tokenizer:q} --threads {threads}"
     " --predictions {output.predictions} --metrics {output.metrics} {params.tracking} > {log} 2>&1"
 )
 
@@ -60,6 +60,7 @@ for _name, _pairs in evaluation_groups().items():
             args=lambda wc, input, first=_first: evaluate_args(first, input),
             n=n_samples_arg(),
             settings=to_args(config.get("inference")),
+            phrase_search=lambda wc, first=_first: phrase_search_args(first),
             tokenizer=TOKENIZER,
         shell:
             EVALUATE_SHELL
@@ -90,6 +91,7 @@ rule evaluate:
         args=evaluate_args,  # input-dependent (not tracked by Snakemake's params trigger); config values below are
         n=n_samples_arg(),
         settings=to_args(config.get("inference")),
+        phrase_search=phrase_search_args,
         tokenizer=TOKENIZER,
     shell:
         EVALUATE_SHELL
@@ -119,6 +121,7 @@ rule evaluate_negative_control:
         args=lambda wc, input: evaluate_args(wc, input) + " --negative-control shuffled_vectors",
         n=n_samples_arg(),
         settings=to_args(config.get("inference")),
+        phrase_search=phrase_search_args,
         tokenizer=TOKENIZER,
     shell:
         EVALUATE_SHELL
