@@ -190,8 +190,8 @@ def cmd_evaluate(args) -> int:
         searcher = PhraseSearcher(args.checkpoint, args.dump, args.index, device=args.device, precision=args.precision,
                                   vectors=args.vectors)
         out["index"] = read_json(Path(str(args.index) + ".json"), "rebuild the index")
-        out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes", "token_filter")
-                       if k in searcher.dump.meta}
+        out["dump"] = {k: searcher.dump.meta[k] for k in ("rows", "tokens", "hidden_size", "bytes", "token_filter",
+                                                          "dump_passages") if k in searcher.dump.meta}
         out["open"] = {}
         for name, (kind, where) in sets.items():
             questions, truecased = truecase_records(args.truecase, _questions(where) if kind == "file" else
