@@ -101,10 +101,11 @@ def evaluate_args(wildcards, input):
     return " ".join(args)
 
 
-def phrase_search_args(wildcards):
-    """How a DensePhrases evaluation searches (config densephrases: search_form, vectors, truecase, refine_factor,
-    precision; the DensePhrases table's open-domain evaluations search alike); nothing for another system."""
-    return dp_args("registry") if "phrase_dump" in run_needs(wildcards)[1] else ""
+def evaluate_settings(wildcards):
+    """The settings options of one evaluation: config `inference`, and for DensePhrases how it searches (config
+    densephrases: search_form, vectors, truecase, refine_factor, precision, as its own table's evaluations)."""
+    settings = to_args(config.get("inference"))
+    return settings + " " + dp_args("registry") if "phrase_dump" in run_needs(wildcards)[1] else settings
 
 
 def evaluation_wildcards(task, run):

@@ -22,7 +22,7 @@ rule convert_smollm2:
 
 EVALUATE_SHELL = (
     "npm-repro evaluate --task {params.tasks} --system {params.system} {params.args} {params.n}"
-    " {params.settings} {params.phrase_search} --tokenizer {params.tokenizer:q} --threads {threads}"
+    " {params.settings} --tokenizer {params.tokenizer:q} --threads {threads}"
     " --predictions {output.predictions} --metrics {output.metrics} {params.tracking} > {log} 2>&1"
 )
 
@@ -59,8 +59,7 @@ for _name, _pairs in evaluation_groups().items():
             system=split_run(_first.run)[0],
             args=lambda wc, input, first=_first: evaluate_args(first, input),
             n=n_samples_arg(),
-            settings=to_args(config.get("inference")),
-            phrase_search=lambda wc, first=_first: phrase_search_args(first),
+            settings=lambda wc, first=_first: evaluate_settings(first),
             tokenizer=TOKENIZER,
         shell:
             EVALUATE_SHELL
@@ -90,8 +89,7 @@ rule evaluate:
         system=lambda wc: split_run(wc.run)[0],
         args=evaluate_args,  # input-dependent (not tracked by Snakemake's params trigger); config values below are
         n=n_samples_arg(),
-        settings=to_args(config.get("inference")),
-        phrase_search=phrase_search_args,
+        settings=evaluate_settings,
         tokenizer=TOKENIZER,
     shell:
         EVALUATE_SHELL
@@ -120,8 +118,7 @@ rule evaluate_negative_control:
         system=lambda wc: wc.run,
         args=lambda wc, input: evaluate_args(wc, input) + " --negative-control shuffled_vectors",
         n=n_samples_arg(),
-        settings=to_args(config.get("inference")),
-        phrase_search=phrase_search_args,
+        settings=evaluate_settings,
         tokenizer=TOKENIZER,
     shell:
         EVALUATE_SHELL
