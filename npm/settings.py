@@ -613,10 +613,10 @@ class DensePhrasesSettings(Section):
                                               kinds=(float,), option=("dump",))
     dump_passages: str = _setting("blocks", "what the phrase encoder reads when it dumps a token: blocks = the "
                                             "corpus's blocks (NPM's, text units packed into 256 tokens); units = "
-                                            "each text unit (paragraph) alone, in windows of dump_max_tokens "
+                                            "each text unit alone, in windows of dump_max_tokens "
                                             "starting every dump_stride tokens, a token taking the vector of the "
-                                            "window where it has the most context (the paper's and the code's "
-                                            "paragraphs)", choices=DUMP_PASSAGES, option=("dump",))
+                                            "window where it has the most context (as the code's dump reads each "
+                                            "paragraph)", choices=DUMP_PASSAGES, option=("dump",))
     dump_max_tokens: int = _setting(512, "tokens of a units window, its begin and end tokens included (code: 512)",
                                     minimum=3, option=("dump",))
     dump_stride: int = _setting(500, "tokens between the starts of a unit's windows (code: 500); at most "

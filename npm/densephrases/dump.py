@@ -60,8 +60,8 @@ SHARD_KEYS = ("phrase_side", "hidden_size", "filter_threshold", "precision", "to
 class DumpPassages:
     """What the phrase encoder reads when it dumps a token (config ``densephrases.dump_passages``): ``blocks``, the
     blocks file's blocks as they are (NPM's: text units packed into 256 tokens, a long unit cut without overlap); or
-    ``units``, each text unit alone (the paper's and the original code's paragraphs: ``generate_phrase_vecs.py
-    --max_seq_length 512 --doc_stride 500``), ``[begin] tokens [end]`` in windows of ``max_tokens`` starting every
+    ``units``, each text unit alone, as the original code reads each paragraph (``generate_phrase_vecs.py
+    --max_seq_length 512 --doc_stride 500``): ``[begin] tokens [end]`` in windows of ``max_tokens`` starting every
     ``stride`` tokens (:func:`unit_windows`). Either way a token keeps its one row, its passage (block) and its
     segment in the dump's table: only its vector changes (the code's dump stores a token of two windows twice; here
     it has the vector of the window where it has the most context)."""
