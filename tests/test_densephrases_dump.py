@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from npm.data.blocks import build_blocks, load_blocks, pad_blocks
-from npm.densephrases.dump import PhraseDump, build_index, dump_phrases, load_index
+from npm.densephrases.dump import DumpPassages, PhraseDump, build_index, dump_phrases, load_index
 from npm.densephrases.model import DensePhrases
 from npm.io import atomic_dir, write_jsonl
 from tests.conftest import WORDPIECE, save_tiny_bert
@@ -28,14 +28,18 @@ def world(tmp_path_factory):
         with atomic_dir(root / name) as tmp:
             DensePhrases.from_encoder(save_tiny_bert(root / f"enc_{name}", seed=seed)).save(tmp)
     blocks = [str(root / "blocks.npz")]
-    meta = dump_phrases(root / "model", blocks, root / "dump", progress=False)
+    meta = dump_phrases(root / "model", blocks, root / "dump", progress=False, passages=DumpPassages("blocks"))
     build_index(root / "dump", root / "flat.faiss")
     return {"root": root, "blocks": blocks, "meta": meta}
 
 
 def test_the_dump_stores_the_phrase_encoders_vectors_of_every_non_special_token(world):
+    from npm.densephrases.dump import DumpPassages
+
     arrays = load_blocks(world["blocks"][0])
-    dump = PhraseDump(world["root"] / "dump")
+    dump_phrases(world["root"] / "model", world["blocks"], world["root"] / "dump_blocks", progress=False,
+                 passages=DumpPassages("blocks"))
+    dump = PhraseDump(world["root"] / "dump_blocks")
     special = (arrays["flags"] & 8) != 0
     assert dump.meta["rows"] == int((~special).sum()) == len(dump.token) and dump.meta["kept_share"] == 1.0
     assert dump.token[:].tolist() == np.flatnonzero(~special).tolist()
@@ -590,20 +594,22 @@ def test_units_windows_are_the_code_s_windows_and_a_token_belongs_to_its_max_con
 
 
 def test_a_units_dump_encodes_each_text_unit_alone_in_its_windows(world, tmp_path):
-    """`dump --dump-passages units`: the same rows and phrase table as the blocks dump, each token's vector the
-    phrase encoder's over ``[CLS] window [SEP]`` of its own unit (its max-context window), recorded in the meta; the
-    shards of a dump agree on it, and an index of the blocks dump is refused for the units dump."""
+    """`dump --dump-passages units`: the same rows and phrase table as the blocks dump, each token's
+    vector the phrase encoder's over ``[CLS] window [SEP]`` of its own unit (its max-context window), recorded in
+    the meta; the shards of a dump agree on it, and an index of another dump is refused."""
     from npm.densephrases.dump import DumpPassages, combine_shards, dump_shard, shard_dir, unit_windows
 
     root = world["root"]
     blocks = load_blocks(world["blocks"][0])
     model = DensePhrases.load(root / "model").eval()
+    dump_phrases(root / "model", world["blocks"], tmp_path / "blocks", progress=False, passages=DumpPassages("blocks"))
+    plain = PhraseDump(tmp_path / "blocks")
     for max_tokens, stride in ((128, 100), (8, 4)):  # whole units; windows of 6 tokens every 4
         passages = DumpPassages("units", max_tokens, stride)
         out = tmp_path / f"units{max_tokens}"
         meta = dump_phrases(root / "model", world["blocks"], out, progress=False, passages=passages)
         assert meta["dump_passages"] == {"form": "units", "max_tokens": max_tokens, "stride": stride}
-        units, plain = PhraseDump(out), PhraseDump(root / "dump")
+        units = PhraseDump(out)
         assert units.token[:].tolist() == plain.token[:].tolist() and meta["rows"] == plain.meta["rows"]
         for name, values in plain.tokens.arrays().items():
             assert units.tokens.arrays()[name][:].tolist() == values[:].tolist(), name
@@ -624,7 +630,8 @@ def test_a_units_dump_encodes_each_text_unit_alone_in_its_windows(world, tmp_pat
         load_index(root / "flat.faiss", units)
     dump_shard(root / "model", world["blocks"][0], shard_dir(tmp_path / "mixed", 0), progress=False,
                passages=DumpPassages("units", 8, 4))
-    dump_shard(root / "model", world["blocks"][0], shard_dir(tmp_path / "mixed", 1), progress=False)
+    dump_shard(root / "model", world["blocks"][0], shard_dir(tmp_path / "mixed", 1), progress=False,
+               passages=DumpPassages("blocks"))
     with pytest.raises(ValueError, match="shard1: its dump_passages .* differs from shard0's"):
         combine_shards(tmp_path / "mixed", 2)
     with pytest.raises(ValueError, match="dump_max_tokens 512 exceeds the phrase encoder's 128 positions"):

@@ -303,8 +303,8 @@ STEPS = (
             options=(ENCODER, TRAIN, GENERATED, TEACHER, OUT(help="model folder"), CHECKPOINT_DIR,
                      section(DensePhrasesTrain), _settings("train"), SEED, tracking.OPTIONS)),
     Command("dump", "the phrase dump: fp16 token vectors of every passage", cmd_dump,
-            description="Encodes every block of the corpus, or each text unit alone (--dump-passages units), with "
-                        "the phrase encoder (npm.densephrases.dump).",
+            description="Encodes every block of the corpus, or each text unit alone in the original code's "
+                        "windows (--dump-passages units), with the phrase encoder (npm.densephrases.dump).",
             options=(CHECKPOINT(help="DensePhrases model folder"),
                      option("--blocks", nargs="+", required=True, help="the corpus's blocks .npz files, in order"),
                      OUT(help="dump folder"),

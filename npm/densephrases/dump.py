@@ -1,14 +1,15 @@
 """The phrase dump and its index (Lee et al. 2021, sections 5-7.1 and appendix E; docs/paper-map.md §D1.4-§D1.5).
 
-:func:`dump_shard`: every passage of one blocks file (a shard of the corpus) goes through the phrase encoder; the
-vectors of its tokens are kept as fp16 rows laid end to end, the layout of NPM's datastore. A token is kept when it is
-not special and, with a ``filter_threshold``, when its start- or its end-filter logit exceeds it (the original code;
-at least the best-filtered token of a passage stays); ``None`` keeps every non-special token. The shard folder holds
-``vectors.f16`` (raw fp16 [rows, d]), one ``.npy`` per column of its part of the token table (per kept row: ``token``,
-its position in the blocks file, and the :class:`~npm.densephrases.search.PhraseTokens` fields, passage and segment
-ids counted within the file, segments from the full token table so that no phrase crosses a dropped special token)
-and ``meta.json`` (written last). The vectors go through a memmap on disk, never all in memory; a corpus is dumped
-by one job per shard (rule densephrases_dump).
+:func:`dump_shard`: every block of one blocks file (a shard of the corpus) goes through the phrase encoder, or each
+of its text units alone in the original code's windows (:class:`DumpPassages`); the vectors of its tokens are kept
+as fp16 rows laid end to end, the layout of NPM's datastore. A token is kept when it is not special and, with a
+``filter_threshold``, when its start- or its end-filter logit exceeds it (the original code; at least the
+best-filtered token of a passage stays); ``None`` keeps every non-special token. The shard folder holds
+``vectors.f16`` (raw fp16 [rows, d]), one ``.npy`` per column of its part of the token table (per kept row:
+``token``, its position in the blocks file, and the :class:`~npm.densephrases.search.PhraseTokens` fields, passage
+and segment ids counted within the file, segments from the full token table so that no phrase crosses a dropped
+special token) and ``meta.json`` (written last). The vectors go through a memmap on disk, never all in memory; a
+corpus is dumped by one job per shard (rule densephrases_dump).
 
 :func:`combine_shards`: the dump's ``meta.json``, written last, after its shards: their folders, rows and the
 offsets that turn a shard's token, passage and segment ids into the corpus's (global block order), the phrase
@@ -156,7 +157,7 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
     """Encode every block of ``blocks_path`` with the phrase encoder of ``model_dir`` (on ``device``, default CUDA
     when available, under ``precision``'s autocast, ``npm.model.autocast``) and write the shard folder ``out_dir``
     atomically. ``model``: the loaded ``DensePhrases`` of ``model_dir`` (loaded here when None). ``passages``: what
-    the encoder reads (:class:`DumpPassages`; None: the blocks)."""
+    the encoder reads (:class:`DumpPassages`; None: the blocks as they are)."""
     t0 = time.perf_counter()
     passages = passages or DumpPassages()
     dev = torch_device(device)
