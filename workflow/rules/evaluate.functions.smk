@@ -105,7 +105,7 @@ def evaluate_settings(wildcards):
     """The settings options of one evaluation: config `inference`, and for DensePhrases how it searches (config
     densephrases: search_form, vectors, truecase, refine_factor, precision, as its own table's evaluations)."""
     settings = to_args(config.get("inference"))
-    return settings + " " + dp_args("registry") if "phrase_dump" in run_needs(wildcards)[1] else settings
+    return f"{settings} {dp_args('registry')}" if "phrase_dump" in run_needs(wildcards)[1] else settings
 
 
 def evaluation_wildcards(task, run):
