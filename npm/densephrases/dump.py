@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from npm.boundaries import SPECIAL
-from npm.data.blocks import check_vocabulary, load_blocks
+from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.faiss_index import build_faiss_index
 from npm.densephrases.model import DensePhrases, load_filter_head
 from npm.densephrases.search import PhraseTokens
@@ -94,13 +94,13 @@ class DumpPassages:
             raise ValueError(f"dump_max_tokens {self.max_tokens} exceeds the phrase encoder's {limit} positions; "
                              f"set densephrases.dump_max_tokens <= {limit}")
 
-    def windows(self, arrays: dict, path) -> tuple:
-        """(positions int64 [P], offsets int64 [n+1], owner bool [P], wrap) of a blocks file's ``arrays``: window w
-        reads the file's tokens ``positions[offsets[w]:offsets[w+1]]``, wrapped in the ids ``wrap[0][w]`` and
-        ``wrap[1][w]`` (None: as they are), and writes the vectors of those it ``owner``s."""
+    def windows(self, arrays: dict, path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids [I], offsets int64 [n+1], rows int64 [I]) of a blocks file's ``arrays``: window w is the encoder input
+        ``ids[offsets[w]:offsets[w+1]]`` (the blocks as they are, or each unit window wrapped in its unit's begin
+        and end ids), and the vector at each of its positions goes to the file's token ``rows`` (-1: nowhere)."""
         if self.form == "blocks":
             n = len(arrays["input_ids"])
-            return np.arange(n, dtype=np.int64), arrays["block_offsets"], np.ones(n, bool), None
+            return arrays["input_ids"], arrays["block_offsets"], np.arange(n, dtype=np.int64)
         positions, offsets, owner, unit = unit_windows(arrays["flags"], self.max_tokens, self.stride)
         ids, special = arrays["input_ids"], (arrays["flags"] & SPECIAL) != 0
         before, after = unit[:, 0] - 1, unit[:, 1] + 1
@@ -108,7 +108,13 @@ class DumpPassages:
                           or not special[after].all()):
             raise ValueError(f"{path}: a text unit is not wrapped in begin and end tokens; rebuild the blocks "
                              "(rule tokenize_blocks)")
-        return positions, offsets, owner, (ids[before], ids[after])
+        wrapped = offsets + 2 * np.arange(len(offsets))  # each window gains its begin and end token
+        inner = np.arange(len(positions)) + np.repeat(wrapped[:-1] + 1 - offsets[:-1], np.diff(offsets))
+        out_ids = np.empty(int(wrapped[-1]), dtype=ids.dtype)
+        out_ids[wrapped[:-1]], out_ids[wrapped[1:] - 1], out_ids[inner] = ids[before], ids[after], ids[positions]
+        rows = np.full(len(out_ids), -1, dtype=np.int64)
+        rows[inner] = np.where(owner, positions, -1)
+        return out_ids, wrapped, rows
 
 
 def unit_windows(flags: np.ndarray, max_tokens: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
@@ -173,7 +179,7 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
     with atomic_dir(out_dir) as tmp:
         tmp.mkdir()
         vecs = np.lib.format.open_memmap(tmp / "all.npy", "w+", np.float16, (len(table), model.hidden_size))
-        logits = _encode_file(model, dev, precision, arrays, passages.windows(arrays, blocks_path),
+        logits = _encode_file(model, dev, precision, passages.windows(arrays, blocks_path),
                               filter_threshold is not None, batch_blocks, vecs,
                               f"phrase dump {Path(blocks_path).name}", progress)
         rows = np.flatnonzero(table.word >= 0)
@@ -328,37 +334,28 @@ def _filtered(rows: np.ndarray, best: np.ndarray, passage: np.ndarray, threshold
     return rows[keep]
 
 
-def _encode_file(model, dev, precision, arrays, windows, want_logits, batch_blocks, vecs, desc, progress):
+def _encode_file(model, dev, precision, windows, want_logits, batch_blocks, vecs, desc, progress):
     """The best filter logit of every token of one blocks file (float32 [tokens]; None without ``want_logits``), with
     the fp16 vectors of its tokens written into ``vecs`` [tokens, d] (a memmap on disk: a shard's vectors are never
     all in memory): every window of ``windows`` (:meth:`DumpPassages.windows`) through the phrase encoder, shortest
-    first, each token written from the window that owns it."""
-    positions, offsets, owner, wrap = windows
+    first, each vector written to the token its window's row map names."""
+    ids, offsets, rows = windows
     lengths = np.diff(offsets)
     order = np.argsort(lengths, kind="stable")
-    shift = 0 if wrap is None else 1
     logits = np.full(len(vecs), -np.inf, np.float32) if want_logits else None
     with torch.inference_mode(), autocast(dev, precision):
         for a in progress_bar(range(0, len(order), batch_blocks), desc=desc, unit="batch", show=progress):
             batch = order[a:a + batch_blocks]
-            width = int(max(1, lengths[batch].max())) + 2 * shift
-            ids = np.zeros((len(batch), width), dtype=np.int64)
-            att = np.zeros((len(batch), width), dtype=np.int64)
-            for k, w in enumerate(batch):
-                n = int(lengths[w])
-                ids[k, shift:shift + n] = arrays["input_ids"][positions[offsets[w]:offsets[w + 1]]]
-                if wrap is not None:
-                    ids[k, 0], ids[k, n + 1] = wrap[0][w], wrap[1][w]
-                att[k, :n + 2 * shift] = 1
-            h = model.phrase_vectors(torch.as_tensor(ids, device=dev), torch.as_tensor(att, device=dev))
+            padded, att = pad_blocks(ids, offsets, batch, int(max(1, lengths[batch].max())))
+            h = model.phrase_vectors(torch.as_tensor(padded, device=dev), torch.as_tensor(att, device=dev))
             best = model.filter_logits(h).max(-1).values.float().cpu().numpy() if want_logits else None
             h = h.float().cpu().numpy()
             for k, w in enumerate(batch):
-                own = owner[offsets[w]:offsets[w + 1]]
-                rows = positions[offsets[w]:offsets[w + 1]][own]
-                vecs[rows] = h[k, shift:shift + len(own)][own].astype(np.float16)
+                target = rows[offsets[w]:offsets[w + 1]]
+                own = target >= 0
+                vecs[target[own]] = h[k, :len(target)][own].astype(np.float16)
                 if want_logits:
-                    logits[rows] = best[k, shift:shift + len(own)][own]
+                    logits[target[own]] = best[k, :len(target)][own]
     return logits
 
 
