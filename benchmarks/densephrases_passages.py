@@ -75,7 +75,7 @@ def measure(root: Path, work: Path, passages: DumpPassages) -> dict:
     meta = json.loads((Path(base["dump"]) / "meta.json").read_text())
     t0 = time.perf_counter()
     units_meta = dump_phrases(meta["model"], meta["blocks"], work / "dump", meta["filter_threshold"],
-                              precision=base["precision"], passages=passages, progress=False)
+                              precision=base["precision"], dump_passages=passages, progress=False)
     dump_seconds = time.perf_counter() - t0
     build_index(work / "dump", work / "Flat.faiss")
     rows = []

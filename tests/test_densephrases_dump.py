@@ -28,7 +28,7 @@ def world(tmp_path_factory):
         with atomic_dir(root / name) as tmp:
             DensePhrases.from_encoder(save_tiny_bert(root / f"enc_{name}", seed=seed)).save(tmp)
     blocks = [str(root / "blocks.npz")]
-    meta = dump_phrases(root / "model", blocks, root / "dump", progress=False, passages=DumpPassages("blocks"))
+    meta = dump_phrases(root / "model", blocks, root / "dump", progress=False, dump_passages=DumpPassages("blocks"))
     build_index(root / "dump", root / "flat.faiss")
     return {"root": root, "blocks": blocks, "meta": meta}
 
@@ -38,7 +38,7 @@ def test_the_dump_stores_the_phrase_encoders_vectors_of_every_non_special_token(
 
     arrays = load_blocks(world["blocks"][0])
     dump_phrases(world["root"] / "model", world["blocks"], world["root"] / "dump_blocks", progress=False,
-                 passages=DumpPassages("blocks"))
+                 dump_passages=DumpPassages("blocks"))
     dump = PhraseDump(world["root"] / "dump_blocks")
     special = (arrays["flags"] & 8) != 0
     assert dump.meta["rows"] == int((~special).sum()) == len(dump.token) and dump.meta["kept_share"] == 1.0
@@ -602,12 +602,13 @@ def test_a_units_dump_encodes_each_text_unit_alone_in_its_windows(world, tmp_pat
     root = world["root"]
     blocks = load_blocks(world["blocks"][0])
     model = DensePhrases.load(root / "model").eval()
-    dump_phrases(root / "model", world["blocks"], tmp_path / "blocks", progress=False, passages=DumpPassages("blocks"))
+    dump_phrases(root / "model", world["blocks"], tmp_path / "blocks", progress=False,
+                 dump_passages=DumpPassages("blocks"))
     plain = PhraseDump(tmp_path / "blocks")
     for max_tokens, stride in ((128, 100), (8, 4)):  # whole units; windows of 6 tokens every 4
         passages = DumpPassages("units", max_tokens, stride)
         out = tmp_path / f"units{max_tokens}"
-        meta = dump_phrases(root / "model", world["blocks"], out, progress=False, passages=passages)
+        meta = dump_phrases(root / "model", world["blocks"], out, progress=False, dump_passages=passages)
         assert meta["dump_passages"] == {"form": "units", "max_tokens": max_tokens, "stride": stride}
         units = PhraseDump(out)
         assert units.token[:].tolist() == plain.token[:].tolist() and meta["rows"] == plain.meta["rows"]
@@ -629,14 +630,14 @@ def test_a_units_dump_encodes_each_text_unit_alone_in_its_windows(world, tmp_pat
     with pytest.raises(ValueError, match="built from another phrase dump"):
         load_index(root / "flat.faiss", units)
     dump_shard(root / "model", world["blocks"][0], shard_dir(tmp_path / "mixed", 0), progress=False,
-               passages=DumpPassages("units", 8, 4))
+               dump_passages=DumpPassages("units", 8, 4))
     dump_shard(root / "model", world["blocks"][0], shard_dir(tmp_path / "mixed", 1), progress=False,
-               passages=DumpPassages("blocks"))
+               dump_passages=DumpPassages("blocks"))
     with pytest.raises(ValueError, match="shard1: its dump_passages .* differs from shard0's"):
         combine_shards(tmp_path / "mixed", 2)
     with pytest.raises(ValueError, match="dump_max_tokens 512 exceeds the phrase encoder's 128 positions"):
         dump_shard(root / "model", world["blocks"][0], tmp_path / "long", progress=False,
-                   passages=DumpPassages("units", 512, 500))
+                   dump_passages=DumpPassages("units", 512, 500))
     with pytest.raises(ValueError, match="stride must be 1 to 6, got 7"):
         DumpPassages("units", 8, 7)
 

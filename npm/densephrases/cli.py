@@ -97,10 +97,11 @@ def cmd_train(args) -> int:
 def cmd_dump(args) -> int:
     from npm.densephrases.dump import DumpPassages, dump_phrases, dump_shard, shard_dir  # deferred: loads torch
 
-    passages = DumpPassages(args.dump_passages, args.dump_max_tokens, args.dump_stride)
+    dump_passages = DumpPassages(args.dump_passages, args.dump_max_tokens, args.dump_stride)
     if args.shard is None:
         meta = dump_phrases(args.checkpoint, [str(b) for b in args.blocks], args.out, args.filter_threshold,
-                            args.batch_blocks, precision=args.precision, device=args.device, passages=passages)
+                            args.batch_blocks, precision=args.precision, device=args.device,
+                            dump_passages=dump_passages)
         out = args.out
     else:
         if len(args.blocks) != 1:
@@ -108,7 +109,7 @@ def cmd_dump(args) -> int:
                              f"{len(args.blocks)}")
         out = shard_dir(args.out, args.shard)
         meta = dump_shard(args.checkpoint, args.blocks[0], out, args.filter_threshold, args.batch_blocks,
-                          precision=args.precision, device=args.device, passages=passages)
+                          precision=args.precision, device=args.device, dump_passages=dump_passages)
     log.info("%d of %d tokens kept (%.1f %%) -> %s", meta["rows"], meta["tokens"],
              100 * meta["rows"] / max(1, meta["tokens"]), out)
     return 0

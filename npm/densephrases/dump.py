@@ -159,13 +159,13 @@ def dump_record(model_dir: str | os.PathLike) -> str:
 def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out_dir: str | os.PathLike,
                filter_threshold: float | None = None, batch_blocks: int = 32, progress: bool = True,
                precision: str = "fp32", device: str | None = None, model=None,
-               passages: DumpPassages | None = None) -> dict:
+               dump_passages: DumpPassages | None = None) -> dict:
     """Encode every block of ``blocks_path`` with the phrase encoder of ``model_dir`` (on ``device``, default CUDA
     when available, under ``precision``'s autocast, ``npm.model.autocast``) and write the shard folder ``out_dir``
-    atomically. ``model``: the loaded ``DensePhrases`` of ``model_dir`` (loaded here when None). ``passages``: what
-    the encoder reads (:class:`DumpPassages`; None: the blocks as they are)."""
+    atomically. ``model``: the loaded ``DensePhrases`` of ``model_dir`` (loaded here when None). ``dump_passages``:
+    what the encoder reads (:class:`DumpPassages`; None: the blocks as they are)."""
     t0 = time.perf_counter()
-    passages = passages or DumpPassages()
+    passages = dump_passages or DumpPassages()
     dev = torch_device(device)
     if model is None:
         model = DensePhrases.load(model_dir).eval().to(dev)
@@ -242,7 +242,7 @@ def combine_shards(dump_dir: str | os.PathLike, n_shards: int) -> dict:
 def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir: str | os.PathLike,
                  filter_threshold: float | None = None, batch_blocks: int = 32, progress: bool = True,
                  precision: str = "fp32", device: str | None = None, model=None,
-                 passages: DumpPassages | None = None) -> dict:
+                 dump_passages: DumpPassages | None = None) -> dict:
     """The whole dump of the blocks files ``blocks_paths`` (in corpus order) in one process: shard ``k`` from the
     ``k``-th file (:func:`dump_shard`), then the meta (:func:`combine_shards`); ``out_dir`` is written atomically.
     ``model``: the ``DensePhrases`` of ``model_dir`` already loaded (None: loaded here)."""
@@ -252,7 +252,7 @@ def dump_phrases(model_dir: str | os.PathLike, blocks_paths: list[str], out_dir:
     with atomic_dir(out_dir) as tmp:
         for k, path in enumerate(blocks_paths):
             dump_shard(model_dir, path, shard_dir(tmp, k), filter_threshold, batch_blocks, progress, precision,
-                       device, model, passages)
+                       device, model, dump_passages)
         meta = combine_shards(tmp, len(blocks_paths))
     return meta
 
