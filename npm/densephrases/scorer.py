@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from npm.densephrases.evaluate import task_question
 from npm.densephrases.truecase import truecase_records
-from npm.settings import DensePhrasesSettings
-
-SEARCH_KEYS = ("search_form", "vectors", "truecase", "refine_factor", "precision")  # recorded in the metrics
+from npm.settings import DensePhrasesSettings, options
 
 
 class DensePhrasesScorer:
@@ -32,7 +30,7 @@ class DensePhrasesScorer:
                      "device": str(self.searcher.device),
                      "parameters": int(sum(p.numel() for p in self.searcher.model.parameters())),
                      "phrase_k": settings.phrase_k, "phrase_max_words": settings.phrase_max_words,
-                     **{key: getattr(self.search, key) for key in SEARCH_KEYS}}
+                     **{f.name: getattr(self.search, f.name) for f in options(DensePhrasesSettings, "registry")}}
 
     def open_set(self, task, examples, progress=None):
         given = [task_question(task.name, ex["input"]) for ex in examples]
