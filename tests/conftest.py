@@ -244,3 +244,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def code_windows(n: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
+    """(start, length) of the original code's windows over a paragraph of n tokens, as its reader loops: a window
+    of max_tokens - 2 tokens every stride tokens while len(spans) * stride < n, until one does not overflow."""
+    spans = []
+    while len(spans) * stride < n:
+        start = len(spans) * stride
+        spans.append((start, min(n - start, max_tokens - 2)))
+        if start + max_tokens - 2 >= n:
+            break
+    return spans

@@ -15,7 +15,7 @@ from npm.data.blocks import build_blocks, load_blocks, pad_blocks
 from npm.densephrases.dump import DumpPassages, PhraseDump, build_index, dump_phrases, load_index
 from npm.densephrases.model import DensePhrases
 from npm.io import atomic_dir, write_jsonl
-from tests.conftest import WORDPIECE, save_tiny_bert
+from tests.conftest import WORDPIECE, code_windows, save_tiny_bert
 from tests.test_densephrases_search import DOCS
 
 
@@ -547,18 +547,6 @@ def test_a_dump_made_shard_by_shard_equals_the_one_shard_dump_of_the_same_blocks
     assert load_index(root / "sharded.faiss", two, root / "model").ntotal == one.meta["rows"]
 
 
-def _code_windows(n: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
-    """(start, length) of the original code's windows over a paragraph of n tokens, as its reader loops: a window
-    of max_tokens - 2 tokens every stride tokens while len(spans) * stride < n, until one does not overflow."""
-    spans = []
-    while len(spans) * stride < n:
-        start = len(spans) * stride
-        spans.append((start, min(n - start, max_tokens - 2)))
-        if start + max_tokens - 2 >= n:
-            break
-    return spans
-
-
 def _max_context(spans: list[tuple[int, int]], position: int) -> int:
     """The code's _check_is_max_context: the span where the token has the most context (the first among ties)."""
     best, best_k = None, None
@@ -580,17 +568,17 @@ def test_units_windows_are_the_code_s_windows_and_a_token_belongs_to_its_max_con
     positions, offsets, owner, unit = unit_windows(flags, max_tokens, stride)
     expected_positions, expected_owner, first = [], [], 1
     for n in lengths:
-        spans = _code_windows(n, max_tokens, stride)
+        spans = code_windows(n, max_tokens, stride)
         for k, (start, length) in enumerate(spans):
             expected_positions += [first + start + t for t in range(length)]
             expected_owner += [_max_context(spans, start + t) == k for t in range(length)]
         first += n + 2
     assert positions.tolist() == expected_positions and owner.tolist() == expected_owner
-    assert len(offsets) - 1 == sum(len(_code_windows(n, max_tokens, stride)) for n in lengths)
+    assert len(offsets) - 1 == sum(len(code_windows(n, max_tokens, stride)) for n in lengths)
     assert sorted(positions[owner].tolist()) == np.flatnonzero(flags == 0).tolist()  # each token owned once
     starts = np.cumsum([1] + [n + 2 for n in lengths[:-1]])
     assert unit.tolist() == [[a, a + n - 1] for a, n in zip(starts.tolist(), lengths, strict=True)
-                             for _ in _code_windows(n, max_tokens, stride)]
+                             for _ in code_windows(n, max_tokens, stride)]
 
 
 def test_a_units_dump_encodes_each_text_unit_alone_in_its_windows(world, tmp_path):

@@ -18,7 +18,7 @@ from npm.densephrases.features import rc_features, teacher_inputs
 from npm.densephrases.rc import read_squad, write_squad
 from npm.model import load_tokenizer
 from npm.tasks.metrics import f1_score
-from tests.conftest import WORDPIECE, save_tiny_bert
+from tests.conftest import WORDPIECE, code_windows, save_tiny_bert
 
 FACTS = [("Greece", "Athens"), ("France", "Paris"), ("Norway", "Oslo"), ("Peru", "Lima"), ("Kenya", "Nairobi"),
          ("Chile", "Santiago"), ("Egypt", "Cairo"), ("Japan", "Tokyo")]
@@ -64,6 +64,7 @@ def test_answers_become_token_spans_and_the_teacher_sees_the_same_tokens():
     examples = _examples()
     feats = rc_features(examples, tok, max_passage_tokens=64)
     assert feats["dropped"] == 0 and len(feats["start"]) == len(examples)
+    assert (feats["support"] == feats["valid"]).all() and feats["answerable"].all()  # no windows: as before
     enc = tok([e["context"] for e in examples], truncation=True, max_length=64, return_offsets_mapping=True)
     for r, n in enumerate(feats["example"]):
         text = span_text(examples[n]["context"], enc["offset_mapping"][n], feats["start"][r], feats["end"][r])
@@ -79,6 +80,96 @@ def test_answers_become_token_spans_and_the_teacher_sees_the_same_tokens():
                              "answer_start": [160 + examples[3]["answer_start"][0]]}]
     cut = rc_features(mixed, tok, max_passage_tokens=64)
     assert cut["dropped"] == 1 and cut["example"].tolist() == [0, 1, 2]  # left out, never mislabelled
+
+
+def _long_examples():
+    """The examples with filler before and after their sentence: passages of 30-60 tokens, answers at varied places."""
+    out = []
+    for n, ex in enumerate(_examples()):
+        before, after = "some filler words here. " * n, " and more text follows after it." * (len(FACTS) - n)
+        out.append({**ex, "context": before + ex["context"] + after,
+                    "answer_start": [len(before) + ex["answer_start"][0]]})
+    return out
+
+
+@pytest.mark.parametrize("max_tokens,stride", [(16, 4), (24, 10), (32, 30)])
+def test_training_windows_are_the_codes_and_a_window_without_the_answer_labels_its_cls(max_tokens, stride):
+    """``train_stride``: a passage becomes the code's training windows (its reader's loop, restated in
+    tests.conftest.code_windows), ``[CLS] window [SEP]``; a window holding the whole answer labels it, any other
+    labels its [CLS] (start = end = 0, not answerable), and every row's softmax support adds the [CLS]."""
+    tok = load_tokenizer(WORDPIECE)
+    examples = _long_examples()
+    feats = rc_features(examples, tok, max_tokens, 24, stride=stride)
+    enc = tok([e["context"] for e in examples], add_special_tokens=False, return_offsets_mapping=True)
+    assert feats["dropped"] == 0 and not feats["answerable"].all()
+    for n, ex in enumerate(examples):
+        rows, offsets = np.flatnonzero(feats["example"] == n), enc["offset_mapping"][n]
+        spans = code_windows(len(offsets), max_tokens, stride)
+        assert len(rows) == len(spans) and feats["answerable"][rows].any()
+        a, b = ex["answer_start"][0], ex["answer_start"][0] + len(ex["answers"][0])
+        for r, (begin, size) in zip(rows, spans, strict=True):
+            pn = int(feats["passage_mask"][r].sum())
+            assert feats["passage_ids"][r, :pn].tolist() == [tok.cls_token_id, *enc["input_ids"][n][begin:begin + size],
+                                                             tok.sep_token_id]
+            assert feats["valid"][r, :pn].tolist() == [False] + [True] * size + [False]
+            assert feats["support"][r].tolist() == [True, *feats["valid"][r, 1:].tolist()]
+            assert feats["question_ids"][r].tolist() == feats["question_ids"][rows[0]].tolist()
+            window = [(0, 0), *offsets[begin:begin + size]]
+            holds = window[1][0] <= a and b <= window[-1][1]
+            assert bool(feats["answerable"][r]) == holds
+            if holds:
+                assert span_text(ex["context"], window, feats["start"][r], feats["end"][r]) == ex["answers"][0]
+            else:
+                assert feats["start"][r] == feats["end"][r] == 0
+    with pytest.raises(ValueError, match="its stride must be 1 to 14"):
+        rc_features(examples, tok, 16, 24, stride=15)
+
+
+def test_a_window_without_the_answer_trains_its_cls_and_no_filter_term(world):
+    """The code's loss on a window without the answer: single-passage and distillation softmax over the passage and
+    the [CLS], the [CLS] the target and the in-batch gold vector; the filter term only over the rows with an answer.
+    The teacher's logits at the student's [CLS] are the teacher's own [CLS] logits."""
+    from npm.densephrases.losses import filter_loss, in_batch_loss
+    from npm.densephrases.model import DensePhrases
+    from npm.densephrases.train import PhraseTrainConfig, load_teacher, step_loss, teacher_logits
+
+    torch.manual_seed(0)
+    model = DensePhrases.from_encoder(world["encoder"]).eval()
+    feats = rc_features(_long_examples(), load_tokenizer(world["encoder"]), 16, 24, stride=4)
+    rows = np.r_[np.flatnonzero(feats["answerable"])[:2], np.flatnonzero(~feats["answerable"])[:2]]
+    cfg = PhraseTrainConfig(encoder=world["encoder"], train=world["train"], out_dir="-", checkpoint_dir="-",
+                            negatives="in_batch", lambda_filter=1.0)
+    with torch.no_grad():
+        loss, parts = step_loss(model, feats, rows, cfg, None)
+        h = model.phrase_vectors(torch.as_tensor(feats["passage_ids"][rows]),
+                                 torch.as_tensor(feats["passage_mask"][rows]))
+        q_start, q_end = model.query_vectors(torch.as_tensor(feats["question_ids"][rows]),
+                                             torch.as_tensor(feats["question_mask"][rows]))
+    support, valid = torch.as_tensor(feats["support"][rows]), torch.as_tensor(feats["valid"][rows])
+    start, end = torch.as_tensor(feats["start"][rows]), torch.as_tensor(feats["end"][rows])
+    assert start[2:].tolist() == end[2:].tolist() == [0, 0]
+    single = 0.0
+    for q, gold in ((q_start, start), (q_end, end)):
+        z = (h.float() @ q.float()[:, :, None])[..., 0].masked_fill(~support, float("-inf"))
+        single -= torch.log_softmax(z, -1)[torch.arange(4), gold].mean() / 2
+    assert parts["single"] == pytest.approx(float(single), abs=1e-5)
+    ans = torch.arange(4) < 2
+    with torch.no_grad():
+        assert parts["filter"] == pytest.approx(float(filter_loss(model.filter_logits(h[ans]), valid[ans], start[ans],
+                                                                  end[ans])), abs=1e-6)
+    gold = h[torch.arange(4), start]
+    assert gold[2:].tolist() == h[2:, 0].tolist()
+    assert parts["neg"] == pytest.approx(float(in_batch_loss(q_start, q_end, gold, h[torch.arange(4), end])), abs=1e-5)
+    teacher = load_teacher(world["encoder"]).eval()  # a reader with a random span head: the alignment is the point
+    got_s, _ = teacher_logits(teacher, feats)
+    ids, mask, types, offset = teacher_inputs(feats, rows[2:3])
+    with torch.no_grad():
+        own = teacher(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                      token_type_ids=torch.as_tensor(types)).start_logits[0]
+    assert got_s[rows[2], 0] == pytest.approx(float(own[0]), abs=1e-5)
+    assert got_s[rows[2], 1] == pytest.approx(float(own[offset[0] + 1]), abs=1e-5)
+    cut = rc_features(_long_examples(), load_tokenizer(world["encoder"]), 64, 24)
+    assert np.isneginf(teacher_logits(teacher, cut)[0][:, 0]).all()  # without windows the [CLS] is never a target
 
 
 def test_best_span_is_the_brute_force_argmax_and_scores_are_squad_em_f1():
@@ -131,6 +222,29 @@ def test_training_learns_resumes_only_itself_and_uses_pre_batch_in_the_last_epoc
     with torch.no_grad():
         next(model.query_start.parameters()).add_(1.0)
     assert all(torch.equal(v, before[k]) for k, v in model.phrase.state_dict().items())
+
+
+def test_training_in_windows_trains_the_teacher_and_the_model_on_every_window_as_runs_of_their_own(world, tmp_path):
+    from npm.densephrases.train import PhraseTrainConfig, TeacherConfig, train_densephrases, train_teacher
+
+    write_squad(tmp_path / "long.json", _long_examples(), "test")
+    common = dict(encoder=world["encoder"], train=str(tmp_path / "long.json"), max_passage_tokens=16,
+                  max_question_tokens=24, batch_size=8, lr=1e-3)
+    windows = rc_features(_long_examples(), load_tokenizer(world["encoder"]), 16, 24, stride=4)
+    teacher = train_teacher(TeacherConfig(**common, out_dir=str(tmp_path / "teacher"),
+                                          checkpoint_dir=str(tmp_path / "ck_t"), epochs=1, train_stride=4),
+                            progress=False)
+    assert teacher["examples"] == len(windows["start"]) > 2 * len(FACTS)
+    cfg = dict(common, teacher=str(tmp_path / "teacher"), checkpoint_dir=str(tmp_path / "ck"), epochs=1,
+               pre_batch_epochs=0, negatives="in_batch", lambda_filter=1.0)
+    windowed = train_densephrases(PhraseTrainConfig(**cfg, train_stride=4, out_dir=str(tmp_path / "w")),
+                                  progress=False)
+    cut = train_densephrases(PhraseTrainConfig(**cfg, out_dir=str(tmp_path / "cut")), progress=False)
+    assert windowed["examples"] == len(windows["start"]) and 0 < cut["examples"] < len(FACTS)
+    assert windowed["run_folder"] != cut["run_folder"]
+    rows = list(csv.DictReader(open(tmp_path / "w" / "train_log.csv")))
+    parts = ("single", "distill", "neg", "filter")
+    assert rows and all(np.isfinite(float(r[f"loss_{k}"])) for r in rows for k in parts)
 
 
 GENERATED = [("Italy", "Rome"), ("Spain", "Madrid"), ("Ghana", "Accra"), ("Nepal", "Kathmandu"), ("Cuba", "Havana"),

@@ -311,7 +311,8 @@ def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_p
     fine-tuning chose the best epoch by the dev EM at k 100, where the code answers with the best of its
     search_phrase groups and evaluates the epochs at top_k 10, and asked NQ's lowercased questions as they are where
     the code truecases them (docs/paper-map.md §D1.7): the statistics are an input placed by hand. Its phrase model
-    trained on SQuAD alone, where the code's run-rc trains on its generated questions first, then on SQuAD."""
+    trained on SQuAD alone, where the code's run-rc trains on its generated questions first, then on SQuAD, and cut
+    its training passages at 384 tokens, where the code reads them in windows every 128 tokens."""
     from tests.test_checkpoints import SNAKEMAKE
 
     out = subprocess.run([SNAKEMAKE, "all", "-n", "-p", "--cores", "1", "--directory", str(tmp_path), "-s",
@@ -332,6 +333,8 @@ def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_p
     trains = [line for line in lines if line.startswith("npm-repro densephrases train ")]
     assert trains and all(f" --generated {generated} " in line and " --generated-first " in line for line in trains)
     assert f"rule densephrases_manual_file:\n    output: {generated}" in out.stdout
+    teachers = [line for line in lines if line.startswith("npm-repro densephrases train-teacher ")]
+    assert teachers and all(" --train-stride 128 " in line for line in trains + teachers)  # the code's windows
 
 
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])

@@ -42,6 +42,7 @@ import torch
 from npm.boundaries import SPECIAL
 from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.faiss_index import build_faiss_index
+from npm.densephrases.features import windows
 from npm.densephrases.model import DensePhrases, load_filter_head
 from npm.densephrases.search import PhraseTokens
 from npm.fingerprint import corpus_fingerprint, file_fingerprint, model_fingerprint
@@ -120,21 +121,17 @@ class DumpPassages:
 def unit_windows(flags: np.ndarray, max_tokens: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                            np.ndarray]:
     """The original code's dump windows over the text units of a blocks file (``flags`` uint8 [T]; a unit is a
-    maximal run of non-special tokens, across block boundaries): a unit of n tokens is read in windows of at most
-    W = ``max_tokens`` - 2 of its tokens starting at 0, ``stride``, 2 ``stride``, ..., the last the first to reach
-    its end. A token in two windows belongs to the one where it has the most context, min(left, right) + 0.01 x the
-    window's length, ties to the earlier (the code's SQuAD reader, ``_check_is_max_context``). Returns (positions
+    maximal run of non-special tokens, across block boundaries): a unit of n tokens is read in the code's
+    ``npm.densephrases.features.windows`` of at most W = ``max_tokens`` - 2 of its tokens. A token in two windows
+    belongs to the one where it has the most context, min(left, right) + 0.01 x the window's length, ties to the
+    earlier (the code's SQuAD reader, ``_check_is_max_context``). Returns (positions
     int64 [P], offsets int64 [n_windows+1], owner bool [P], unit int64 [n_windows, 2]: the first and last token of
     each window's unit)."""
-    width = max_tokens - 2
     idx = np.flatnonzero((np.asarray(flags) & SPECIAL) == 0)
     opens = np.r_[True, np.diff(idx) > 1] if len(idx) else np.zeros(0, bool)
     starts = idx[opens]
     lengths = np.diff(np.r_[np.flatnonzero(opens), len(idx)])
-    count = 1 + -(-np.maximum(lengths - width, 0) // stride)
-    unit = np.repeat(np.arange(len(starts), dtype=np.int64), count)
-    begin = (np.arange(len(unit)) - np.repeat(np.cumsum(count) - count, count)) * stride  # within its unit
-    size = np.minimum(width, lengths[unit] - begin)
+    unit, begin, size = windows(lengths, max_tokens - 2, stride)  # begin: within its unit
     offsets = np.r_[0, np.cumsum(size)].astype(np.int64)
     inside = np.arange(offsets[-1]) - np.repeat(offsets[:-1], size)
     positions = (np.repeat(starts[unit] + begin, size) + inside).astype(np.int64)

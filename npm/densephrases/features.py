@@ -5,6 +5,14 @@ Passages and questions are encoded **separately** (query-agnostic phrases): the 
 answer's character span becomes the first and last passage token it overlaps. An example whose first answer lies
 beyond the cut is dropped (the count comes back), never silently mislabelled.
 
+With a ``stride`` (config ``densephrases.train_stride``; the code's ``--doc_stride`` 128), a passage is read as the
+original code's SQuAD reader reads it for training: in :func:`windows` of ``max_passage_tokens`` (its begin and end
+tokens included) starting every ``stride`` tokens, one feature row per window. A window that holds the whole answer
+labels it; a window without it labels its ``[CLS]`` (position 0) as the start and the end, "no answer", as the code's
+features do (start and end -1, clamped to 0 by its loss), and is marked not ``answerable``: its single-passage and
+distillation softmax include ``[CLS]`` (``support``), its filter loss is left out, and its [CLS] vector is its gold
+vector for the in-batch negatives, all as the code.
+
 :func:`teacher_inputs` lays the same ids out for the cross-attention teacher, ``[CLS] question [SEP] passage [SEP]``,
 so that the teacher's logit at position ``offset + t`` belongs to passage token t of the student: its start/end
 distributions align token by token with the student's (distillation, eq. 7).
@@ -27,41 +35,114 @@ def _pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
+def windows(lengths, width: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The original code's windows over items of ``lengths`` tokens (its SQuAD reader: training ``--doc_stride``,
+    the dump's 500): an item of n tokens is read in windows of at most ``width`` tokens starting at 0, ``stride``,
+    2 ``stride``, ..., the last the first to reach its end. Returns (item, begin, size) int64 [windows], in item
+    order."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    count = 1 + -(-np.maximum(lengths - width, 0) // stride)
+    item = np.repeat(np.arange(len(lengths), dtype=np.int64), count)
+    begin = (np.arange(len(item)) - np.repeat(np.cumsum(count) - count, count)) * stride
+    return item, begin, np.minimum(width, lengths[item] - begin)
+
+
+def _answer_tokens(offsets: np.ndarray, candidates: np.ndarray, example: dict) -> tuple[int, int] | None:
+    """(first, last) of the tokens ``candidates`` (indexes into ``offsets``) that the first answer's characters
+    overlap, or None when they do not hold it whole."""
+    a = int(example["answer_start"][0])
+    b = a + len(example["answers"][0])
+    inside = candidates[(offsets[candidates, 1] > a) & (offsets[candidates, 0] < b)]
+    if not len(inside) or offsets[inside[-1], 1] < b:
+        return None
+    return int(inside[0]), int(inside[-1])
+
+
+def _window_rows(examples: list[dict], tokenizer, max_passage_tokens: int, stride: int):
+    """Per window row of the examples' passages (:func:`windows`, module docstring): (passage ids, example, start,
+    end, answerable), and how many answers no window holds whole."""
+    width = max_passage_tokens - 2
+    if not 1 <= stride <= width:
+        raise ValueError(f"a training window of {max_passage_tokens} tokens holds {width} of a passage; its stride "
+                         f"must be 1 to {width}, got {stride}")
+    enc = tokenizer([ex["context"] for ex in examples], return_offsets_mapping=True, return_special_tokens_mask=True)
+    special = [np.asarray(m, bool) for m in enc["special_tokens_mask"]]
+    if any(len(m) < 2 or not (m[0] and m[-1]) or m.sum() != 2 for m in special):
+        raise ValueError(f"training windows need a tokenizer that wraps a passage in one begin and one end token; "
+                         f"{type(tokenizer).__name__} does not")
+    item, begin, size = windows([len(m) - 2 for m in special], width, stride)
+    rows, answers = [], {}
+    for n, b0, k in zip(item.tolist(), begin.tolist(), size.tolist(), strict=True):
+        ids = enc["input_ids"][n]
+        if n not in answers:
+            offsets = np.asarray(enc["offset_mapping"][n]).reshape(-1, 2)
+            answers[n] = _answer_tokens(offsets, np.arange(1, len(offsets) - 1), examples[n])
+        if answers[n] is None:  # the answer is not in the passage's tokens: no row, as the code skips it
+            continue
+        first, last = answers[n]  # positions in the wrapped passage: its tokens are 1 .. len - 2
+        held = b0 < first and last <= b0 + k
+        rows.append(([ids[0], *ids[1 + b0:1 + b0 + k], ids[-1]], n, first - b0 if held else 0,
+                     last - b0 if held else 0, held))
+    whole = {n for _, n, _, _, held in rows if held}
+    return rows, len(examples) - len(whole)
+
+
 def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
-                max_question_tokens: int = DensePhrasesSettings.max_question_tokens) -> dict:
-    """Arrays of the examples that keep their answer: ``passage_ids``/``passage_mask`` [n, Lp],
-    ``question_ids``/``question_mask`` [n, Lq], ``valid`` [n, Lp] (non-special passage tokens), ``start``/``end``
-    [n] (token positions of the first answer), ``example`` [n] (index into ``examples``), and ``dropped`` (answers
-    cut off)."""
+                max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
+                stride: int | None = DensePhrasesSettings.train_stride) -> dict:
+    """Arrays of the examples that keep their answer, a row each (with ``stride``, a row per window of their
+    passages, module docstring): ``passage_ids``/``passage_mask`` [n, Lp], ``question_ids``/``question_mask``
+    [n, Lq], ``valid`` [n, Lp] (non-special passage tokens), ``support`` [n, Lp] (the positions the start and end
+    softmax range over: ``valid``, and with ``stride`` the [CLS]), ``start``/``end`` [n] (token positions of the
+    first answer; 0 in a window without it), ``answerable`` [n], ``example`` [n] (index into ``examples``), and
+    ``dropped`` (answers cut off, or held whole by no window)."""
     if not examples:
         raise ValueError("no reading-comprehension example to encode")
+    if stride is not None:
+        return _windowed(examples, tokenizer, max_passage_tokens, max_question_tokens, stride)
     enc = tokenizer([ex["context"] for ex in examples], truncation=True, max_length=max_passage_tokens,
                     return_offsets_mapping=True, return_special_tokens_mask=True)
     q = tokenizer([ex["question"] for ex in examples], truncation=True, max_length=max_question_tokens)
     passages, questions, valids, starts, ends, kept = [], [], [], [], [], []
     for n, ex in enumerate(examples):
-        a = int(ex["answer_start"][0])
-        b = a + len(ex["answers"][0])
-        offsets = np.asarray(enc["offset_mapping"][n])
         special = np.asarray(enc["special_tokens_mask"][n], dtype=bool)
-        inside = np.flatnonzero(~special & (offsets[:, 1] > a) & (offsets[:, 0] < b))
-        if not len(inside) or offsets[inside[-1], 1] < b:  # the answer is (partly) beyond the cut
+        found = _answer_tokens(np.asarray(enc["offset_mapping"][n]), np.flatnonzero(~special), ex)
+        if found is None:  # the answer is (partly) beyond the cut
             continue
         passages.append(enc["input_ids"][n])
         questions.append(q["input_ids"][n])
         valids.append((~special).astype(np.int64).tolist())
-        starts.append(int(inside[0]))
-        ends.append(int(inside[-1]))
+        starts.append(found[0])
+        ends.append(found[1])
         kept.append(n)
     if not kept:
         raise ValueError(f"every answer lies beyond max_passage_tokens = {max_passage_tokens}")
+    return _arrays(passages, questions, valids, starts, ends, kept, np.ones(len(kept), bool), len(examples) - len(kept),
+                   cls=False)
+
+
+def _windowed(examples: list[dict], tokenizer, max_passage_tokens: int, max_question_tokens: int,
+              stride: int) -> dict:
+    rows, dropped = _window_rows(examples, tokenizer, max_passage_tokens, stride)
+    if not any(held for *_, held in rows):
+        raise ValueError(f"no training window of max_passage_tokens = {max_passage_tokens} holds a whole answer")
+    q = tokenizer([ex["question"] for ex in examples], truncation=True, max_length=max_question_tokens)
+    passages, kept, starts, ends, held = (list(c) for c in zip(*rows, strict=True))
+    return _arrays(passages, [q["input_ids"][n] for n in kept], [[0] + [1] * (len(p) - 2) + [0] for p in passages],
+                   starts, ends, kept, np.asarray(held, bool), dropped, cls=True)
+
+
+def _arrays(passages, questions, valids, starts, ends, kept, answerable, dropped: int, cls: bool) -> dict:
+    """The feature arrays of rc_features (``cls``: the [CLS] joins the softmax support)."""
     passage_ids, passage_mask = _pad(passages)
     question_ids, question_mask = _pad(questions)
-    valid, _ = _pad(valids)
+    valid = _pad(valids)[0].astype(bool)
+    support = valid.copy()
+    support[:, 0] |= cls
     return {"passage_ids": passage_ids, "passage_mask": passage_mask, "question_ids": question_ids,
-            "question_mask": question_mask, "valid": valid.astype(bool), "start": np.asarray(starts, np.int64),
-            "end": np.asarray(ends, np.int64), "example": np.asarray(kept, np.int64),
-            "dropped": len(examples) - len(kept)}
+            "question_mask": question_mask, "valid": valid, "support": support, "start": np.asarray(starts, np.int64),
+            "end": np.asarray(ends, np.int64), "answerable": answerable, "example": np.asarray(kept, np.int64),
+            "dropped": dropped}
 
 
 def teacher_inputs(features: dict, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray,

@@ -84,6 +84,7 @@ class PhraseTrainConfig:
     lambda_filter: float = 0.0  # the original code: 1.0
     max_passage_tokens: int = 384
     max_question_tokens: int = 64
+    train_stride: int | None = None  # None: passages cut; N: the code's windows (npm.densephrases.features)
     seed: int = 0
     precision: str = "bf16"  # autocast: bf16 | fp16 | fp32 on CUDA; on CPU bf16 where native, else fp32
     device: str | None = None  # None: CUDA when available, else the CPU
@@ -100,6 +101,7 @@ class TeacherConfig:
     lr: float = 3e-5
     max_passage_tokens: int = 384
     max_question_tokens: int = 64
+    train_stride: int | None = None
     seed: int = 0
     precision: str = "bf16"
     device: str | None = None
@@ -121,7 +123,9 @@ def _run_dir(cfg, kind: str) -> Path:
     hashed.update(kind=kind, encoder=model_fingerprint(cfg.encoder), train=file_fingerprint(cfg.train),
                   teacher=model_fingerprint(cfg.teacher) if getattr(cfg, "teacher", None) else None,
                   precision=effective_precision(torch_device(cfg.device), cfg.precision))
-    if getattr(cfg, "generated", None):  # keys only where set: the runs made before them keep their ids
+    if hashed["train_stride"] is None:  # keys only where set: the runs made before them keep their ids
+        del hashed["train_stride"]
+    if getattr(cfg, "generated", None):
         hashed["generated"] = file_fingerprint(cfg.generated)
     if getattr(cfg, "init", None):
         hashed["init"] = model_fingerprint_all(cfg.init)
@@ -180,10 +184,15 @@ def _features(cfg) -> dict:
     """The training features: the RC training set, and the generated questions where ``cfg`` has them."""
     files = [cfg.train, *([cfg.generated] if getattr(cfg, "generated", None) else [])]
     examples = [ex for path in files for ex in read_squad(path)]
-    feats = rc_features(examples, load_tokenizer(cfg.encoder), cfg.max_passage_tokens, cfg.max_question_tokens)
+    feats = rc_features(examples, load_tokenizer(cfg.encoder), cfg.max_passage_tokens, cfg.max_question_tokens,
+                        cfg.train_stride)
     if feats["dropped"]:
-        log.warning("%s: %d of %d answers lie beyond %d passage tokens and are left out", " + ".join(files),
-                    feats["dropped"], len(examples), cfg.max_passage_tokens)
+        where = "beyond" if cfg.train_stride is None else "whole in no window of"
+        log.warning("%s: %d of %d answers lie %s %d passage tokens and are left out", " + ".join(files),
+                    feats["dropped"], len(examples), where, cfg.max_passage_tokens)
+    if cfg.train_stride is not None:
+        log.info("%d training windows of %d examples, %d without their answer", len(feats["start"]), len(examples),
+                 int((~feats["answerable"]).sum()))
     return feats
 
 
@@ -237,8 +246,9 @@ def _teacher_forward(teacher, ids, mask, types):
 
 def teacher_logits(teacher, feats: dict, batch_size: int = 32,
                    precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
-    """The teacher's start and end logits float32 [n, Lp] at the student's passage positions (-inf elsewhere),
-    computed on the teacher's device under ``precision``'s autocast."""
+    """The teacher's start and end logits float32 [n, Lp] at the student's passage positions, and at its [CLS] where
+    that is in the row's softmax ``support`` (the teacher's [CLS]; -inf elsewhere), computed on the teacher's device
+    under ``precision``'s autocast."""
     n, width = feats["passage_ids"].shape
     out_s = np.full((n, width), -np.inf, dtype=np.float32)
     out_e = np.full((n, width), -np.inf, dtype=np.float32)
@@ -250,10 +260,23 @@ def teacher_logits(teacher, feats: dict, batch_size: int = 32,
             res = _teacher_forward(teacher, ids, mask, types)
             for k, r in enumerate(rows):
                 pn = int(feats["passage_mask"][r].sum())
-                src = offset[k] + np.arange(1, pn)
-                out_s[r, 1:pn] = res.start_logits[k, src].float().cpu().numpy()
-                out_e[r, 1:pn] = res.end_logits[k, src].float().cpu().numpy()
+                dst = np.arange(1 - int(feats["support"][r, 0]), pn)  # from the [CLS] where it is in the support
+                src = np.where(dst == 0, 0, offset[k] + dst)
+                out_s[r, dst] = res.start_logits[k, src].float().cpu().numpy()
+                out_e[r, dst] = res.end_logits[k, src].float().cpu().numpy()
     return out_s, out_e
+
+
+def _teacher_targets(feats: dict, rows: np.ndarray, types, mask, offset, device):
+    """(gold start, gold end, valid) of the teacher's batch: the answer's passage tokens, or its [CLS] (position 0)
+    in a window without the answer (the code's no-answer label); the softmax runs over the passage tokens, and the
+    [CLS] where the rows' ``support`` has it."""
+    ans = feats["answerable"][rows]
+    gold_s = torch.as_tensor(np.where(ans, offset + feats["start"][rows], 0), device=device)
+    gold_e = torch.as_tensor(np.where(ans, offset + feats["end"][rows], 0), device=device)
+    valid = types.astype(bool) & mask.astype(bool)  # passage tokens
+    valid[:, 0] |= feats["support"][rows, 0]
+    return gold_s, gold_e, torch.as_tensor(valid, device=device)
 
 
 def _track(run: tracking.Run, row: dict, scheduler, size: int) -> None:
@@ -290,9 +313,7 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run |
                 ids, mask, types, offset = teacher_inputs(feats, rows_b)
                 with autocast(device, cfg.precision):
                     res = _teacher_forward(teacher, ids, mask, types)
-                gold_s = torch.as_tensor(offset + feats["start"][rows_b], device=device)
-                gold_e = torch.as_tensor(offset + feats["end"][rows_b], device=device)
-                valid = torch.as_tensor(types.astype(bool) & mask.astype(bool), device=device)  # passage tokens
+                gold_s, gold_e, valid = _teacher_targets(feats, rows_b, types, mask, offset, device)
                 ls = torch.nn.functional.cross_entropy(res.start_logits.float().masked_fill(~valid, -1e4), gold_s)
                 le = torch.nn.functional.cross_entropy(res.end_logits.float().masked_fill(~valid, -1e4), gold_e)
                 loss = (ls + le) / 2
@@ -320,20 +341,22 @@ def step_loss(model, feats: dict, rows: np.ndarray, cfg: PhraseTrainConfig, queu
     """Eq. 9 on one batch; returns (loss, the parts' values)."""
     dev = next(model.parameters()).device
     lp, lq = _width(feats["passage_mask"], rows), _width(feats["question_mask"], rows)
-    valid = _t(feats["valid"], rows, lp, dev)
+    valid, support = _t(feats["valid"], rows, lp, dev), _t(feats["support"], rows, lp, dev)
     start, end = _t(feats["start"], rows, device=dev), _t(feats["end"], rows, device=dev)
     h = model.phrase_vectors(_t(feats["passage_ids"], rows, lp, dev), _t(feats["passage_mask"], rows, lp, dev))
     q_start, q_end = model.query_vectors(_t(feats["question_ids"], rows, lq, dev),
                                          _t(feats["question_mask"], rows, lq, dev))
-    parts = {"single": single_passage_loss(h, valid, q_start, q_end, start, end)}
+    parts = {"single": single_passage_loss(h, support, q_start, q_end, start, end)}
     if teacher_s is not None and cfg.lambda_distill:
         parts["distill"] = distill_loss(token_logits(h, q_start), token_logits(h, q_end),
-                                        _t(teacher_s, rows, lp, dev), _t(teacher_e, rows, lp, dev), valid)
-    g_start, g_end = gold_vectors(h, start, end)
+                                        _t(teacher_s, rows, lp, dev), _t(teacher_e, rows, lp, dev), support)
+    g_start, g_end = gold_vectors(h, start, end)  # a window without the answer: its [CLS] vector, as the code
     if cfg.negatives != "none" and cfg.lambda_neg:
         parts["neg"] = in_batch_loss(q_start, q_end, g_start, g_end, *(queue.negatives() if queue else (None, None)))
-    if cfg.lambda_filter:
-        parts["filter"] = filter_loss(model.filter_logits(h), valid, start, end)
+    ans = _t(feats["answerable"], rows, device=dev)
+    if cfg.lambda_filter:  # the code trains the filter on the rows with an answer only
+        parts["filter"] = (filter_loss(model.filter_logits(h[ans]), valid[ans], start[ans], end[ans]) if ans.any()
+                           else h.new_zeros((), dtype=torch.float32))
     lambdas = {"single": cfg.lambda_single, "distill": cfg.lambda_distill, "neg": cfg.lambda_neg,
                "filter": cfg.lambda_filter}
     if queue is not None:
