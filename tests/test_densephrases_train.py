@@ -234,13 +234,14 @@ def test_training_in_windows_trains_the_teacher_and_the_model_on_every_window_as
     teacher = train_teacher(TeacherConfig(**common, out_dir=str(tmp_path / "teacher"),
                                           checkpoint_dir=str(tmp_path / "ck_t"), epochs=1, train_stride=4),
                             progress=False)
-    assert teacher["examples"] == len(windows["start"]) > 2 * len(FACTS)
+    assert teacher["rows"] == len(windows["start"]) > 2 * len(FACTS) and teacher["examples"] == len(FACTS)
     cfg = dict(common, teacher=str(tmp_path / "teacher"), checkpoint_dir=str(tmp_path / "ck"), epochs=1,
                pre_batch_epochs=0, negatives="in_batch", lambda_filter=1.0)
     windowed = train_densephrases(PhraseTrainConfig(**cfg, train_stride=4, out_dir=str(tmp_path / "w")),
                                   progress=False)
     cut = train_densephrases(PhraseTrainConfig(**cfg, out_dir=str(tmp_path / "cut")), progress=False)
-    assert windowed["examples"] == len(windows["start"]) and 0 < cut["examples"] < len(FACTS)
+    assert (windowed["examples"], windowed["rows"]) == (len(FACTS), len(windows["start"]))
+    assert 0 < cut["examples"] == cut["rows"] < len(FACTS)
     assert windowed["run_folder"] != cut["run_folder"]
     rows = list(csv.DictReader(open(tmp_path / "w" / "train_log.csv")))
     parts = ("single", "distill", "neg", "filter")

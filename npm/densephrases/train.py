@@ -196,6 +196,12 @@ def _features(cfg) -> dict:
     return feats
 
 
+def _sizes(feats: dict) -> dict:
+    """The training set's size: its examples, and its feature rows (one per example, or per window with
+    ``train_stride``)."""
+    return {"examples": int(len(np.unique(feats["example"]))), "rows": int(len(feats["start"]))}
+
+
 def _start(cfg, kind: str) -> tuple[Path, dict]:
     """The run folder of these settings, seeded RNGs, and the training features."""
     run_dir = _run_dir(cfg, kind)
@@ -291,10 +297,10 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run |
     device = torch_device(cfg.device)
     with folder_lock(Path(cfg.checkpoint_dir), "DensePhrases teacher training"):
         run_dir, feats = _start(cfg, "teacher")
-        n = len(feats["start"])
+        n, sizes = len(feats["start"]), _sizes(feats)
         start_epoch, teacher, state = _resume(run_dir, "teacher", lambda ckpt: load_teacher(str(ckpt)))
         run = run or tracking.Run()
-        run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, examples=n)
+        run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, **sizes)
         teacher = (load_teacher(cfg.encoder) if teacher is None else teacher).to(device)
         steps = cfg.epochs * len(_batches(n, cfg.batch_size, cfg.seed, 0))
         optimizer, scheduler = _optimizer(teacher.parameters(), cfg.lr, steps)
@@ -329,9 +335,9 @@ def train_teacher(cfg: TeacherConfig, progress: bool = True, run: tracking.Run |
             teacher.save_pretrained(tmp)
             load_tokenizer(cfg.encoder).save_pretrained(tmp)
             _write_log(tmp / "train_log.csv", rows)
-            write_json(tmp / "train_summary.json", {"run_folder": str(run_dir), "examples": n,
+            write_json(tmp / "train_summary.json", {"run_folder": str(run_dir), **sizes,
                                                     "settings": asdict(cfg)})
-    return {"run_folder": str(run_dir), "steps": len(rows), "examples": n}
+    return {"run_folder": str(run_dir), "steps": len(rows), **sizes}
 
 
 # ------------------------------------------------------------------------------------------------ DensePhrases
@@ -394,12 +400,12 @@ def _train_stage(cfg: PhraseTrainConfig, device, run: tracking.Run, progress: bo
     """Train (or resume) one run of ``cfg``; (model, its step rows, {run_folder, examples, dropped}). Its steps are
     tracked from ``first_step`` + 1."""
     run_dir, feats = _start(cfg, "densephrases")
-    n = len(feats["start"])
+    n, sizes = len(feats["start"]), _sizes(feats)
     teacher_s = teacher_e = None
     if cfg.teacher and cfg.lambda_distill:
         teacher_s, teacher_e = teacher_logits(load_teacher(cfg.teacher).to(device), feats, precision=cfg.precision)
     start_epoch, model, state = _resume(run_dir, "densephrases", DensePhrases.load)
-    run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, examples=n)
+    run.update(run_id=_run_id(run_dir), run_folder=str(run_dir), start_epoch=start_epoch, **sizes)
     if model is None:
         model = DensePhrases.load(cfg.init) if cfg.init else DensePhrases.from_encoder(cfg.encoder)
     model.filter_trained = model.filter_trained or bool(cfg.lambda_filter)
@@ -428,7 +434,7 @@ def _train_stage(cfg: PhraseTrainConfig, device, run: tracking.Run, progress: bo
         _save(run_dir, "densephrases", epoch + 1, model.save, optimizer, scheduler, rows)
         run.log(first_step + len(rows), checkpoint_step=first_step + len(rows), checkpoint_epoch=epoch + 1)
     bar.close()
-    return model, rows, {"run_folder": str(run_dir), "examples": n, "dropped": feats["dropped"]}
+    return model, rows, {"run_folder": str(run_dir), **sizes, "dropped": feats["dropped"]}
 
 
 def train_densephrases(cfg: PhraseTrainConfig, progress: bool = True, run: tracking.Run | None = None) -> dict:
@@ -456,4 +462,5 @@ def train_densephrases(cfg: PhraseTrainConfig, progress: bool = True, run: track
                                                     "stages": summaries if len(runs) > 1 else None})
     last = summaries[-1]
     return {"run_folder": last["run_folder"], "steps": len(log_rows), "examples": last["examples"],
-            "stages": [{k: s[k] for k in ("run_folder", "steps", "examples")} for s in summaries]}
+            "rows": last["rows"], "stages": [{k: s[k] for k in ("run_folder", "steps", "examples", "rows")}
+                                             for s in summaries]}
