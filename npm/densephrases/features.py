@@ -91,11 +91,12 @@ def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = Dense
                 max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
                 stride: int | None = None) -> dict:
     """Arrays of the examples that keep their answer, a row each (with ``stride``, a row per window of their
-    passages, module docstring; None, the evaluations' reading, whatever the training's): ``passage_ids``/``passage_mask`` [n, Lp], ``question_ids``/``question_mask``
-    [n, Lq], ``valid`` [n, Lp] (non-special passage tokens), ``support`` [n, Lp] (the positions the start and end
-    softmax range over: ``valid``, and with ``stride`` the [CLS]), ``start``/``end`` [n] (token positions of the
-    first answer; 0 in a window without it), ``answerable`` [n], ``example`` [n] (index into ``examples``), and
-    ``dropped`` (answers cut off, or held whole by no window)."""
+    passages, module docstring; None, the evaluations' reading, whatever the training's):
+    ``passage_ids``/``passage_mask`` [n, Lp], ``question_ids``/``question_mask`` [n, Lq], ``valid`` [n, Lp]
+    (non-special passage tokens), ``support`` [n, Lp] (the positions the start and end softmax range over:
+    ``valid``, and with ``stride`` the [CLS]), ``start``/``end`` [n] (token positions of the first answer; 0 in a
+    window without it), ``answerable`` [n], ``example`` [n] (index into ``examples``), and ``dropped`` (answers cut
+    off, or held whole by no window)."""
     if not examples:
         raise ValueError("no reading-comprehension example to encode")
     if stride is not None:
