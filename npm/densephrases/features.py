@@ -91,7 +91,7 @@ def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = Dense
                 max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
                 stride: int | None = None) -> dict:
     """Arrays of the examples that keep their answer, a row each (with ``stride``, a row per window of their
-    passages, module docstring; None, the evaluations' reading, whatever the training's):
+    passages, module docstring; without, each passage cut, as the evaluations read it):
     ``passage_ids``/``passage_mask`` [n, Lp], ``question_ids``/``question_mask`` [n, Lq], ``valid`` [n, Lp]
     (non-special passage tokens), ``support`` [n, Lp] (the positions the start and end softmax range over:
     ``valid``, and with ``stride`` the [CLS]), ``start``/``end`` [n] (token positions of the first answer; 0 in a
