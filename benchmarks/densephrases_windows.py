@@ -1,16 +1,17 @@
-"""What DensePhrases' training-windows switch does to the embedded world's reading comprehension (docs/paper-map.md
-§D1.7, config ``densephrases.train_stride``).
+"""What DensePhrases' passage-windows switch does to the embedded world's reading comprehension (docs/paper-map.md
+§D1.7, config ``densephrases.doc_stride``).
 
 On a finished ``make demo`` folder (or one that ran the DensePhrases targets), the phrase model is trained on the
-demo's RC training set with the demo's own settings (its ``train_summary.json``), its passages read
+demo's RC training set with the demo's own settings (its ``train_summary.json``) and evaluated on its RC test split
+(EM / F1, Table 2's setting), its passages read
 
 * ``cut``: each cut at ``max_passage_tokens``, an example whose answer lies beyond the cut left out (the default);
-* ``windows``: in the original code's training windows of ``max_passage_tokens`` every ``stride`` tokens, a window
-  without the answer labelling its [CLS] as "no answer" (the code: 384 tokens every 128);
+* ``windows``: in the original code's windows of ``max_passage_tokens`` every ``doc_stride`` tokens: in training a
+  window without the answer labels its [CLS] as "no answer", in the evaluation the best span over the windows
+  starting in a max-context token answers (the code: 384 tokens every 128);
 
 once at the demo's own ``max_passage_tokens`` and once at ``--short`` tokens (stride a third of it, the code's
-ratio), where most of the demo's passages are longer than a window. Each model then reads the demo's RC test split at
-the demo's ``max_passage_tokens`` (EM / F1, Table 2's setting). One seed; the test split has a few dozen questions,
+ratio), where most of the demo's passages are longer than a window. One seed; the test split has a few dozen questions,
 so one question moves EM by more than a point. Writes results/benchmarks/densephrases_windows.json (and prints a
 Markdown table). It measures; it asserts nothing.
 
@@ -54,30 +55,31 @@ def measure(root: Path, work: Path, short: int, progress: bool) -> dict:
            "runs": []}
     for tokens in (own, short):
         for stride in (None, max(1, tokens // 3)):
-            cfg = PhraseTrainConfig(**{**settings, "max_passage_tokens": tokens, "train_stride": stride,
+            cfg = PhraseTrainConfig(**{**settings, "max_passage_tokens": tokens, "doc_stride": stride,
                                        "init": None, "out_dir": str(work / f"{tokens}-{stride}"),
                                        "checkpoint_dir": str(work / "checkpoints")})
             feats = rc_features(train, tokenizer, tokens, cfg.max_question_tokens, stride)
             t0 = time.perf_counter()
             trained = train_densephrases(cfg, progress=progress)
             seconds = time.perf_counter() - t0
-            result = rc_evaluate(DensePhrases.load(cfg.out_dir), test, own, cfg.max_question_tokens,
-                                 precision=cfg.precision)
-            out["runs"].append({"max_passage_tokens": tokens, "train_stride": stride, "rows": len(feats["start"]),
+            result = rc_evaluate(DensePhrases.load(cfg.out_dir), test, tokens, cfg.max_question_tokens,
+                                 precision=cfg.precision, doc_stride=stride)
+            out["runs"].append({"max_passage_tokens": tokens, "doc_stride": stride, "rows": len(feats["start"]),
                                 "no_answer_rows": int((~feats["answerable"]).sum()), "dropped": feats["dropped"],
                                 "steps": trained["steps"], "em": round(result["em"], 1), "f1": round(result["f1"], 1),
+                                "test_n": result["n"], "test_windows": result["windows"],
                                 "train_seconds": round(seconds, 1)})
     return out
 
 
 def markdown(result: dict) -> str:
-    rows = ["| training passages | rows | of them no answer | answers left out | steps | RC test EM | F1 |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| passages | training rows | of them no answer | answers left out | steps | test questions read "
+            "(windows) | RC test EM | F1 |", "|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
-        form = (f"cut at {r['max_passage_tokens']}" if r["train_stride"] is None else
-                f"windows of {r['max_passage_tokens']} every {r['train_stride']}")
+        form = (f"cut at {r['max_passage_tokens']}" if r["doc_stride"] is None else
+                f"windows of {r['max_passage_tokens']} every {r['doc_stride']}")
         rows.append(f"| {form} | {r['rows']} | {r['no_answer_rows']} | {r['dropped']} | {r['steps']} | "
-                    f"{r['em']:.1f} | {r['f1']:.1f} |")
+                    f"{r['test_n']} ({r['test_windows']}) | {r['em']:.1f} | {r['f1']:.1f} |")
     return "\n".join(rows)
 
 

@@ -599,12 +599,14 @@ class DensePhrasesSettings(Section):
                                      "densephrases_filter); false = on every training question", option=False)
     max_passage_tokens: int = _setting(384, "passage tokens (code: SQuAD 384)", minimum=1, option=_DP_LENGTH_STEPS)
     max_question_tokens: int = _setting(64, "question tokens (code: 64)", minimum=1, option=_DP_LENGTH_STEPS)
-    train_stride: int | None = _setting(None, "training passages longer than max_passage_tokens: null = cut, an "
-                                              "answer beyond the cut left out; N = read in windows of "
-                                              "max_passage_tokens starting every N tokens, a window without the "
-                                              "answer labelling its [CLS] as no answer (the code: 128); at most "
-                                              "max_passage_tokens - 2", minimum=1, kinds=(int,),
-                                        option=("train-teacher", "train"))
+    doc_stride: int | None = _setting(None, "reading-comprehension passages longer than max_passage_tokens, in "
+                                            "training and in the RC evaluations: null = cut, an example whose answer "
+                                            "lies beyond the cut left out; N = read in windows of max_passage_tokens "
+                                            "starting every N tokens (the code's --doc_stride: 128), a training window "
+                                            "without the answer labelling its [CLS] as no answer, an evaluation "
+                                            "answering with the best span over the windows that starts in a token's "
+                                            "max-context window; at most max_passage_tokens - 2", minimum=1,
+                                    kinds=(int,), option=_DP_LENGTH_STEPS)
     teacher: DensePhrasesTeacher = _setting(DensePhrasesTeacher(), "the cross-attention teacher (rule "
                                                                    "densephrases_train_teacher)", option=False)
     train: DensePhrasesTrain = _setting(DensePhrasesTrain(), "the phrase and question encoders (rule "
@@ -698,8 +700,8 @@ class DensePhrasesSettings(Section):
             raise ValueError(f"densephrases: dump_stride {settings.dump_stride} would skip the tokens between a unit's "
                              f"windows of dump_max_tokens {settings.dump_max_tokens} (2 are the begin and end "
                              f"tokens); set it to at most {settings.dump_max_tokens - 2} (the code: 500 of 512)")
-        if settings.train_stride is not None and settings.train_stride > settings.max_passage_tokens - 2:
-            raise ValueError(f"densephrases: train_stride {settings.train_stride} would skip the tokens between a "
+        if settings.doc_stride is not None and settings.doc_stride > settings.max_passage_tokens - 2:
+            raise ValueError(f"densephrases: doc_stride {settings.doc_stride} would skip the tokens between a "
                              f"passage's windows of max_passage_tokens {settings.max_passage_tokens} (2 are the "
                              f"begin and end tokens); set it to at most {settings.max_passage_tokens - 2} (the code: "
                              "128 of 384)")

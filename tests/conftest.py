@@ -256,3 +256,14 @@ def code_windows(n: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
         if start + max_tokens - 2 >= n:
             break
     return spans
+
+
+def code_max_context(spans: list[tuple[int, int]], position: int) -> int:
+    """The code's _check_is_max_context: the span where the token has the most context (the first among ties)."""
+    best, best_k = None, None
+    for k, (start, length) in enumerate(spans):
+        if start <= position <= start + length - 1:
+            score = min(position - start, start + length - 1 - position) + 0.01 * length
+            if best is None or score > best:
+                best, best_k = score, k
+    return best_k

@@ -15,7 +15,7 @@ from npm.data.blocks import build_blocks, load_blocks, pad_blocks
 from npm.densephrases.dump import DumpPassages, PhraseDump, build_index, dump_phrases, load_index
 from npm.densephrases.model import DensePhrases
 from npm.io import atomic_dir, write_jsonl
-from tests.conftest import WORDPIECE, code_windows, save_tiny_bert
+from tests.conftest import WORDPIECE, code_max_context, code_windows, save_tiny_bert
 from tests.test_densephrases_search import DOCS
 
 
@@ -547,17 +547,6 @@ def test_a_dump_made_shard_by_shard_equals_the_one_shard_dump_of_the_same_blocks
     assert load_index(root / "sharded.faiss", two, root / "model").ntotal == one.meta["rows"]
 
 
-def _max_context(spans: list[tuple[int, int]], position: int) -> int:
-    """The code's _check_is_max_context: the span where the token has the most context (the first among ties)."""
-    best, best_k = None, None
-    for k, (start, length) in enumerate(spans):
-        if start <= position <= start + length - 1:
-            score = min(position - start, start + length - 1 - position) + 0.01 * length
-            if best is None or score > best:
-                best, best_k = score, k
-    return best_k
-
-
 @pytest.mark.parametrize("max_tokens,stride", [(8, 4), (8, 6), (12, 3), (130, 100), (512, 500)])
 def test_units_windows_are_the_code_s_windows_and_a_token_belongs_to_its_max_context_window(max_tokens, stride):
     from npm.densephrases.dump import unit_windows
@@ -571,7 +560,7 @@ def test_units_windows_are_the_code_s_windows_and_a_token_belongs_to_its_max_con
         spans = code_windows(n, max_tokens, stride)
         for k, (start, length) in enumerate(spans):
             expected_positions += [first + start + t for t in range(length)]
-            expected_owner += [_max_context(spans, start + t) == k for t in range(length)]
+            expected_owner += [code_max_context(spans, start + t) == k for t in range(length)]
         first += n + 2
     assert positions.tolist() == expected_positions and owner.tolist() == expected_owner
     assert len(offsets) - 1 == sum(len(code_windows(n, max_tokens, stride)) for n in lengths)

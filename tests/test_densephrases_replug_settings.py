@@ -104,7 +104,7 @@ def test_the_sections_fill_their_subsections_with_the_defaults():
     (DensePhrasesSettings, {"vectors": "index", "refine_factor": 10}, "refine_factor 10 re-ranks by the fp16 dump"),
     (DensePhrasesSettings, {"dump_passages": "paragraphs"}, "setting dump_passages must be one of"),
     (DensePhrasesSettings, {"dump_max_tokens": 64, "dump_stride": 63}, r"dump_stride 63 would skip .* at most 62"),
-    (DensePhrasesSettings, {"max_passage_tokens": 64, "train_stride": 63}, r"train_stride 63 would skip .* at most 62"),
+    (DensePhrasesSettings, {"max_passage_tokens": 64, "doc_stride": 63}, r"doc_stride 63 would skip .* at most 62"),
     (DensePhrasesSettings, {"train": {"pre_batch": 0}}, r"train\.pre_batch 0 .* in-batch negatives alone"),
     (DensePhrasesSettings, {"train": {"negatives": "none", "pre_batch_epochs": 0}, "negatives_ablation": ["pre_batch"]},
      r"train\.pre_batch_epochs 0 train with in-batch negatives alone"),

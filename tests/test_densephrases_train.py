@@ -18,7 +18,7 @@ from npm.densephrases.features import rc_features, teacher_inputs
 from npm.densephrases.rc import read_squad, write_squad
 from npm.model import load_tokenizer
 from npm.tasks.metrics import f1_score
-from tests.conftest import WORDPIECE, code_windows, save_tiny_bert
+from tests.conftest import WORDPIECE, code_max_context, code_windows, save_tiny_bert
 
 FACTS = [("Greece", "Athens"), ("France", "Paris"), ("Norway", "Oslo"), ("Peru", "Lima"), ("Kenya", "Nairobi"),
          ("Chile", "Santiago"), ("Egypt", "Cairo"), ("Japan", "Tokyo")]
@@ -93,10 +93,10 @@ def _long_examples():
 
 
 @pytest.mark.parametrize("max_tokens,stride", [(16, 4), (24, 10), (32, 30)])
-def test_training_windows_are_the_codes_and_a_window_without_the_answer_labels_its_cls(max_tokens, stride):
-    """``train_stride``: a passage becomes the code's training windows (its reader's loop, restated in
-    tests.conftest.code_windows), ``[CLS] window [SEP]``; a window holding the whole answer labels it, any other
-    labels its [CLS] (start = end = 0, not answerable), and every row's softmax support adds the [CLS]."""
+def test_rc_windows_are_the_codes_and_a_window_without_the_answer_labels_its_cls(max_tokens, stride):
+    """``doc_stride``: a passage becomes the code's windows (its reader's loop and max-context rule, restated in
+    tests.conftest), ``[CLS] window [SEP]``; a window holding the whole answer labels it, any other labels its [CLS]
+    (start = end = 0, not answerable), and every row's softmax support adds the [CLS]."""
     tok = load_tokenizer(WORDPIECE)
     examples = _long_examples()
     feats = rc_features(examples, tok, max_tokens, 24, stride=stride)
@@ -107,14 +107,17 @@ def test_training_windows_are_the_codes_and_a_window_without_the_answer_labels_i
         spans = code_windows(len(offsets), max_tokens, stride)
         assert len(rows) == len(spans) and feats["answerable"][rows].any()
         a, b = ex["answer_start"][0], ex["answer_start"][0] + len(ex["answers"][0])
-        for r, (begin, size) in zip(rows, spans, strict=True):
+        for k, (r, (begin, size)) in enumerate(zip(rows, spans, strict=True)):
             pn = int(feats["passage_mask"][r].sum())
             assert feats["passage_ids"][r, :pn].tolist() == [tok.cls_token_id, *enc["input_ids"][n][begin:begin + size],
                                                              tok.sep_token_id]
             assert feats["valid"][r, :pn].tolist() == [False] + [True] * size + [False]
             assert feats["support"][r].tolist() == [True, *feats["valid"][r, 1:].tolist()]
             assert feats["question_ids"][r].tolist() == feats["question_ids"][rows[0]].tolist()
+            owned = [code_max_context(spans, begin + t) == k for t in range(size)]
+            assert feats["max_context"][r, :pn].tolist() == [False, *owned, False]
             window = [(0, 0), *offsets[begin:begin + size]]
+            assert feats["offsets"][r, :pn].tolist() == [[0, 0], *map(list, window[1:]), [0, 0]]
             holds = window[1][0] <= a and b <= window[-1][1]
             assert bool(feats["answerable"][r]) == holds
             if holds:
@@ -123,6 +126,37 @@ def test_training_windows_are_the_codes_and_a_window_without_the_answer_labels_i
                 assert feats["start"][r] == feats["end"][r] == 0
     with pytest.raises(ValueError, match="its stride must be 1 to 14"):
         rc_features(examples, tok, 16, 24, stride=15)
+
+
+def test_an_rc_evaluation_in_windows_answers_with_the_best_max_context_span_over_the_windows(world):
+    """``rc_evaluate(doc_stride=...)``, the code's prediction: every example is read, whatever its answer's place, and
+    answered with the best span (start + end score) over its windows whose start is a max-context token of its
+    window, the earlier window on ties; without windows an answer beyond the cut leaves its example out."""
+    from npm.densephrases.evaluate import rc_evaluate, rc_vectors
+    from npm.densephrases.model import DensePhrases
+
+    torch.manual_seed(0)
+    model = DensePhrases.from_encoder(world["encoder"]).eval()
+    examples = _long_examples()
+    cut = rc_evaluate(model, examples, 16, 24)
+    assert cut["n"] < len(examples) and cut["dropped"] == len(examples) - cut["n"]
+    got = rc_evaluate(model, examples, 16, 24, doc_stride=4)
+    assert (got["n"], got["dropped"]) == (len(examples), 0) and got["windows"] > 2 * len(examples)
+    feats = rc_features(examples, model.tokenizer, 16, 24, stride=4)
+    z_s, z_e = np.zeros(feats["passage_ids"].shape), np.zeros(feats["passage_ids"].shape)
+    for rows, h, q_s, q_e in rc_vectors(model, feats):
+        z_s[rows], z_e[rows] = np.einsum("bmd,bd->bm", h, q_s), np.einsum("bmd,bd->bm", h, q_e)
+    for n, ex in enumerate(examples):
+        best = None
+        for r in np.flatnonzero(feats["example"] == n):
+            tokens = np.flatnonzero(feats["valid"][r])
+            for i in tokens[feats["max_context"][r, tokens]]:
+                for j in tokens[(tokens >= i) & (tokens < i + 30)]:
+                    if best is None or z_s[r, i] + z_e[r, j] > best[0]:
+                        best = (z_s[r, i] + z_e[r, j], r, i, j)
+        _, r, i, j = best
+        text = ex["context"][feats["offsets"][r, i, 0]:feats["offsets"][r, j, 1]]
+        assert got["predictions"][n]["id"] == ex["id"] and got["predictions"][n]["prediction"] == text
 
 
 def test_a_window_without_the_answer_trains_its_cls_and_no_filter_term(world):
@@ -232,12 +266,12 @@ def test_training_in_windows_trains_the_teacher_and_the_model_on_every_window_as
                   max_question_tokens=24, batch_size=8, lr=1e-3)
     windows = rc_features(_long_examples(), load_tokenizer(world["encoder"]), 16, 24, stride=4)
     teacher = train_teacher(TeacherConfig(**common, out_dir=str(tmp_path / "teacher"),
-                                          checkpoint_dir=str(tmp_path / "ck_t"), epochs=1, train_stride=4),
+                                          checkpoint_dir=str(tmp_path / "ck_t"), epochs=1, doc_stride=4),
                             progress=False)
     assert teacher["rows"] == len(windows["start"]) > 2 * len(FACTS) and teacher["examples"] == len(FACTS)
     cfg = dict(common, teacher=str(tmp_path / "teacher"), checkpoint_dir=str(tmp_path / "ck"), epochs=1,
                pre_batch_epochs=0, negatives="in_batch", lambda_filter=1.0)
-    windowed = train_densephrases(PhraseTrainConfig(**cfg, train_stride=4, out_dir=str(tmp_path / "w")),
+    windowed = train_densephrases(PhraseTrainConfig(**cfg, doc_stride=4, out_dir=str(tmp_path / "w")),
                                   progress=False)
     cut = train_densephrases(PhraseTrainConfig(**cfg, out_dir=str(tmp_path / "cut")), progress=False)
     assert (windowed["examples"], windowed["rows"]) == (len(FACTS), len(windows["start"]))

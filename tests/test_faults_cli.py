@@ -234,7 +234,7 @@ SCHEMA_TO_CLI = {
                    "y_len", "doc_len", "checkpoint_every")},
     "densephrases.max_passage_tokens": ("densephrases train", "--max-passage-tokens"),
     "densephrases.max_question_tokens": ("densephrases train", "--max-question-tokens"),
-    "densephrases.train_stride": ("densephrases train", "--train-stride"),
+    "densephrases.doc_stride": ("densephrases train", "--doc-stride"),
     "densephrases.nprobe": ("densephrases index", "--nprobe"),
     "densephrases.dump_max_tokens": ("densephrases dump", "--dump-max-tokens"),
     "densephrases.dump_stride": ("densephrases dump", "--dump-stride"),

@@ -334,7 +334,7 @@ def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_p
     assert trains and all(f" --generated {generated} " in line and " --generated-first " in line for line in trains)
     assert f"rule densephrases_manual_file:\n    output: {generated}" in out.stdout
     teachers = [line for line in lines if line.startswith("npm-repro densephrases train-teacher ")]
-    assert teachers and all(" --train-stride 128 " in line for line in trains + teachers)  # the code's windows
+    assert teachers and all(" --doc-stride 128 " in line for line in trains + teachers)  # the code's windows
 
 
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])

@@ -73,7 +73,7 @@ def cmd_filter(args) -> int:
     examples = read_squad(args.train)
     kept, counts = teacher_filter(examples, load_teacher(str(args.teacher)).to(torch_device(args.device)),
                                   load_tokenizer(str(args.teacher)), args.max_passage_tokens, args.max_question_tokens,
-                                  args.precision)
+                                  args.precision, args.doc_stride)
     write_squad(args.out, kept, f"npm-repro: {args.train} filtered by the teacher {args.teacher}")
     log.info("%d of %d generated questions answered exactly by the teacher; %d examples -> %s", counts["kept"],
              counts["generated"], counts["total"], args.out)
@@ -169,7 +169,8 @@ def cmd_evaluate(args) -> int:
         examples = read_squad(args.rc)
         model = DensePhrases.load(args.checkpoint).to(device)
         lengths = (args.max_passage_tokens, args.max_question_tokens)
-        out["rc"] = {"data": str(args.rc), **rc_evaluate(model, examples, *lengths, precision=args.precision)}
+        out["rc"] = {"data": str(args.rc), **rc_evaluate(model, examples, *lengths, precision=args.precision,
+                                                         doc_stride=args.doc_stride)}
         pool = [ex for path in args.d_small_pool for ex in read_squad(path)]
         out["rc_d_small"] = {"pool": [str(p) for p in args.d_small_pool],
                              **d_small_evaluate(model, examples, *lengths, precision=args.precision, pool=pool)}
@@ -178,7 +179,8 @@ def cmd_evaluate(args) -> int:
             from npm.densephrases.train import load_teacher  # deferred: loads torch
 
             teacher = load_teacher(str(args.teacher)).to(device)
-            out["rc_teacher"] = rc_evaluate(model, examples, *lengths, teacher=teacher, precision=args.precision)
+            out["rc_teacher"] = rc_evaluate(model, examples, *lengths, teacher=teacher, precision=args.precision,
+                                            doc_stride=args.doc_stride)
         log.info("RC EM %.1f F1 %.1f, D_small EM %.1f over %d passages (random span %.1f; teacher %s)",
                  out["rc"]["em"], out["rc"]["f1"], out["rc_d_small"]["em"], out["rc_d_small"]["passages"],
                  out["rc_random_span"]["em"], f"{out['rc_teacher']['em']:.1f}" if args.teacher else "-")

@@ -42,7 +42,7 @@ import torch
 from npm.boundaries import SPECIAL
 from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.faiss_index import build_faiss_index
-from npm.densephrases.features import windows
+from npm.densephrases.features import max_context, windows
 from npm.densephrases.model import DensePhrases, load_filter_head
 from npm.densephrases.search import PhraseTokens
 from npm.fingerprint import corpus_fingerprint, file_fingerprint, model_fingerprint
@@ -123,8 +123,7 @@ def unit_windows(flags: np.ndarray, max_tokens: int, stride: int) -> tuple[np.nd
     """The original code's dump windows over the text units of a blocks file (``flags`` uint8 [T]; a unit is a
     maximal run of non-special tokens, across block boundaries): a unit of n tokens is read in the code's
     ``npm.densephrases.features.windows`` of at most W = ``max_tokens`` - 2 of its tokens. A token in two windows
-    belongs to the one where it has the most context, min(left, right) + 0.01 x the window's length, ties to the
-    earlier (the code's SQuAD reader, ``_check_is_max_context``). Returns (positions
+    belongs to the one where it has the most context (``npm.densephrases.features.max_context``). Returns (positions
     int64 [P], offsets int64 [n_windows+1], owner bool [P], unit int64 [n_windows, 2]: the first and last token of
     each window's unit)."""
     idx = np.flatnonzero((np.asarray(flags) & SPECIAL) == 0)
@@ -135,10 +134,7 @@ def unit_windows(flags: np.ndarray, max_tokens: int, stride: int) -> tuple[np.nd
     offsets = np.r_[0, np.cumsum(size)].astype(np.int64)
     inside = np.arange(offsets[-1]) - np.repeat(offsets[:-1], size)
     positions = (np.repeat(starts[unit] + begin, size) + inside).astype(np.int64)
-    score = 100 * np.minimum(inside, np.repeat(size, size) - 1 - inside) + np.repeat(size, size)  # 100 x the code's
-    order = np.lexsort((np.repeat(np.arange(len(unit)), size), -score, positions))
-    owner = np.zeros(len(positions), bool)
-    owner[order[np.r_[True, positions[order][1:] != positions[order][:-1]]] if len(order) else order] = True
+    owner = max_context(positions, size)
     return positions, offsets, owner, np.stack([starts, starts + lengths - 1], 1)[unit].reshape(-1, 2)
 
 

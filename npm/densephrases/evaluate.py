@@ -35,9 +35,10 @@ from npm.tasks.registry import resolve_task, task_examples
 
 
 def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarray,
-               max_tokens: int = 30) -> np.ndarray:
-    """(i, j) int64 [B, 2]: the best span of each row, i <= j < i + ``max_tokens``, both valid tokens."""
-    s = np.where(valid, np.asarray(start_logits, dtype=np.float64), -np.inf)
+               max_tokens: int = 30, starts: np.ndarray | None = None) -> np.ndarray:
+    """(i, j) int64 [B, 2]: the best span of each row, i <= j < i + ``max_tokens``, both valid tokens, and i one of
+    ``starts`` [B, m] where given (a window's max-context tokens, as the code's predictions)."""
+    s = np.where(valid if starts is None else valid & starts, np.asarray(start_logits, dtype=np.float64), -np.inf)
     e = np.where(valid, np.asarray(end_logits, dtype=np.float64), -np.inf)
     m = s.shape[1]
     i, j = np.triu_indices(m)
@@ -63,25 +64,32 @@ def rc_scores(predictions: list[str], answers: list[list[str]]) -> dict:
             "em_each": em, "f1_each": f1}
 
 
-def _texts(examples: list[dict], feats: dict, tokenizer, spans: np.ndarray, max_passage_tokens: int) -> list[str]:
-    enc = tokenizer([examples[n]["context"] for n in feats["example"]], truncation=True,
-                    max_length=max_passage_tokens, return_offsets_mapping=True)
-    return [span_text(examples[n]["context"], enc["offset_mapping"][r], *spans[r])
-            for r, n in enumerate(feats["example"])]
+def _texts(examples: list[dict], feats: dict, spans: np.ndarray, rows: np.ndarray) -> list[str]:
+    """The text of ``spans`` [len(rows), 2] of the feature ``rows``."""
+    return [span_text(examples[feats["example"][r]]["context"], feats["offsets"][r], *span)
+            for r, span in zip(rows, spans, strict=True)]
+
+
+def _best_rows(example: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Per example, in order, the feature row of the highest ``score`` (ties to the earlier window)."""
+    order = np.lexsort((np.arange(len(example)), -score, example))
+    return order[np.r_[True, example[order][1:] != example[order][:-1]]]
 
 
 def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
                 max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
                 max_answer_tokens: int = 30, batch_size: int = 32, teacher=None, tokenizer=None,
-                precision: str = "fp32") -> dict:
+                precision: str = "fp32", doc_stride: int | None = DensePhrasesSettings.doc_stride) -> dict:
     """Reading comprehension of the query-agnostic model (z = h . q over its own passage) or, with ``teacher``, of the
     cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting), computed
     on the model's device under ``precision``'s autocast. ``tokenizer`` (default: the model's) lays out the passages;
-    the teacher alone needs no ``model``."""
+    the teacher alone needs no ``model``. With ``doc_stride`` the passages are read in the code's windows
+    (``npm.densephrases.features``) and an example's answer is its best span over them that starts in a token's
+    max-context window; without, each is cut at ``max_passage_tokens``."""
     from npm.densephrases.train import teacher_logits  # deferred: npm.densephrases.train loads torch
 
     tok = tokenizer or model.tokenizer
-    feats = rc_features(examples, tok, max_passage_tokens, max_question_tokens)
+    feats = rc_features(examples, tok, max_passage_tokens, max_question_tokens, doc_stride)
     if teacher is not None:
         z_start, z_end = teacher_logits(teacher, feats, batch_size, precision)
     else:
@@ -89,14 +97,17 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhra
         z_end = np.zeros_like(z_start)
         for rows, h, q_s, q_e in rc_vectors(model, feats, batch_size, precision):
             z_start[rows], z_end[rows] = np.einsum("bmd,bd->bm", h, q_s), np.einsum("bmd,bd->bm", h, q_e)
-    spans = best_spans(z_start, z_end, feats["valid"], max_answer_tokens)
-    predictions = _texts(examples, feats, tok, spans, max_passage_tokens)
-    answers = [examples[n]["answers"] for n in feats["example"]]
+    spans = best_spans(z_start, z_end, feats["valid"], max_answer_tokens, feats["max_context"])
+    every = np.arange(len(spans))
+    rows = _best_rows(feats["example"], z_start[every, spans[:, 0]] + z_end[every, spans[:, 1]])
+    predictions = _texts(examples, feats, spans[rows], rows)
+    kept = feats["example"][rows]
+    answers = [examples[n]["answers"] for n in kept]
     scores = rc_scores(predictions, answers)
     return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"], "dropped": feats["dropped"],
+            "windows": len(every),
             "predictions": [{"id": examples[n]["id"], "prediction": p, "answers": a, "em": e}
-                            for n, p, a, e in zip(feats["example"], predictions, answers, scores["em_each"],
-                                                  strict=True)]}
+                            for n, p, a, e in zip(kept, predictions, answers, scores["em_each"], strict=True)]}
 
 
 def rc_vectors(model, feats: dict, batch_size: int = 32, precision: str = "fp32", passages: bool = True):
@@ -221,14 +232,15 @@ def d_small_index(model_dir, examples: list[dict], factory: str, workdir, pool: 
 def teacher_filter(examples: list[dict], teacher, tokenizer,
                    max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
                    max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
-                   precision: str = "fp32") -> tuple[list[dict], dict]:
-    """(kept examples, counts): the generated questions whose answer the teacher reads exactly, and every question
-    that is not generated (see the module docstring)."""
+                   precision: str = "fp32",
+                   doc_stride: int | None = DensePhrasesSettings.doc_stride) -> tuple[list[dict], dict]:
+    """(kept examples, counts): the generated questions whose answer the teacher reads exactly (``rc_evaluate``),
+    and every question that is not generated (see the module docstring)."""
     generated = [ex for ex in examples if ex.get("question_generated")]
     if not generated:
         return list(examples), {"generated": 0, "kept": 0, "total": len(examples)}
     result = rc_evaluate(None, generated, max_passage_tokens, max_question_tokens, teacher=teacher,
-                         tokenizer=tokenizer, precision=precision)
+                         tokenizer=tokenizer, precision=precision, doc_stride=doc_stride)
     answered = {p["id"] for p in result["predictions"] if p["em"]}
     kept = [ex for ex in examples if not ex.get("question_generated") or ex["id"] in answered]
     return kept, {"generated": len(generated), "kept": len(answered), "total": len(kept)}
@@ -247,7 +259,7 @@ def random_span_baseline(examples: list[dict], tokenizer,
         pairs = [(i, j) for i in tokens for j in tokens if i <= j < i + max_answer_tokens]
         spans.append(pairs[int(rng.integers(len(pairs)))])
     spans = np.asarray(spans, dtype=np.int64)
-    predictions = _texts(examples, feats, tokenizer, spans, max_passage_tokens)
+    predictions = _texts(examples, feats, spans, np.arange(len(spans)))
     scores = rc_scores(predictions, [examples[n]["answers"] for n in feats["example"]])
     return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"]}
 

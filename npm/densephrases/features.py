@@ -5,13 +5,15 @@ Passages and questions are encoded **separately** (query-agnostic phrases): the 
 answer's character span becomes the first and last passage token it overlaps. An example whose first answer lies
 beyond the cut is dropped (the count comes back), never silently mislabelled.
 
-With a ``stride`` (config ``densephrases.train_stride``; the code's ``--doc_stride`` 128), a passage is read as the
-original code's SQuAD reader reads it for training: in :func:`windows` of ``max_passage_tokens`` (its begin and end
-tokens included) starting every ``stride`` tokens, one feature row per window. A window that holds the whole answer
-labels it; a window without it labels its ``[CLS]`` (position 0) as the start and the end, "no answer", as the code's
+With a ``stride`` (config ``densephrases.doc_stride``; the code's ``--doc_stride`` 128), a passage is read as the
+original code's SQuAD reader reads it: in :func:`windows` of ``max_passage_tokens`` (its begin and end tokens
+included) starting every ``stride`` tokens, one feature row per window, each token marked in the window where it has
+the most context (:func:`max_context`, ``max_context``). For training, a window that holds the whole answer labels
+it; a window without it labels its ``[CLS]`` (position 0) as the start and the end, "no answer", as the code's
 features do (start and end -1, clamped to 0 by its loss), and is marked not ``answerable``: its single-passage and
 distillation softmax include ``[CLS]`` (``support``), its filter loss is left out, and its [CLS] vector is its gold
-vector for the in-batch negatives, all as the code.
+vector for the in-batch negatives, all as the code. An evaluation answers with the best span over an example's
+windows that starts in a token's max-context window (``npm.densephrases.evaluate.rc_evaluate``).
 
 :func:`teacher_inputs` lays the same ids out for the cross-attention teacher, ``[CLS] question [SEP] passage [SEP]``,
 so that the teacher's logit at position ``offset + t`` belongs to passage token t of the student: its start/end
@@ -58,33 +60,52 @@ def _answer_tokens(offsets: np.ndarray, candidates: np.ndarray, example: dict) -
     return int(inside[0]), int(inside[-1])
 
 
-def _window_rows(examples: list[dict], tokenizer, max_passage_tokens: int, stride: int):
-    """Per window row of the examples' passages (:func:`windows`, module docstring): (passage ids, example, start,
-    end, answerable), and how many answers no window holds whole."""
+def max_context(positions: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """owner bool [P] of tokens read window by window (``positions`` int64 [P], each window's tokens in turn, the
+    windows ``size`` [W] long): True in the window where the token has the most context, min(left, right) + 0.01 x
+    the window's length, ties to the earlier window (the code's SQuAD reader, ``_check_is_max_context``)."""
+    size = np.asarray(size, dtype=np.int64)
+    inside = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
+    score = 100 * np.minimum(inside, np.repeat(size, size) - 1 - inside) + np.repeat(size, size)  # 100 x the code's
+    order = np.lexsort((np.repeat(np.arange(len(size)), size), -score, positions))
+    owner = np.zeros(len(positions), bool)
+    owner[order[np.r_[True, positions[order][1:] != positions[order][:-1]]] if len(order) else order] = True
+    return owner
+
+
+def _window_rows(examples: list[dict], tokenizer, max_passage_tokens: int, stride: int) -> tuple[dict, int]:
+    """The examples' passages in :func:`windows` (module docstring): per window row, lists of its ids, example,
+    start, end, answerable, character offsets and max-context flags; and how many answers no window holds whole."""
     width = max_passage_tokens - 2
     if not 1 <= stride <= width:
-        raise ValueError(f"a training window of {max_passage_tokens} tokens holds {width} of a passage; its stride "
-                         f"must be 1 to {width}, got {stride}")
+        raise ValueError(f"a window of {max_passage_tokens} tokens holds {width} of a passage; its stride must be 1 to "
+                         f"{width}, got {stride}")
     enc = tokenizer([ex["context"] for ex in examples], return_offsets_mapping=True, return_special_tokens_mask=True)
     special = [np.asarray(m, bool) for m in enc["special_tokens_mask"]]
     if any(len(m) < 2 or not (m[0] and m[-1]) or m.sum() != 2 for m in special):
-        raise ValueError(f"training windows need a tokenizer that wraps a passage in one begin and one end token; "
+        raise ValueError(f"passage windows need a tokenizer that wraps a passage in one begin and one end token; "
                          f"{type(tokenizer).__name__} does not")
-    item, begin, size = windows([len(m) - 2 for m in special], width, stride)
-    rows, answers = [], {}
-    for n, b0, k in zip(item.tolist(), begin.tolist(), size.tolist(), strict=True):
-        ids = enc["input_ids"][n]
+    lengths = np.array([len(m) - 2 for m in special], dtype=np.int64)
+    item, begin, size = windows(lengths, width, stride)
+    ends = np.cumsum(size)
+    owner = max_context(np.repeat(np.cumsum(lengths)[item] - lengths[item] + begin, size)
+                        + np.arange(int(ends[-1])) - np.repeat(ends - size, size), size)
+    rows = {key: [] for key in ("ids", "example", "start", "end", "answerable", "offsets", "max_context")}
+    answers = {}
+    for w, (n, b0, k) in enumerate(zip(item.tolist(), begin.tolist(), size.tolist(), strict=True)):
+        ids, offsets = enc["input_ids"][n], [tuple(o) for o in enc["offset_mapping"][n]]
         if n not in answers:
-            offsets = np.asarray(enc["offset_mapping"][n]).reshape(-1, 2)
-            answers[n] = _answer_tokens(offsets, np.arange(1, len(offsets) - 1), examples[n])
+            answers[n] = _answer_tokens(np.asarray(offsets).reshape(-1, 2), np.arange(1, len(ids) - 1), examples[n])
         if answers[n] is None:  # the answer is not in the passage's tokens: no row, as the code skips it
             continue
         first, last = answers[n]  # positions in the wrapped passage: its tokens are 1 .. len - 2
         held = b0 < first and last <= b0 + k
-        rows.append(([ids[0], *ids[1 + b0:1 + b0 + k], ids[-1]], n, first - b0 if held else 0,
-                     last - b0 if held else 0, held))
-    whole = {n for _, n, _, _, held in rows if held}
-    return rows, len(examples) - len(whole)
+        for key, value in (("ids", [ids[0], *ids[1 + b0:1 + b0 + k], ids[-1]]), ("example", n),
+                           ("start", first - b0 if held else 0), ("end", last - b0 if held else 0),
+                           ("answerable", held), ("offsets", [(0, 0), *offsets[1 + b0:1 + b0 + k], (0, 0)]),
+                           ("max_context", [0, *owner[ends[w] - k:ends[w]].astype(int).tolist(), 0])):
+            rows[key].append(value)
+    return rows, len(examples) - len({n for n, held in zip(rows["example"], rows["answerable"], strict=True) if held})
 
 
 def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
@@ -95,8 +116,9 @@ def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = Dense
     ``passage_ids``/``passage_mask`` [n, Lp], ``question_ids``/``question_mask`` [n, Lq], ``valid`` [n, Lp]
     (non-special passage tokens), ``support`` [n, Lp] (the positions the start and end softmax range over:
     ``valid``, and with ``stride`` the [CLS]), ``start``/``end`` [n] (token positions of the first answer; 0 in a
-    window without it), ``answerable`` [n], ``example`` [n] (index into ``examples``), and ``dropped`` (answers cut
-    off, or held whole by no window)."""
+    window without it), ``answerable`` [n], ``example`` [n] (index into ``examples``), ``offsets`` [n, Lp, 2] (each
+    token's characters in its context), ``max_context`` [n, Lp] (the valid tokens whose max-context window this
+    row is; without ``stride``, ``valid``), and ``dropped`` (answers cut off, or held whole by no window)."""
     if not examples:
         raise ValueError("no reading-comprehension example to encode")
     if stride is not None:
@@ -119,31 +141,36 @@ def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = Dense
     if not kept:
         raise ValueError(f"every answer lies beyond max_passage_tokens = {max_passage_tokens}")
     return _arrays(passages, questions, valids, starts, ends, kept, np.ones(len(kept), bool), len(examples) - len(kept),
-                   cls=False)
+                   [enc["offset_mapping"][n] for n in kept], valids, cls=False)
 
 
 def _windowed(examples: list[dict], tokenizer, max_passage_tokens: int, max_question_tokens: int,
               stride: int) -> dict:
     rows, dropped = _window_rows(examples, tokenizer, max_passage_tokens, stride)
-    if not any(held for *_, held in rows):
-        raise ValueError(f"no training window of max_passage_tokens = {max_passage_tokens} holds a whole answer")
+    if not any(rows["answerable"]):
+        raise ValueError(f"no window of max_passage_tokens = {max_passage_tokens} holds a whole answer")
     q = tokenizer([ex["question"] for ex in examples], truncation=True, max_length=max_question_tokens)
-    passages, kept, starts, ends, held = (list(c) for c in zip(*rows, strict=True))
-    return _arrays(passages, [q["input_ids"][n] for n in kept], [[0] + [1] * (len(p) - 2) + [0] for p in passages],
-                   starts, ends, kept, np.asarray(held, bool), dropped, cls=True)
+    return _arrays(rows["ids"], [q["input_ids"][n] for n in rows["example"]],
+                   [[0] + [1] * (len(p) - 2) + [0] for p in rows["ids"]], rows["start"], rows["end"],
+                   rows["example"], np.asarray(rows["answerable"], bool), dropped, rows["offsets"],
+                   rows["max_context"], cls=True)
 
 
-def _arrays(passages, questions, valids, starts, ends, kept, answerable, dropped: int, cls: bool) -> dict:
+def _arrays(passages, questions, valids, starts, ends, kept, answerable, dropped: int, offsets, owned,
+            cls: bool) -> dict:
     """The feature arrays of rc_features (``cls``: the [CLS] joins the softmax support)."""
     passage_ids, passage_mask = _pad(passages)
     question_ids, question_mask = _pad(questions)
     valid = _pad(valids)[0].astype(bool)
     support = valid.copy()
     support[:, 0] |= cls
+    chars = np.zeros((*passage_ids.shape, 2), dtype=np.int64)
+    for r, row in enumerate(offsets):
+        chars[r, :len(row)] = row
     return {"passage_ids": passage_ids, "passage_mask": passage_mask, "question_ids": question_ids,
             "question_mask": question_mask, "valid": valid, "support": support, "start": np.asarray(starts, np.int64),
             "end": np.asarray(ends, np.int64), "answerable": answerable, "example": np.asarray(kept, np.int64),
-            "dropped": dropped}
+            "offsets": chars, "max_context": _pad(owned)[0].astype(bool), "dropped": dropped}
 
 
 def teacher_inputs(features: dict, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray,

@@ -84,7 +84,7 @@ class PhraseTrainConfig:
     lambda_filter: float = 0.0  # the original code: 1.0
     max_passage_tokens: int = 384
     max_question_tokens: int = 64
-    train_stride: int | None = None  # None: passages cut; N: the code's windows (npm.densephrases.features)
+    doc_stride: int | None = None  # None: passages cut; N: the code's windows (npm.densephrases.features)
     seed: int = 0
     precision: str = "bf16"  # autocast: bf16 | fp16 | fp32 on CUDA; on CPU bf16 where native, else fp32
     device: str | None = None  # None: CUDA when available, else the CPU
@@ -101,7 +101,7 @@ class TeacherConfig:
     lr: float = 3e-5
     max_passage_tokens: int = 384
     max_question_tokens: int = 64
-    train_stride: int | None = None
+    doc_stride: int | None = None
     seed: int = 0
     precision: str = "bf16"
     device: str | None = None
@@ -123,8 +123,8 @@ def _run_dir(cfg, kind: str) -> Path:
     hashed.update(kind=kind, encoder=model_fingerprint(cfg.encoder), train=file_fingerprint(cfg.train),
                   teacher=model_fingerprint(cfg.teacher) if getattr(cfg, "teacher", None) else None,
                   precision=effective_precision(torch_device(cfg.device), cfg.precision))
-    if hashed["train_stride"] is None:  # keys only where set: the runs made before them keep their ids
-        del hashed["train_stride"]
+    if hashed["doc_stride"] is None:  # keys only where set: the runs made before them keep their ids
+        del hashed["doc_stride"]
     if getattr(cfg, "generated", None):
         hashed["generated"] = file_fingerprint(cfg.generated)
     if getattr(cfg, "init", None):
@@ -185,12 +185,12 @@ def _features(cfg) -> dict:
     files = [cfg.train, *([cfg.generated] if getattr(cfg, "generated", None) else [])]
     examples = [ex for path in files for ex in read_squad(path)]
     feats = rc_features(examples, load_tokenizer(cfg.encoder), cfg.max_passage_tokens, cfg.max_question_tokens,
-                        cfg.train_stride)
+                        cfg.doc_stride)
     if feats["dropped"]:
-        where = "beyond" if cfg.train_stride is None else "whole in no window of"
+        where = "beyond" if cfg.doc_stride is None else "whole in no window of"
         log.warning("%s: %d of %d answers lie %s %d passage tokens and are left out", " + ".join(files),
                     feats["dropped"], len(examples), where, cfg.max_passage_tokens)
-    if cfg.train_stride is not None:
+    if cfg.doc_stride is not None:
         log.info("%d training windows of %d examples, %d without their answer", len(feats["start"]), len(examples),
                  int((~feats["answerable"]).sum()))
     return feats
@@ -198,7 +198,7 @@ def _features(cfg) -> dict:
 
 def _sizes(feats: dict) -> dict:
     """The training set's size: its examples, and its feature rows (one per example, or per window with
-    ``train_stride``)."""
+    ``doc_stride``)."""
     return {"examples": int(len(np.unique(feats["example"]))), "rows": int(len(feats["start"]))}
 
 
