@@ -112,13 +112,13 @@ def rc_features(examples: list[dict], tokenizer, max_passage_tokens: int = Dense
                 max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
                 stride: int | None = None) -> dict:
     """Arrays of the examples that keep their answer, a row each (with ``stride``, a row per window of their
-    passages, module docstring; without, each passage cut, as the evaluations read it):
+    passages, module docstring; without, each passage cut at ``max_passage_tokens``):
     ``passage_ids``/``passage_mask`` [n, Lp], ``question_ids``/``question_mask`` [n, Lq], ``valid`` [n, Lp]
     (non-special passage tokens), ``support`` [n, Lp] (the positions the start and end softmax range over:
     ``valid``, and with ``stride`` the [CLS]), ``start``/``end`` [n] (token positions of the first answer; 0 in a
-    window without it), ``answerable`` [n], ``example`` [n] (index into ``examples``), ``offsets`` [n, Lp, 2] (each
-    token's characters in its context), ``max_context`` [n, Lp] (the valid tokens whose max-context window this
-    row is; without ``stride``, ``valid``), and ``dropped`` (answers cut off, or held whole by no window)."""
+    window without it), ``answerable`` [n], ``example`` [n] (index into ``examples``), ``offsets`` int32 [n, Lp, 2]
+    (each token's characters in its context), ``max_context`` [n, Lp] (the valid tokens whose max-context window
+    this row is; without ``stride``, ``valid``), and ``dropped`` (answers cut off, or held whole by no window)."""
     if not examples:
         raise ValueError("no reading-comprehension example to encode")
     if stride is not None:
@@ -164,7 +164,7 @@ def _arrays(passages, questions, valids, starts, ends, kept, answerable, dropped
     valid = _pad(valids)[0].astype(bool)
     support = valid.copy()
     support[:, 0] |= cls
-    chars = np.zeros((*passage_ids.shape, 2), dtype=np.int64)
+    chars = np.zeros((*passage_ids.shape, 2), dtype=np.int32)  # int32: the features' largest array, halved
     for r, row in enumerate(offsets):
         chars[r, :len(row)] = row
     return {"passage_ids": passage_ids, "passage_mask": passage_mask, "question_ids": question_ids,
