@@ -10,10 +10,10 @@ demo's RC training set with the demo's own settings (its ``train_summary.json``)
   window without the answer labels its [CLS] as "no answer", in the evaluation the best span over the windows
   starting in a max-context token answers (the code: 384 tokens every 128);
 
-once at the demo's own ``max_passage_tokens`` and once at ``--short`` tokens (stride a third of it, the code's
-ratio), where most of the demo's passages are longer than a window. One seed; the test split has a few dozen questions,
-so one question moves EM by more than a point. Writes results/benchmarks/densephrases_windows.json (and prints a
-Markdown table). It measures; it asserts nothing.
+at each of ``--lengths`` (default: the demo's own ``max_passage_tokens`` and 64; the stride a third of it, the
+code's ratio), where a shorter window splits more of the demo's passages. One seed; the test split has a few dozen
+questions, so one question moves EM by more than a point. Writes results/benchmarks/densephrases_windows.json (and
+prints a Markdown table). It measures; it asserts nothing.
 
     .venv/bin/python benchmarks/densephrases_windows.py --root /path/to/finished/demo
 """
@@ -45,7 +45,7 @@ def passage_lengths(examples: list[dict], tokenizer) -> dict:
     return {"median": int(np.median(n)), "p90": int(np.percentile(n, 90)), "max": int(n.max())}
 
 
-def measure(root: Path, work: Path, short: int, progress: bool) -> dict:
+def measure(root: Path, work: Path, lengths: list[int] | None, progress: bool) -> dict:
     summary = json.loads((root / "results/densephrases/model_pre_batch/train_summary.json").read_text())
     settings = {k: v for k, v in summary["settings"].items() if k in PhraseTrainConfig.__dataclass_fields__}
     train, test = read_squad(settings["train"]), read_squad(root / "data/densephrases/rc/test.json")
@@ -53,7 +53,7 @@ def measure(root: Path, work: Path, short: int, progress: bool) -> dict:
     own = settings["max_passage_tokens"]
     out = {"examples": {"train": len(train), "test": len(test)}, "passage_tokens": passage_lengths(train, tokenizer),
            "runs": []}
-    for tokens in (own, short):
+    for tokens in lengths or (own, 64):
         for stride in (None, max(1, tokens // 3)):
             cfg = PhraseTrainConfig(**{**settings, "max_passage_tokens": tokens, "doc_stride": stride,
                                        "init": None, "out_dir": str(work / f"{tokens}-{stride}"),
@@ -87,7 +87,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=Path("."), help="a finished `make demo` folder")
-    parser.add_argument("--short", type=int, default=64, help="the short window's max_passage_tokens")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="max_passage_tokens values to compare at (default: the demo's own and 64)")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks/densephrases_windows.json"))
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     os.chdir(root)  # the demo's settings name their inputs relative to the workflow's working directory
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
-        result = {"root": str(root), **measure(root, Path(work), args.short, not args.no_progress)}
+        result = {"root": str(root), **measure(root, Path(work), args.lengths, not args.no_progress)}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     write_summary(args.out, result, config=vars(args))
     print(markdown(result))
