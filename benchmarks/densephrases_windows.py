@@ -1,9 +1,9 @@
 """What DensePhrases' passage-windows switch does to the embedded world's reading comprehension (docs/paper-map.md
 §D1.7, config ``densephrases.doc_stride``).
 
-On a finished ``make demo`` folder (or one that ran the DensePhrases targets), the phrase model is trained on the
-demo's RC training set with the demo's own settings (its ``train_summary.json``) and evaluated on its RC test split
-(EM / F1, Table 2's setting), its passages read
+On a finished ``make demo`` folder (or one that ran the DensePhrases targets), the demo's phrase model reads the
+demo's RC test split (EM / F1, Table 2's setting), and a phrase model is trained on the demo's RC training set with
+the demo's own settings (its ``train_summary.json``; not with ``--no-train``) and reads it, their passages read
 
 * ``cut``: each cut at ``max_passage_tokens``, an example whose answer lies beyond the cut left out (the default);
 * ``windows``: in the original code's windows of ``max_passage_tokens`` every ``doc_stride`` tokens: in training a
@@ -45,41 +45,47 @@ def passage_lengths(examples: list[dict], tokenizer) -> dict:
     return {"median": int(np.median(n)), "p90": int(np.percentile(n, 90)), "max": int(n.max())}
 
 
-def measure(root: Path, work: Path, lengths: list[int] | None, progress: bool) -> dict:
-    summary = json.loads((root / "results/densephrases/model_pre_batch/train_summary.json").read_text())
+def _reading(model, test: list[dict], tokens: int, stride: int | None, cfg: PhraseTrainConfig) -> dict:
+    result = rc_evaluate(model, test, tokens, cfg.max_question_tokens, precision=cfg.precision, doc_stride=stride)
+    return {"em": round(result["em"], 1), "f1": round(result["f1"], 1), "n": result["n"], "windows": result["windows"]}
+
+
+def measure(root: Path, work: Path, lengths: list[int] | None, train_too: bool, progress: bool) -> dict:
+    model_dir = root / "results/densephrases/model_pre_batch"
+    summary = json.loads((model_dir / "train_summary.json").read_text())
     settings = {k: v for k, v in summary["settings"].items() if k in PhraseTrainConfig.__dataclass_fields__}
     train, test = read_squad(settings["train"]), read_squad(root / "data/densephrases/rc/test.json")
-    tokenizer = load_tokenizer(settings["encoder"])
-    own = settings["max_passage_tokens"]
+    tokenizer, demo_model = load_tokenizer(settings["encoder"]), DensePhrases.load(model_dir)
     out = {"examples": {"train": len(train), "test": len(test)}, "passage_tokens": passage_lengths(train, tokenizer),
            "runs": []}
-    for tokens in lengths or (own, 64):
+    for tokens in lengths or (settings["max_passage_tokens"], 64):
         for stride in (None, max(1, tokens // 3)):
             cfg = PhraseTrainConfig(**{**settings, "max_passage_tokens": tokens, "doc_stride": stride,
                                        "init": None, "out_dir": str(work / f"{tokens}-{stride}"),
                                        "checkpoint_dir": str(work / "checkpoints")})
             feats = rc_features(train, tokenizer, tokens, cfg.max_question_tokens, stride)
-            t0 = time.perf_counter()
-            trained = train_densephrases(cfg, progress=progress)
-            seconds = time.perf_counter() - t0
-            result = rc_evaluate(DensePhrases.load(cfg.out_dir), test, tokens, cfg.max_question_tokens,
-                                 precision=cfg.precision, doc_stride=stride)
-            out["runs"].append({"max_passage_tokens": tokens, "doc_stride": stride, "rows": len(feats["start"]),
-                                "no_answer_rows": int((~feats["answerable"]).sum()), "dropped": feats["dropped"],
-                                "steps": trained["steps"], "em": round(result["em"], 1), "f1": round(result["f1"], 1),
-                                "test_n": result["n"], "test_windows": result["windows"],
-                                "train_seconds": round(seconds, 1)})
+            run = {"max_passage_tokens": tokens, "doc_stride": stride, "rows": len(feats["start"]),
+                   "no_answer_rows": int((~feats["answerable"]).sum()), "dropped": feats["dropped"],
+                   "demo_model": _reading(demo_model, test, tokens, stride, cfg)}
+            if train_too:
+                t0 = time.perf_counter()
+                trained = train_densephrases(cfg, progress=progress)
+                run["trained"] = {"steps": trained["steps"], "train_seconds": round(time.perf_counter() - t0, 1),
+                                  **_reading(DensePhrases.load(cfg.out_dir), test, tokens, stride, cfg)}
+            out["runs"].append(run)
     return out
 
 
 def markdown(result: dict) -> str:
-    rows = ["| passages | training rows | of them no answer | answers left out | steps | test questions read "
-            "(windows) | RC test EM | F1 |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| passages | training rows | of them no answer | answers left out | test questions read (windows) | "
+            "demo model EM / F1 | trained so: steps, EM / F1 |", "|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         form = (f"cut at {r['max_passage_tokens']}" if r["doc_stride"] is None else
                 f"windows of {r['max_passage_tokens']} every {r['doc_stride']}")
-        rows.append(f"| {form} | {r['rows']} | {r['no_answer_rows']} | {r['dropped']} | {r['steps']} | "
-                    f"{r['test_n']} ({r['test_windows']}) | {r['em']:.1f} | {r['f1']:.1f} |")
+        demo, trained = r["demo_model"], r.get("trained")
+        rows.append(f"| {form} | {r['rows']} | {r['no_answer_rows']} | {r['dropped']} | {demo['n']} "
+                    f"({demo['windows']}) | {demo['em']:.1f} / {demo['f1']:.1f} | "
+                    + (f"{trained['steps']}, {trained['em']:.1f} / {trained['f1']:.1f} |" if trained else "- |"))
     return "\n".join(rows)
 
 
@@ -90,13 +96,15 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=None,
                         help="max_passage_tokens values to compare at (default: the demo's own and 64)")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks/densephrases_windows.json"))
+    parser.add_argument("--no-train", action="store_true",
+                        help="only read the test split with the demo's model, train nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     root, args.out = args.root.resolve(), args.out.resolve()
     os.chdir(root)  # the demo's settings name their inputs relative to the workflow's working directory
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
-        result = {"root": str(root), **measure(root, Path(work), args.lengths, not args.no_progress)}
+        result = {"root": str(root), **measure(root, Path(work), args.lengths, not args.no_train, not args.no_progress)}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     write_summary(args.out, result, config=vars(args))
     print(markdown(result))
