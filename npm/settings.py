@@ -607,6 +607,18 @@ class DensePhrasesSettings(Section):
                                             "answering with the best span over the windows that starts in a token's "
                                             "max-context window; at most max_passage_tokens - 2", minimum=1,
                                     kinds=(int,), option=_DP_LENGTH_STEPS)
+    rc_answer_tokens: int = _setting(30, "longest span, in tokens, the phrase model answers its reading "
+                                         "comprehension with (rc, D_small and the random-span floor; SQuAD's usual "
+                                         "30); the code's --max_answer_length 10 reads spans of at most 9, its loop "
+                                         "stopping one token short. The teacher reads up to 30, the code's "
+                                         "cross-encoder's", minimum=1, option=("evaluate",))
+    rc_filter_threshold: float | None = _setting(None, "the phrase model's reading comprehension (rc) answers only "
+                                                       "with spans whose start-filter logit (at the start) and "
+                                                       "end-filter logit (at the end) are both at least it, as the "
+                                                       "code's prediction with --filter_threshold (its training "
+                                                       "commands: -2); an example without such a span is answered "
+                                                       "'empty', as the code's; null = every span",
+                                                 kinds=(float,), option=("evaluate",))
     teacher: DensePhrasesTeacher = _setting(DensePhrasesTeacher(), "the cross-attention teacher (rule "
                                                                    "densephrases_train_teacher)", option=False)
     train: DensePhrasesTrain = _setting(DensePhrasesTrain(), "the phrase and question encoders (rule "
@@ -685,7 +697,7 @@ class DensePhrasesSettings(Section):
         cannot tell: ``dump`` and ``trim`` do not take the training's; ``npm.densephrases.dump`` checks the model),
         and pre-batch negatives need a queue and epochs to use it."""
         settings = super().from_mapping(values, where)
-        for name in ("filter_threshold", "compressed_filter_threshold"):
+        for name in ("filter_threshold", "compressed_filter_threshold", "rc_filter_threshold"):
             if getattr(settings, name) is not None and not settings.train.lambda_filter:
                 raise ValueError(f"densephrases: {name} {getattr(settings, name)} filters by the filter head's "
                                  "logits, but train.lambda_filter is 0, so the head is never trained and would "

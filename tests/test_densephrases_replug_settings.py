@@ -101,6 +101,7 @@ def test_the_sections_fill_their_subsections_with_the_defaults():
     (DensePhrasesSettings, {"rc": "squad"}, "setting rc must be one of"),
     (DensePhrasesSettings, {"query_ft": {"k": 0}}, "setting k must be >= 1"),
     (DensePhrasesSettings, {"filter_threshold": 1.0}, r"filter_threshold 1\.0 .*train\.lambda_filter is 0"),
+    (DensePhrasesSettings, {"rc_filter_threshold": -2.0}, r"rc_filter_threshold -2\.0 .*train\.lambda_filter is 0"),
     (DensePhrasesSettings, {"vectors": "index", "refine_factor": 10}, "refine_factor 10 re-ranks by the fp16 dump"),
     (DensePhrasesSettings, {"dump_passages": "paragraphs"}, "setting dump_passages must be one of"),
     (DensePhrasesSettings, {"dump_max_tokens": 64, "dump_stride": 63}, r"dump_stride 63 would skip .* at most 62"),
@@ -133,12 +134,13 @@ def test_a_bad_option_is_a_usage_error(argv, capsys):
 def test_a_zero_filter_threshold_is_a_threshold_and_null_is_no_filter(value):
     """A filter threshold may be any logit, 0 too: the options the workflow passes must not read 0 as null (the
     nullable counts do: their 0 is no valid value)."""
-    values = {"filter_threshold": value, "compressed_filter_threshold": value, "train": {"lambda_filter": 1.0}}
-    for step in ("dump", "trim"):
+    values = {"filter_threshold": value, "compressed_filter_threshold": value, "rc_filter_threshold": value,
+              "train": {"lambda_filter": 1.0}}
+    for step, required, name in (("dump", ["--blocks", "b"], "filter_threshold"),
+                                 ("trim", ["--dump", "d"], "compressed_filter_threshold"),
+                                 ("evaluate", [], "rc_filter_threshold")):
         line = to_args(values, DensePhrasesSettings, step)
-        required = ["--blocks", "b"] if step == "dump" else ["--dump", "d"]
         args = build_parser().parse_args(["densephrases", step, *required, "--out", "o", "--checkpoint", "c",
                                           *line.split()])
         got = from_args(args, DensePhrasesSettings, step)
-        name = "filter_threshold" if step == "dump" else "compressed_filter_threshold"
         assert getattr(got, name) == value

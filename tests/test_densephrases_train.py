@@ -159,6 +159,66 @@ def test_an_rc_evaluation_in_windows_answers_with_the_best_max_context_span_over
         assert got["predictions"][n]["id"] == ex["id"] and got["predictions"][n]["prediction"] == text
 
 
+def _code_prediction(feats: dict, z_s, z_e, f, example: int, max_answer_length: int, threshold: float):
+    """The code's phrase-model prediction (train_rc.py's compute_predictions_logits), restated: per window, every
+    start in its context that is a max-context token and every end in range(start, start + max_answer_length - 1),
+    a span dropped when its start's start-filter or its end's end-filter logit is below the threshold; the best by
+    start + end logit, the first found among ties (a stable sort); none left: the nonce answer "empty"."""
+    best = None
+    for r in np.flatnonzero(feats["example"] == example):
+        context = np.flatnonzero(feats["valid"][r])
+        for i in context:
+            for j in range(i, min(feats["valid"].shape[1], i + max_answer_length - 1)):
+                if not (feats["valid"][r, j] and feats["max_context"][r, i]):
+                    continue
+                if f[r, i, 0] < threshold or f[r, j, 1] < threshold:
+                    continue
+                if best is None or z_s[r, i] + z_e[r, j] > best[0]:
+                    best = (z_s[r, i] + z_e[r, j], r, i, j)
+    return best and best[1:]
+
+
+@pytest.mark.parametrize("quantile", [0.0, 0.5, 0.99])
+def test_the_rc_prediction_reads_the_codes_span_length_and_only_the_spans_its_filter_keeps(world, quantile):
+    """``rc_answer_tokens`` 9 and ``rc_filter_threshold``: the code's prediction (``--max_answer_length 10``, whose
+    loop stops one token short, and ``--filter_threshold``), in windows; an example that the filter leaves without a
+    span answers "empty". A filter head never trained, or a threshold on the teacher, is refused."""
+    from npm.densephrases.evaluate import rc_evaluate, rc_vectors
+    from npm.densephrases.model import DensePhrases
+
+    torch.manual_seed(0)
+    model = DensePhrases.from_encoder(world["encoder"]).eval()
+    examples = _long_examples()
+    with pytest.raises(ValueError, match="filter head was never trained"):
+        rc_evaluate(model, examples, 16, 24, 9, doc_stride=4, filter_threshold=0.0)
+    with pytest.raises(ValueError, match="teacher has no filter head"):
+        rc_evaluate(None, examples, 16, 24, teacher=object(), tokenizer=model.tokenizer, filter_threshold=0.0)
+    model.filter_trained = True
+    feats = rc_features(examples, model.tokenizer, 16, 24, stride=4)
+    z_s, z_e = np.zeros(feats["passage_ids"].shape), np.zeros(feats["passage_ids"].shape)
+    f = np.zeros((*z_s.shape, 2))
+    for rows, h, q_s, q_e in rc_vectors(model, feats):
+        z_s[rows], z_e[rows] = np.einsum("bmd,bd->bm", h, q_s), np.einsum("bmd,bd->bm", h, q_e)
+        with torch.no_grad():
+            f[rows] = model.filter_logits(torch.as_tensor(h)).numpy()
+    threshold = float(np.quantile(f[feats["valid"]], quantile))
+    got = rc_evaluate(model, examples, 16, 24, 9, doc_stride=4, filter_threshold=threshold)
+    assert (got["max_answer_tokens"], got["filter_threshold"], got["n"]) == (9, threshold, len(examples))
+    empty = 0
+    for n, ex in enumerate(examples):
+        best = _code_prediction(feats, z_s, z_e, f, n, 10, threshold)
+        text = "empty" if best is None else ex["context"][feats["offsets"][best[0], best[1], 0]:
+                                                        feats["offsets"][best[0], best[2], 1]]
+        empty += best is None
+        assert got["predictions"][n]["prediction"] == text, (quantile, n)
+    assert got["no_span"] == empty
+    if quantile == 0.5:  # the filter decides answers here
+        kept_all = rc_evaluate(model, examples, 16, 24, 9, doc_stride=4)["predictions"]
+        assert [p["prediction"] for p in got["predictions"]] != [p["prediction"] for p in kept_all]
+    none = rc_evaluate(model, examples, 16, 24, 9, doc_stride=4, filter_threshold=float(f.max()) + 1)
+    assert {p["prediction"] for p in none["predictions"]} == {"empty"} and none["no_span"] == len(examples)
+
+
 def test_a_window_without_the_answer_trains_its_cls_and_no_filter_term(world):
     """The code's loss on a window without the answer: single-passage and distillation softmax over the passage and
     the [CLS], the [CLS] the target and the in-batch gold vector; the filter term only over the rows with an answer.

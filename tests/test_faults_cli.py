@@ -235,6 +235,7 @@ SCHEMA_TO_CLI = {
     "densephrases.max_passage_tokens": ("densephrases train", "--max-passage-tokens"),
     "densephrases.max_question_tokens": ("densephrases train", "--max-question-tokens"),
     "densephrases.doc_stride": ("densephrases train", "--doc-stride"),
+    "densephrases.rc_answer_tokens": ("densephrases evaluate", "--rc-answer-tokens"),
     "densephrases.nprobe": ("densephrases index", "--nprobe"),
     "densephrases.dump_max_tokens": ("densephrases dump", "--dump-max-tokens"),
     "densephrases.dump_stride": ("densephrases dump", "--dump-stride"),

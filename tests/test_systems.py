@@ -312,7 +312,8 @@ def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_p
     search_phrase groups and evaluates the epochs at top_k 10, and asked NQ's lowercased questions as they are where
     the code truecases them (docs/paper-map.md §D1.7): the statistics are an input placed by hand. Its phrase model
     trained on SQuAD alone, where the code's run-rc trains on its generated questions first, then on SQuAD, and cut
-    its training passages at 384 tokens, where the code reads them in windows every 128 tokens."""
+    its training passages at 384 tokens, where the code reads them in windows every 128 tokens; its RC evaluation
+    answered with spans of up to 30 tokens, unfiltered, where the code's reads up to 9 that its filter keeps."""
     from tests.test_checkpoints import SNAKEMAKE
 
     out = subprocess.run([SNAKEMAKE, "all", "-n", "-p", "--cores", "1", "--directory", str(tmp_path), "-s",
@@ -335,6 +336,9 @@ def test_the_paper_route_plans_densephrases_with_the_original_codes_search(tmp_p
     assert f"rule densephrases_manual_file:\n    output: {generated}" in out.stdout
     teachers = [line for line in lines if line.startswith("npm-repro densephrases train-teacher ")]
     assert teachers and all(" --doc-stride 128 " in line for line in trains + teachers)  # the code's windows
+    rc = [line for line in lines if line.startswith("npm-repro densephrases evaluate") and " --rc " in line]
+    assert rc and all(" --doc-stride 128 " in line and " --rc-answer-tokens 9 " in line
+                      and " --rc-filter-threshold -2.0 " in line for line in rc)  # the code's RC prediction
 
 
 @pytest.mark.parametrize("name", ["released.yaml", "paper.yaml"])

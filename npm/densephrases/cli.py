@@ -16,6 +16,7 @@ from pathlib import Path
 
 from npm import tracking
 from npm.densephrases.evaluate import (
+    TEACHER_ANSWER_TOKENS,
     d_small_evaluate,
     d_small_index,
     open_domain,
@@ -169,18 +170,21 @@ def cmd_evaluate(args) -> int:
         examples = read_squad(args.rc)
         model = DensePhrases.load(args.checkpoint).to(device)
         lengths = (args.max_passage_tokens, args.max_question_tokens)
-        out["rc"] = {"data": str(args.rc), **rc_evaluate(model, examples, *lengths, precision=args.precision,
-                                                         doc_stride=args.doc_stride)}
+        out["rc"] = {"data": str(args.rc), **rc_evaluate(model, examples, *lengths, args.rc_answer_tokens,
+                                                         precision=args.precision, doc_stride=args.doc_stride,
+                                                         filter_threshold=args.rc_filter_threshold)}
         pool = [ex for path in args.d_small_pool for ex in read_squad(path)]
         out["rc_d_small"] = {"pool": [str(p) for p in args.d_small_pool],
-                             **d_small_evaluate(model, examples, *lengths, precision=args.precision, pool=pool)}
-        out["rc_random_span"] = random_span_baseline(examples, model.tokenizer, args.max_passage_tokens)
+                             **d_small_evaluate(model, examples, *lengths, args.rc_answer_tokens,
+                                                precision=args.precision, pool=pool)}
+        out["rc_random_span"] = random_span_baseline(examples, model.tokenizer, args.max_passage_tokens,
+                                                     args.rc_answer_tokens)
         if args.teacher:
             from npm.densephrases.train import load_teacher  # deferred: loads torch
 
             teacher = load_teacher(str(args.teacher)).to(device)
-            out["rc_teacher"] = rc_evaluate(model, examples, *lengths, teacher=teacher, precision=args.precision,
-                                            doc_stride=args.doc_stride)
+            out["rc_teacher"] = rc_evaluate(model, examples, *lengths, TEACHER_ANSWER_TOKENS, teacher=teacher,
+                                            precision=args.precision, doc_stride=args.doc_stride)
         log.info("RC EM %.1f F1 %.1f, D_small EM %.1f over %d passages (random span %.1f; teacher %s)",
                  out["rc"]["em"], out["rc"]["f1"], out["rc_d_small"]["em"], out["rc_d_small"]["passages"],
                  out["rc_random_span"]["em"], f"{out['rc_teacher']['em']:.1f}" if args.teacher else "-")

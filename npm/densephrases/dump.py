@@ -43,7 +43,7 @@ from npm.boundaries import SPECIAL
 from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.faiss_index import build_faiss_index
 from npm.densephrases.features import max_context, windows
-from npm.densephrases.model import DensePhrases, load_filter_head
+from npm.densephrases.model import DensePhrases, load_filter_head, require_trained_filter
 from npm.densephrases.search import PhraseTokens
 from npm.fingerprint import corpus_fingerprint, file_fingerprint, model_fingerprint
 from npm.io import atomic_dir, atomic_path, read_json, write_json
@@ -163,7 +163,7 @@ def dump_shard(model_dir: str | os.PathLike, blocks_path: str | os.PathLike, out
     if model is None:
         model = DensePhrases.load(model_dir).eval().to(dev)
     if filter_threshold is not None:
-        _require_trained_filter(model.filter_trained, model_dir)
+        require_trained_filter(model.filter_trained, model_dir)
     arrays = load_blocks(blocks_path)
     check_vocabulary(blocks_path, arrays["input_ids"], model.phrase.config.vocab_size)
     passages.check_model(model.phrase.config)
@@ -294,16 +294,8 @@ def _trained_filter_head(model_dir, dump: PhraseDump) -> tuple[np.ndarray, np.nd
         raise ValueError(f"{model_dir} did not make the phrase dump {dump.path} (another phrase encoder or filter "
                          "head): trim with the model that dumped it")
     weight, bias, trained = load_filter_head(model_dir)
-    _require_trained_filter(trained, model_dir)
+    require_trained_filter(trained, model_dir)
     return weight.float().numpy(), bias.float().numpy()
-
-
-def _require_trained_filter(trained: bool, model_dir) -> None:
-    """Refuse a filter threshold over a filter head that no training with the filter loss updated."""
-    if not trained:
-        raise ValueError(f"{model_dir}: its filter head was never trained (a training with train.lambda_filter > 0 "
-                         "trains it; the code: 1.0), so a filter threshold would drop tokens at random; filter "
-                         "without a threshold or train with --lambda-filter")
 
 
 def best_filter_logits(vectors, rows: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:

@@ -33,22 +33,36 @@ from npm.settings import DensePhrasesSettings
 from npm.tasks.metrics import exact_match, f1_score
 from npm.tasks.registry import resolve_task, task_examples
 
+# The longest span the cross-attention teacher answers with: the code's cross-encoder, transformers' SQuAD reader,
+# keeps its --max_answer_length default of 30 tokens.
+TEACHER_ANSWER_TOKENS = 30
+
 
 def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarray,
-               max_tokens: int = 30, starts: np.ndarray | None = None) -> np.ndarray:
-    """(i, j) int64 [B, 2]: the best span of each row, i <= j < i + ``max_tokens``, both valid tokens, and i one of
-    ``starts`` [B, m] where given (a window's max-context tokens, as the code's predictions)."""
+               max_tokens: int = DensePhrasesSettings.rc_answer_tokens, starts: np.ndarray | None = None,
+               ends: np.ndarray | None = None) -> np.ndarray:
+    """(i, j) int64 [B, 2]: the best span of each row, i <= j < i + ``max_tokens``, both valid tokens, i one of
+    ``starts`` [B, m] and j one of ``ends`` [B, m] where given (a window's max-context tokens and the spans the
+    filter keeps, as the code's predictions); (-1, -1) for a row without such a span."""
     s = np.where(valid if starts is None else valid & starts, np.asarray(start_logits, dtype=np.float64), -np.inf)
-    e = np.where(valid, np.asarray(end_logits, dtype=np.float64), -np.inf)
+    e = np.where(valid if ends is None else valid & ends, np.asarray(end_logits, dtype=np.float64), -np.inf)
     m = s.shape[1]
     i, j = np.triu_indices(m)
     keep = j - i < max_tokens
     i, j = i[keep], j[keep]
     scores = s[:, i] + e[:, j]
     best = scores.argmax(axis=1)
-    if not np.isfinite(scores[np.arange(len(s)), best]).all():
-        raise ValueError("a passage has no valid token to answer with")
-    return np.stack([i[best], j[best]], 1).astype(np.int64)
+    spans = np.stack([i[best], j[best]], 1).astype(np.int64)
+    spans[~np.isfinite(scores[np.arange(len(s)), best])] = -1
+    return spans
+
+
+def span_scores(start_logits: np.ndarray, end_logits: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """float64 [B]: z_start[i] + z_end[j] of each row's span (``best_spans``), -inf for a row without one."""
+    rows = np.arange(len(spans))
+    score = (np.asarray(start_logits, np.float64)[rows, spans[:, 0]]
+             + np.asarray(end_logits, np.float64)[rows, spans[:, 1]])
+    return np.where(spans[:, 0] >= 0, score, -np.inf)
 
 
 def span_text(context: str, offsets: np.ndarray, i: int, j: int) -> str:
@@ -65,9 +79,10 @@ def rc_scores(predictions: list[str], answers: list[list[str]]) -> dict:
 
 
 def _texts(examples: list[dict], feats: dict, spans: np.ndarray, rows: np.ndarray) -> list[str]:
-    """The text of ``spans`` [len(rows), 2] of the feature ``rows``."""
-    return [span_text(examples[feats["example"][r]]["context"], feats["offsets"][r], *span)
-            for r, span in zip(rows, spans, strict=True)]
+    """The text of ``spans`` [len(rows), 2] of the feature ``rows``; a row without a span (-1) answers "empty", the
+    code's prediction when no span is left to it."""
+    return [span_text(examples[feats["example"][r]]["context"], feats["offsets"][r], *span) if span[0] >= 0
+            else "empty" for r, span in zip(rows, spans, strict=True)]
 
 
 def _best_rows(example: np.ndarray, score: np.ndarray) -> np.ndarray:
@@ -78,36 +93,60 @@ def _best_rows(example: np.ndarray, score: np.ndarray) -> np.ndarray:
 
 def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
                 max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
-                max_answer_tokens: int = 30, batch_size: int = 32, teacher=None, tokenizer=None,
-                precision: str = "fp32", doc_stride: int | None = DensePhrasesSettings.doc_stride) -> dict:
+                max_answer_tokens: int = DensePhrasesSettings.rc_answer_tokens, batch_size: int = 32, teacher=None,
+                tokenizer=None, precision: str = "fp32", doc_stride: int | None = DensePhrasesSettings.doc_stride,
+                filter_threshold: float | None = DensePhrasesSettings.rc_filter_threshold) -> dict:
     """Reading comprehension of the query-agnostic model (z = h . q over its own passage) or, with ``teacher``, of the
     cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting), computed
     on the model's device under ``precision``'s autocast. ``tokenizer`` (default: the model's) lays out the passages;
     the teacher alone needs no ``model``. With ``doc_stride`` the passages are read in the code's windows
     (``npm.densephrases.features``) and an example's answer is its best span over them that starts in a token's
-    max-context window; without, each is cut at ``max_passage_tokens``."""
+    max-context window; without, each is cut at ``max_passage_tokens``. With ``filter_threshold`` (the model's
+    filter head, trained) a span answers only if its start's start-filter logit and its end's end-filter logit are
+    both at least it, and an example left without a span answers "empty" (the code's prediction); ``no_span``
+    counts those."""
     from npm.densephrases.train import teacher_logits  # deferred: npm.densephrases.train loads torch
 
     tok = tokenizer or model.tokenizer
     feats = rc_features(examples, tok, max_passage_tokens, max_question_tokens, doc_stride)
+    starts, ends = feats["max_context"], None
     if teacher is not None:
+        if filter_threshold is not None:
+            raise ValueError("the cross-attention teacher has no filter head: evaluate it without a filter threshold")
         z_start, z_end = teacher_logits(teacher, feats, batch_size, precision)
     else:
-        z_start = np.zeros(feats["passage_ids"].shape, np.float32)
-        z_end = np.zeros_like(z_start)
-        for rows, h, q_s, q_e in rc_vectors(model, feats, batch_size, precision):
-            z_start[rows], z_end[rows] = np.einsum("bmd,bd->bm", h, q_s), np.einsum("bmd,bd->bm", h, q_e)
-    spans = best_spans(z_start, z_end, feats["valid"], max_answer_tokens, feats["max_context"])
-    every = np.arange(len(spans))
-    rows = _best_rows(feats["example"], z_start[every, spans[:, 0]] + z_end[every, spans[:, 1]])
+        z_start, z_end, filters = _rc_logits(model, feats, batch_size, precision, filter_threshold is not None)
+        if filter_threshold is not None:
+            starts, ends = starts & (filters[..., 0] >= filter_threshold), filters[..., 1] >= filter_threshold
+    spans = best_spans(z_start, z_end, feats["valid"], max_answer_tokens, starts, ends)
+    rows = _best_rows(feats["example"], span_scores(z_start, z_end, spans))
     predictions = _texts(examples, feats, spans[rows], rows)
     kept = feats["example"][rows]
     answers = [examples[n]["answers"] for n in kept]
     scores = rc_scores(predictions, answers)
     return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"], "dropped": feats["dropped"],
-            "windows": len(every),
+            "windows": len(spans), "max_answer_tokens": max_answer_tokens, "filter_threshold": filter_threshold,
+            "no_span": int((spans[rows, 0] < 0).sum()),
             "predictions": [{"id": examples[n]["id"], "prediction": p, "answers": a, "em": e}
                             for n, p, a, e in zip(kept, predictions, answers, scores["em_each"], strict=True)]}
+
+
+def _rc_logits(model, feats: dict, batch_size: int, precision: str, filters: bool):
+    """float32 z_start, z_end [rows, Lp] of the phrase model over ``rc_features`` rows, and with ``filters`` its
+    filter head's start- and end-filter logits [rows, Lp, 2] (else None), once the head is checked trained."""
+    from npm.densephrases.model import require_trained_filter  # deferred: loads torch
+
+    if filters:
+        require_trained_filter(model.filter_trained, "the evaluated model")
+    z_start = np.zeros(feats["passage_ids"].shape, np.float32)
+    z_end = np.zeros_like(z_start)
+    f = np.zeros((*z_start.shape, 2), np.float32) if filters else None
+    weight, bias = (p.detach().float().cpu().numpy() for p in (model.filter_head.weight, model.filter_head.bias))
+    for rows, h, q_s, q_e in rc_vectors(model, feats, batch_size, precision):
+        z_start[rows], z_end[rows] = np.einsum("bmd,bd->bm", h, q_s), np.einsum("bmd,bd->bm", h, q_e)
+        if filters:
+            f[rows] = h @ weight.T + bias
+    return z_start, z_end, f
 
 
 def rc_vectors(model, feats: dict, batch_size: int = 32, precision: str = "fp32", passages: bool = True):
@@ -153,8 +192,8 @@ def passage_vectors(model, contexts: list[str], max_passage_tokens: int = DenseP
 
 def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
                      max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
-                     max_answer_tokens: int = 30, batch_size: int = 32, precision: str = "fp32",
-                     pool: list[dict] | None = None) -> dict:
+                     max_answer_tokens: int = DensePhrasesSettings.rc_answer_tokens, batch_size: int = 32,
+                     precision: str = "fp32", pool: list[dict] | None = None) -> dict:
     """The semi-open setting of the paper's Table 6 (D_small): the passages of ``examples`` and of ``pool`` (other
     SQuAD-style examples, say the training and dev splits) pooled, and each question of ``examples`` answered by the
     best span over every pooled passage (eq. 10, exactly: no index), not only over its own. EM / F1, the number of
@@ -167,12 +206,11 @@ def d_small_evaluate(model, examples: list[dict], max_passage_tokens: int = Dens
     q_e = np.zeros_like(q_s)
     for rows, _, qs_b, qe_b in rc_vectors(model, feats, batch_size, precision, passages=False):
         q_s[rows], q_e[rows] = qs_b, qe_b
-    everywhere = np.arange(len(contexts))
     predictions, own = [], []
     for r, context in enumerate(own_contexts):
         z_s, z_e = h @ q_s[r], h @ q_e[r]
         spans = best_spans(z_s, z_e, valid, max_answer_tokens)
-        p = int(np.argmax(z_s[everywhere, spans[:, 0]] + z_e[everywhere, spans[:, 1]]))
+        p = int(np.argmax(span_scores(z_s, z_e, spans)))  # its own passage always has a span
         predictions.append(span_text(contexts[p], offsets[p], *spans[p]))
         own.append(contexts[p] == context)
     answers = [examples[n]["answers"] for n in feats["example"]]
@@ -239,16 +277,16 @@ def teacher_filter(examples: list[dict], teacher, tokenizer,
     generated = [ex for ex in examples if ex.get("question_generated")]
     if not generated:
         return list(examples), {"generated": 0, "kept": 0, "total": len(examples)}
-    result = rc_evaluate(None, generated, max_passage_tokens, max_question_tokens, teacher=teacher,
-                         tokenizer=tokenizer, precision=precision, doc_stride=doc_stride)
+    result = rc_evaluate(None, generated, max_passage_tokens, max_question_tokens, TEACHER_ANSWER_TOKENS,
+                         teacher=teacher, tokenizer=tokenizer, precision=precision, doc_stride=doc_stride)
     answered = {p["id"] for p in result["predictions"] if p["em"]}
     kept = [ex for ex in examples if not ex.get("question_generated") or ex["id"] in answered]
     return kept, {"generated": len(generated), "kept": len(answered), "total": len(kept)}
 
 
 def random_span_baseline(examples: list[dict], tokenizer,
-                         max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens, max_answer_tokens: int = 30,
-                         span_seed: int = 0) -> dict:
+                         max_passage_tokens: int = DensePhrasesSettings.max_passage_tokens,
+                         max_answer_tokens: int = DensePhrasesSettings.rc_answer_tokens, span_seed: int = 0) -> dict:
     """EM / F1 of a uniformly random valid span per passage (at most ``max_answer_tokens``; the draws seeded with
     ``span_seed``): the floor RC EM must clear."""
     feats = rc_features(examples, tokenizer, max_passage_tokens)

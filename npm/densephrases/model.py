@@ -94,6 +94,14 @@ def load_filter_head(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, bool
     return state["weight"], state["bias"], trained
 
 
+def require_trained_filter(trained: bool, model_dir) -> None:
+    """Refuse a filter threshold over a filter head that no training with the filter loss updated."""
+    if not trained:
+        raise ValueError(f"{model_dir}: its filter head was never trained (a training with train.lambda_filter > 0 "
+                         "trains it; the code: 1.0), so a filter threshold would drop tokens at random; filter "
+                         "without a threshold or train with --lambda-filter")
+
+
 def _meta(path: Path) -> dict:
     """The model folder's ``densephrases.json``."""
     if not (path / "densephrases.json").is_file():
