@@ -66,13 +66,14 @@ def measure(root: Path, answer_tokens: list[int], thresholds: list[float | None]
     base = None
     for tokens in answer_tokens:
         for threshold in thresholds:
-            r = rc_evaluate(model, test, *lengths, tokens, precision=settings.get("precision", "fp32"), doc_stride=stride,
-                            filter_threshold=threshold)
+            r = rc_evaluate(model, test, *lengths, tokens, precision=settings.get("precision", "fp32"),
+                            doc_stride=stride, filter_threshold=threshold)
             answers = [p["prediction"] for p in r["predictions"]]
             base = base or answers
             out["readings"].append({"answer_tokens": tokens, "filter_threshold": threshold,
                                     "em": round(r["em"], 1), "f1": round(r["f1"], 1), "n": r["n"],
-                                    "empty": r["no_span"], "changed": sum(a != b for a, b in zip(answers, base))})
+                                    "empty": r["no_span"],
+                                    "changed": sum(a != b for a, b in zip(answers, base, strict=True))})
     return out
 
 
