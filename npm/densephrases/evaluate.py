@@ -136,12 +136,13 @@ def _rc_logits(model, feats: dict, batch_size: int, precision: str, filters: boo
     filter head's start- and end-filter logits [rows, Lp, 2] (else None), once the head is checked trained."""
     from npm.densephrases.model import require_trained_filter  # deferred: loads torch
 
-    if filters:
-        require_trained_filter(model.filter_trained, "the evaluated model")
     z_start = np.zeros(feats["passage_ids"].shape, np.float32)
     z_end = np.zeros_like(z_start)
-    f = np.zeros((*z_start.shape, 2), np.float32) if filters else None
-    weight, bias = (p.detach().float().cpu().numpy() for p in (model.filter_head.weight, model.filter_head.bias))
+    f = None
+    if filters:
+        require_trained_filter(model.filter_trained, "the evaluated model")
+        f = np.zeros((*z_start.shape, 2), np.float32)
+        weight, bias = (p.detach().float().cpu().numpy() for p in (model.filter_head.weight, model.filter_head.bias))
     for rows, h, q_s, q_e in rc_vectors(model, feats, batch_size, precision):
         z_start[rows], z_end[rows] = np.einsum("bmd,bd->bm", h, q_s), np.einsum("bmd,bd->bm", h, q_e)
         if filters:
