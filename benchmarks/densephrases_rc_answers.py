@@ -9,13 +9,15 @@ answers with
   and 9, the code's: ``--max_answer_length 10``, whose loop stops one token short);
 * the spans whose start's start-filter logit and end's end-filter logit are both at least each of
   ``--thresholds`` (default: none, -2 as the code's training commands, and 0 and 1), an example left without a span
-  answering "empty" as the code's.
+  answering "empty" as the code's;
 
-Each reading gives EM / F1, the examples answered "empty", and the answers that differ from the default reading's
-(30 tokens, no filter); the gold answers' lengths in tokens and the share of passage tokens each threshold keeps
-as starts and as ends are given beside. One model, one seed; the test split has a few dozen questions, so one
-question moves EM by more than a point. Writes results/benchmarks/densephrases_rc_answers.json (and prints a Markdown
-table). It measures; it asserts nothing.
+and the demo's cross-attention teacher reads the same split with its span's start and end among its window's
+``--teacher-n-best`` best (default: every span, 20 as the code's cross-encoder, transformers' reader, and 5 and 1).
+Each reading gives EM / F1, the examples answered "empty", and the answers that differ from the first reading's
+(30 tokens and no filter; the teacher over every span); the gold answers' lengths in tokens and the share of passage
+tokens each threshold keeps as starts and as ends are given beside. One model, one seed; the test split has a few
+dozen questions, so one question moves EM by more than a point. Writes results/benchmarks/densephrases_rc_answers.json
+(and prints Markdown tables). It measures; it asserts nothing.
 
     .venv/bin/python benchmarks/densephrases_rc_answers.py --root /path/to/finished/demo
 """
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from npm.densephrases.evaluate import rc_evaluate, rc_vectors
+from npm.densephrases.evaluate import TEACHER_ANSWER_TOKENS, rc_evaluate, rc_vectors
 from npm.densephrases.features import rc_features
 from npm.densephrases.model import DensePhrases
 from npm.densephrases.rc import read_squad
@@ -50,7 +52,24 @@ def filter_shares(model, feats: dict, thresholds: list[float]) -> dict:
                      "ends": round(100 * float((f[:, 1] >= t).mean()), 1)} for t in thresholds}
 
 
-def measure(root: Path, answer_tokens: list[int], thresholds: list[float | None]) -> dict:
+def teacher_readings(root: Path, test: list[dict], tokenizer, settings: dict, n_bests: list[int | None]) -> list:
+    """The demo's cross-attention teacher on the RC test split at each ``n_best`` (None: every span)."""
+    from npm.densephrases.train import load_teacher
+
+    teacher, out, base = load_teacher(str(root / "results/densephrases/teacher")), [], None
+    for n_best in n_bests:
+        r = rc_evaluate(None, test, settings["max_passage_tokens"], settings["max_question_tokens"],
+                        TEACHER_ANSWER_TOKENS, teacher=teacher, tokenizer=tokenizer,
+                        precision=settings.get("precision", "fp32"), doc_stride=settings.get("doc_stride"),
+                        teacher_n_best=n_best)
+        answers = [p["prediction"] for p in r["predictions"]]
+        base = base or answers
+        out.append({"n_best": n_best, "em": round(r["em"], 1), "f1": round(r["f1"], 1), "n": r["n"],
+                    "empty": r["no_span"], "changed": sum(a != b for a, b in zip(answers, base, strict=True))})
+    return out
+
+
+def measure(root: Path, answer_tokens: list[int], thresholds: list[float | None], n_bests: list[int | None]) -> dict:
     model_dir = root / "results/densephrases/model_pre_batch"
     settings = json.loads((model_dir / "train_summary.json").read_text())["settings"]
     lengths = (settings["max_passage_tokens"], settings["max_question_tokens"])
@@ -74,6 +93,7 @@ def measure(root: Path, answer_tokens: list[int], thresholds: list[float | None]
                                     "em": round(r["em"], 1), "f1": round(r["f1"], 1), "n": r["n"],
                                     "empty": r["no_span"],
                                     "changed": sum(a != b for a, b in zip(answers, base, strict=True))})
+    out["teacher"] = teacher_readings(root, test, model.tokenizer, settings, n_bests)
     return out
 
 
@@ -84,6 +104,10 @@ def markdown(result: dict) -> str:
         threshold = "none" if r["filter_threshold"] is None else f"{r['filter_threshold']:g}"
         rows.append(f"| {r['answer_tokens']} | {threshold} | {r['em']:.1f} / {r['f1']:.1f} | {r['empty']} | "
                     f"{r['changed']} |")
+    rows += ["", "| teacher's n best | RC test EM / F1 | answered \"empty\" | answers changed |", "|---|---|---|---|"]
+    for r in result["teacher"]:
+        rows.append(f"| {'every span' if r['n_best'] is None else r['n_best']} | {r['em']:.1f} / {r['f1']:.1f} | "
+                    f"{r['empty']} | {r['changed']} |")
     return "\n".join(rows)
 
 
@@ -95,12 +119,15 @@ def main(argv=None) -> int:
                         help="longest answer spans compared, in tokens (the first is the reference reading's)")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[-2.0, 0.0, 1.0],
                         help="filter thresholds compared, beside no filter (the reference reading's)")
+    parser.add_argument("--teacher-n-best", type=int, nargs="+", default=[20, 5, 1],
+                        help="the teacher's n best starts and ends compared, beside every span (the reference reading)")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks/densephrases_rc_answers.json"))
     args = parser.parse_args(argv)
     root, args.out = args.root.resolve(), args.out.resolve()
     os.chdir(root)  # the demo's settings name their inputs relative to the workflow's working directory
     t0 = time.perf_counter()
-    result = {"root": str(root), **measure(root, args.answer_tokens, [None, *args.thresholds])}
+    readings = measure(root, args.answer_tokens, [None, *args.thresholds], [None, *args.teacher_n_best])
+    result = {"root": str(root), **readings}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     write_summary(args.out, result, config=vars(args))
     print(markdown(result))

@@ -219,6 +219,57 @@ def test_the_rc_prediction_reads_the_codes_span_length_and_only_the_spans_its_fi
     assert {p["prediction"] for p in none["predictions"]} == {"empty"} and none["no_span"] == len(examples)
 
 
+def _reader_prediction(feats: dict, z_s: list, z_e: list, offset: np.ndarray, example: int, n_best: int):
+    """The code's cross-encoder prediction (transformers' SQuAD reader, ``compute_predictions_logits`` with
+    ``--n_best_size`` and ``--max_answer_length 30``), restated: per window, the ``n_best`` best starts and ends over
+    its whole input (a stable sort); a pair kept if both are context tokens, the start a max-context token, the end not
+    before it and the span at most 30 tokens; the best by start + end logit, the first found among ties."""
+    best = None
+    for r in np.flatnonzero(feats["example"] == example):
+        ranked = [sorted(range(len(z)), key=lambda x, z=z: z[x], reverse=True)[:n_best] for z in (z_s[r], z_e[r])]
+        for a in ranked[0]:
+            for b in ranked[1]:
+                i, j = a - offset[r], b - offset[r]
+                if min(i, j) < 1 or max(i, j) >= feats["valid"].shape[1] or not (feats["valid"][r, i]
+                                                                                 and feats["valid"][r, j]):
+                    continue
+                if not feats["max_context"][r, i] or j < i or j - i + 1 > 30:
+                    continue
+                if best is None or z_s[r][a] + z_e[r][b] > best[0]:
+                    best = (z_s[r][a] + z_e[r][b], r, i, j)
+    return best and best[1:]
+
+
+@pytest.mark.parametrize("n_best", [2, 20])
+def test_the_teacher_answers_among_its_windows_n_best_starts_and_ends_as_transformers_reader(world, n_best):
+    """The cross-attention teacher answers as the code's cross-encoder, transformers' SQuAD reader: the best span of at
+    most 30 tokens whose start and end are among the ``n_best`` best of their window's whole input (question and
+    special tokens too), over the windows; ``n_best`` None searches every span."""
+    from npm.densephrases.evaluate import TEACHER_N_BEST, rc_evaluate
+    from npm.densephrases.train import load_teacher
+
+    teacher, tok = load_teacher(world["encoder"]).eval(), load_tokenizer(world["encoder"])
+    examples = _long_examples()
+    feats = rc_features(examples, tok, 16, 24, stride=4)
+    z_s, z_e, offset = [], [], np.zeros(len(feats["example"]), np.int64)
+    for r in range(len(feats["example"])):
+        ids, mask, types, offset[r:r + 1] = teacher_inputs(feats, [r])
+        with torch.no_grad():
+            out = teacher(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                          token_type_ids=torch.as_tensor(types))
+        z_s.append(out.start_logits[0].tolist()), z_e.append(out.end_logits[0].tolist())
+    got = rc_evaluate(None, examples, 16, 24, 30, teacher=teacher, tokenizer=tok, doc_stride=4, teacher_n_best=n_best)
+    assert got["n_best"] == n_best and TEACHER_N_BEST == 20
+    for n, ex in enumerate(examples):
+        best = _reader_prediction(feats, z_s, z_e, offset, n, n_best)
+        text = "empty" if best is None else ex["context"][feats["offsets"][best[0], best[1], 0]:
+                                                        feats["offsets"][best[0], best[2], 1]]
+        assert got["predictions"][n]["prediction"] == text, (n_best, n)
+    every = rc_evaluate(None, examples, 16, 24, 30, teacher=teacher, tokenizer=tok, doc_stride=4, teacher_n_best=None)
+    changed = [p["prediction"] for p in got["predictions"]] != [p["prediction"] for p in every["predictions"]]
+    assert changed == (n_best == 2)  # the 2 best restrict the answers here; the 20 best, most of a window, do not
+
+
 def test_a_window_without_the_answer_trains_its_cls_and_no_filter_term(world):
     """The code's loss on a window without the answer: single-passage and distillation softmax over the passage and
     the [CLS], the [CLS] the target and the in-batch gold vector; the filter term only over the rows with an answer.

@@ -33,9 +33,11 @@ from npm.settings import DensePhrasesSettings
 from npm.tasks.metrics import exact_match, f1_score
 from npm.tasks.registry import resolve_task, task_examples
 
-# The longest span the cross-attention teacher answers with: the code's cross-encoder, transformers' SQuAD reader,
-# keeps its --max_answer_length default of 30 tokens.
+# How the cross-attention teacher answers: the code's cross-encoder, transformers' SQuAD reader, keeps its defaults,
+# spans of at most 30 tokens (--max_answer_length) among the 20 best starts and the 20 best ends of a window
+# (--n_best_size).
 TEACHER_ANSWER_TOKENS = 30
+TEACHER_N_BEST = 20
 
 
 def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarray,
@@ -95,7 +97,8 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhra
                 max_question_tokens: int = DensePhrasesSettings.max_question_tokens,
                 max_answer_tokens: int = DensePhrasesSettings.rc_answer_tokens, batch_size: int = 32, teacher=None,
                 tokenizer=None, precision: str = "fp32", doc_stride: int | None = DensePhrasesSettings.doc_stride,
-                filter_threshold: float | None = DensePhrasesSettings.rc_filter_threshold) -> dict:
+                filter_threshold: float | None = DensePhrasesSettings.rc_filter_threshold,
+                teacher_n_best: int | None = TEACHER_N_BEST) -> dict:
     """Reading comprehension of the query-agnostic model (z = h . q over its own passage) or, with ``teacher``, of the
     cross-attention reader, on SQuAD-style ``examples``: EM / F1 and the predictions (Table 2's setting), computed
     on the model's device under ``precision``'s autocast. ``tokenizer`` (default: the model's) lays out the passages;
@@ -104,7 +107,8 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhra
     max-context window; without, each is cut at ``max_passage_tokens``. With ``filter_threshold`` (the model's
     filter head, trained) a span answers only if its start's start-filter logit and its end's end-filter logit are
     both at least it, and an example left without a span answers "empty" (the code's prediction); ``no_span``
-    counts those."""
+    counts those. The teacher answers with a span whose start and end are among its window's ``teacher_n_best``
+    (none: every span; recorded as ``n_best``)."""
     from npm.densephrases.train import teacher_logits  # deferred: npm.densephrases.train loads torch
 
     tok = tokenizer or model.tokenizer
@@ -113,7 +117,7 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhra
     if teacher is not None:
         if filter_threshold is not None:
             raise ValueError("the cross-attention teacher has no filter head: evaluate it without a filter threshold")
-        z_start, z_end = teacher_logits(teacher, feats, batch_size, precision)
+        z_start, z_end = teacher_logits(teacher, feats, batch_size, precision, teacher_n_best)
     else:
         z_start, z_end, filters = _rc_logits(model, feats, batch_size, precision, filter_threshold is not None)
         if filter_threshold is not None:
@@ -126,6 +130,7 @@ def rc_evaluate(model, examples: list[dict], max_passage_tokens: int = DensePhra
     scores = rc_scores(predictions, answers)
     return {"em": scores["em"], "f1": scores["f1"], "n": scores["n"], "dropped": feats["dropped"],
             "windows": len(spans), "max_answer_tokens": max_answer_tokens, "filter_threshold": filter_threshold,
+            "n_best": None if teacher is None else teacher_n_best,
             "no_span": int((spans[rows, 0] < 0).sum()),
             "predictions": [{"id": examples[n]["id"], "prediction": p, "answers": a, "em": e}
                             for n, p, a, e in zip(kept, predictions, answers, scores["em_each"], strict=True)]}

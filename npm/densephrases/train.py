@@ -250,11 +250,13 @@ def _teacher_forward(teacher, ids, mask, types):
                    **extra)
 
 
-def teacher_logits(teacher, feats: dict, batch_size: int = 32,
-                   precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+def teacher_logits(teacher, feats: dict, batch_size: int = 32, precision: str = "fp32",
+                   n_best: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The teacher's start and end logits float32 [n, Lp] at the student's passage positions, and at its [CLS] where
     that is in the row's softmax ``support`` (the teacher's [CLS]; -inf elsewhere), computed on the teacher's device
-    under ``precision``'s autocast."""
+    under ``precision``'s autocast. With ``n_best`` a position keeps its start (end) logit only if it is among the
+    ``n_best`` best of its row's whole input, question and special tokens included, ties to the earlier position
+    (transformers' SQuAD reader, ``n_best_size``); the others are -inf."""
     n, width = feats["passage_ids"].shape
     out_s = np.full((n, width), -np.inf, dtype=np.float32)
     out_e = np.full((n, width), -np.inf, dtype=np.float32)
@@ -268,9 +270,17 @@ def teacher_logits(teacher, feats: dict, batch_size: int = 32,
                 pn = int(feats["passage_mask"][r].sum())
                 dst = np.arange(1 - int(feats["support"][r, 0]), pn)  # from the [CLS] where it is in the support
                 src = np.where(dst == 0, 0, offset[k] + dst)
-                out_s[r, dst] = res.start_logits[k, src].float().cpu().numpy()
-                out_e[r, dst] = res.end_logits[k, src].float().cpu().numpy()
+                for out, logits in ((out_s, res.start_logits), (out_e, res.end_logits)):
+                    z = logits[k, :int(mask[k].sum())].float().cpu().numpy()
+                    out[r, dst] = z[src] if n_best is None else np.where(_n_best(z, n_best)[src], z[src], -np.inf)
     return out_s, out_e
+
+
+def _n_best(z: np.ndarray, n_best: int) -> np.ndarray:
+    """bool [L]: the ``n_best`` highest of ``z``, ties to the earlier position (a stable sort)."""
+    keep = np.zeros(len(z), bool)
+    keep[np.argsort(-z, kind="stable")[:n_best]] = True
+    return keep
 
 
 def _teacher_targets(feats: dict, rows: np.ndarray, types, mask, offset, device):
