@@ -178,6 +178,14 @@ def _code_prediction(feats: dict, z_s, z_e, f, example: int, max_answer_length: 
     return best and best[1:]
 
 
+def _answer_text(example: dict, feats: dict, best) -> str:
+    """The text of a restated prediction's (window, start, end), or "empty" for none (the code's nonce answer)."""
+    if best is None:
+        return "empty"
+    r, i, j = best
+    return example["context"][feats["offsets"][r, i, 0]:feats["offsets"][r, j, 1]]
+
+
 @pytest.mark.parametrize("quantile", [0.0, 0.5, 0.99])
 def test_the_rc_prediction_reads_the_codes_span_length_and_only_the_spans_its_filter_keeps(world, quantile):
     """``rc_answer_tokens`` 9 and ``rc_filter_threshold``: the code's prediction (``--max_answer_length 10``, whose
@@ -207,10 +215,8 @@ def test_the_rc_prediction_reads_the_codes_span_length_and_only_the_spans_its_fi
     empty = 0
     for n, ex in enumerate(examples):
         best = _code_prediction(feats, z_s, z_e, f, n, 10, threshold)
-        text = "empty" if best is None else ex["context"][feats["offsets"][best[0], best[1], 0]:
-                                                        feats["offsets"][best[0], best[2], 1]]
         empty += best is None
-        assert got["predictions"][n]["prediction"] == text, (quantile, n)
+        assert got["predictions"][n]["prediction"] == _answer_text(ex, feats, best), (quantile, n)
     assert got["no_span"] == empty
     if quantile == 0.5:  # the filter decides answers here
         kept_all = rc_evaluate(model, examples, 16, 24, 9, doc_stride=4)["predictions"]
@@ -262,9 +268,7 @@ def test_the_teacher_answers_among_its_windows_n_best_starts_and_ends_as_transfo
     assert got["n_best"] == n_best and TEACHER_N_BEST == 20
     for n, ex in enumerate(examples):
         best = _reader_prediction(feats, z_s, z_e, offset, n, n_best)
-        text = "empty" if best is None else ex["context"][feats["offsets"][best[0], best[1], 0]:
-                                                        feats["offsets"][best[0], best[2], 1]]
-        assert got["predictions"][n]["prediction"] == text, (n_best, n)
+        assert got["predictions"][n]["prediction"] == _answer_text(ex, feats, best), (n_best, n)
     every = rc_evaluate(None, examples, 16, 24, 30, teacher=teacher, tokenizer=tok, doc_stride=4, teacher_n_best=None)
     changed = [p["prediction"] for p in got["predictions"]] != [p["prediction"] for p in every["predictions"]]
     assert changed == (n_best == 2)  # the 2 best restrict the answers here; the 20 best, most of a window, do not
