@@ -106,7 +106,7 @@ def cmd_densephrases_rc(args) -> int:
     """``npm-repro densephrases rc``: the embedded RC set, demo data (npm.embedded.rc), so its handler is here."""
     from npm.embedded.rc import prepare_embedded_rc  # deferred: a demo-data builder, data env only (babel, gensim)
 
-    prepare_embedded_rc(args.out_dir, args.max_articles or None, args.seed)
+    prepare_embedded_rc(args.out_dir, args.max_articles or None, args.seed, max_subjects=args.max_subjects or None)
     return 0
 
 

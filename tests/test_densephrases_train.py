@@ -518,6 +518,31 @@ def test_an_rc_set_without_held_out_leads_is_a_clear_error_not_an_argparse_one(t
         embedded_rc(leads, sorted(leads), seed=0)
 
 
+def test_the_rc_set_of_max_subjects_keeps_their_facts_whole_and_splits_them_by_subject():
+    """embedded.max_rc_subjects (`--max-subjects`): the facts of the seeded permutation's first N subjects, each
+    example as the whole set has it, the subjects split 80/10/10 with no subject in two splits; 0 on the command line
+    is all, as `--max-articles` is."""
+    from npm.cli import build_parser
+    from npm.embedded.corpora import corpus_titles, load_leads
+    from npm.embedded.rc import SPLITS, embedded_rc
+
+    leads = load_leads()
+    titles = corpus_titles(leads, 300)
+    whole = embedded_rc(leads, titles, seed=0)
+    capped = embedded_rc(leads, titles, seed=0, max_subjects=50)
+    by_id = {ex["id"]: ex for split in SPLITS for ex in whole[split]}
+    subjects = {split: {ex["title"] for ex in capped[split]} for split in SPLITS}
+    assert 0 < len(subjects["train"]) <= 40 and 0 < len(subjects["dev"]) <= 5 and 0 < len(subjects["test"]) <= 5
+    assert not (subjects["train"] & subjects["dev"] or subjects["train"] & subjects["test"]
+                or subjects["dev"] & subjects["test"])
+    assert all(by_id[ex["id"]] == ex for split in SPLITS for ex in capped[split])
+    assert len(by_id) > 5 * sum(len(capped[split]) for split in SPLITS)
+    assert embedded_rc(leads, titles, seed=0, max_subjects=None) == whole
+    args = build_parser().parse_args(["densephrases", "rc", "--out-dir", "x"])
+    assert args.max_subjects == 0 and build_parser().parse_args(
+        ["densephrases", "rc", "--max-subjects", "50", "--out-dir", "x"]).max_subjects == 50
+
+
 def test_d_small_answers_each_question_with_the_best_span_of_every_pooled_passage(world):
     """Table 6's D_small: the questions' passages and a pool of others, every question over all of them. Against
     brute force over every (passage, start, end) of the tiny model; with one passage it is the {p} setting."""

@@ -286,6 +286,8 @@ RC = Command(  # its handler is the caller's (commands(rc)): it builds the embed
                 "the same facts as LAMA-style cloze questions, for query-side fine-tuning.",
     options=(option("--max-articles", type=nonneg_int, default=2000,
                     help="leads in the demo corpus (embedded.max_articles; 0 = all): their subjects are never used"),
+             option("--max-subjects", type=nonneg_int, default=0,
+                    help="subjects whose facts make the set, a seeded choice (embedded.max_rc_subjects; 0 = all)"),
              SEED(help="seed of the subject split"),
              option("--out-dir", type=Path, required=True, help="folder for train.json, dev.json, test.json")))
 

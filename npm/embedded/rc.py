@@ -39,10 +39,11 @@ RC_QUESTIONS = {"P36": "What is the capital city of {s}?", "P37": "Which languag
                 "P1376": "{s} is the capital of what country?", "P38": "What currency is used in {s}?"}
 
 
-def embedded_rc(leads: dict, corpus_titles: list[str], seed: int,
-                fractions: tuple[float, float] = (0.8, 0.1)) -> dict[str, list[dict]]:
+def embedded_rc(leads: dict, corpus_titles: list[str], seed: int, fractions: tuple[float, float] = (0.8, 0.1),
+                max_subjects: int | None = None) -> dict[str, list[dict]]:
     """Train / dev / test RC examples by distant supervision from the leads outside ``corpus_titles``, split by
-    subject (``fractions``: train and dev shares of the subjects, in a ``seed`` permutation; the rest is test)."""
+    subject (``fractions``: train and dev shares of the subjects, in a ``seed`` permutation; the rest is test).
+    ``max_subjects``: only the facts of the permutation's first N subjects (None = all), split by the same shares."""
     in_corpus = set(corpus_titles)
     held_out = sorted(t for t in leads if t not in in_corpus)
     if not held_out:
@@ -51,13 +52,15 @@ def embedded_rc(leads: dict, corpus_titles: list[str], seed: int,
                          "SQuAD files in densephrases.rc")
     facts = [f for f in collect_facts(leads, held_out) if f["relation"] in RC_QUESTIONS]
     subjects = sorted({f["subject"] for f in facts})
-    order = np.random.default_rng(seed).permutation(len(subjects))
-    n_train, n_dev = int(fractions[0] * len(subjects)), int(fractions[1] * len(subjects))
+    order = np.random.default_rng(seed).permutation(len(subjects))[:max_subjects]
+    n_train, n_dev = int(fractions[0] * len(order)), int(fractions[1] * len(order))
     split_of = {}
     for rank, i in enumerate(order):
         split_of[subjects[i]] = "train" if rank < n_train else "dev" if rank < n_train + n_dev else "test"
     out: dict[str, list[dict]] = {s: [] for s in SPLITS}
     for n, f in enumerate(facts):
+        if f["subject"] not in split_of:  # beyond max_subjects
+            continue
         context = leads[f["subject"]]["extract"]
         m = re.search(r"(?<!\w)" + re.escape(f["object"]) + r"(?!\w)", context)
         if m is None:  # collect_facts found it case-insensitively under another surface form
@@ -83,12 +86,14 @@ def cloze_questions(examples: list[dict]) -> list[dict]:
     return out
 
 
-def prepare_embedded_rc(out_dir: str | os.PathLike, max_articles: int | None, seed: int) -> dict:
+def prepare_embedded_rc(out_dir: str | os.PathLike, max_articles: int | None, seed: int,
+                        max_subjects: int | None = None) -> dict:
     """Write ``out_dir/{train,dev,test}.json`` (SQuAD v1.1, from the leads outside the demo corpus of
-    ``max_articles`` leads; None = all) and ``out_dir/cloze_{train,dev}.jsonl``; returns the examples per split."""
+    ``max_articles`` leads, None = all; of at most ``max_subjects`` of their subjects, None = all) and
+    ``out_dir/cloze_{train,dev}.jsonl``; returns the examples per split."""
     out_dir = Path(out_dir)
     leads = load_leads()
-    splits = embedded_rc(leads, corpus_titles(leads, max_articles), seed)
+    splits = embedded_rc(leads, corpus_titles(leads, max_articles), seed, max_subjects=max_subjects)
     counts = {}
     for split in SPLITS:
         counts[split] = write_squad(out_dir / f"{split}.json", splits[split],

@@ -62,10 +62,11 @@ rule densephrases_rc:
         "../envs/data.yaml"
     params:
         max_articles=config["embedded"]["max_articles"] or 0,
+        max_subjects=config["embedded"]["max_rc_subjects"] or 0,
         seed=config["seed"],
     shell:
-        "npm-repro densephrases rc --max-articles {params.max_articles} --seed {params.seed}"
-        " --out-dir data/densephrases/rc > {log} 2>&1"
+        "npm-repro densephrases rc --max-articles {params.max_articles} --max-subjects {params.max_subjects}"
+        " --seed {params.seed} --out-dir data/densephrases/rc > {log} 2>&1"
 
 
 rule densephrases_train_teacher:
