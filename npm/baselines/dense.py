@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -49,13 +50,16 @@ def mean_pool(hidden, attention):
 
 
 def block_vectors(model, blocks_paths: Sequence[str | os.PathLike], batch_blocks: int = 32,
-                  device=None) -> np.ndarray:
+                  device=None, progress: bool = True) -> np.ndarray:
     """Mean-pooled last-layer vectors float32 [n_blocks, h] of every block of ``blocks_paths`` (global order).
 
     ``model`` is an encoder (``npm.model.load_encoder``) whose tokenizer made the blocks. Blocks are sorted by
-    length inside each file so that a batch pads little; the rows come back in block order.
+    length inside each file so that a batch pads little; the rows come back in block order. ``progress``: a bar per
+    file (``npm.progress``: in a workflow job's log and a line on its terminal).
     """
     import torch
+
+    from npm.progress import bar
 
     if batch_blocks < 1:
         raise ValueError(f"batch_blocks must be >= 1, got {batch_blocks}")
@@ -68,13 +72,15 @@ def block_vectors(model, blocks_paths: Sequence[str | os.PathLike], batch_blocks
         lengths = np.diff(offsets)
         vecs = np.zeros((len(lengths), model.config.hidden_size), dtype=np.float32)
         order = np.argsort(lengths, kind="stable")
-        with torch.inference_mode():
+        with torch.inference_mode(), bar(total=len(order), desc=f"retriever vectors {Path(path).name}",
+                                         unit="block", show=progress) as blocks_done:
             for start in range(0, len(order), batch_blocks):
                 batch = order[start:start + batch_blocks]
                 ids, attention = pad_blocks(arrays["input_ids"], offsets, batch, int(max(1, lengths[batch].max())))
                 ids_t = torch.as_tensor(ids, device=device)
                 att_t = torch.as_tensor(attention, device=device)
                 vecs[batch] = mean_pool(encode(model, ids_t, att_t), att_t).float().cpu().numpy()
+                blocks_done.update(len(batch))
         out.append(vecs)
     if not out:
         raise ValueError("no blocks files given: the dense retriever searches the corpus blocks")
