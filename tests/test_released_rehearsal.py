@@ -32,16 +32,18 @@ RELEASED_SYSTEMS = {"npm": "NPM", "npm_single": "NPM-single"}
 
 
 def rehearsal_config(mirror: str) -> dict:
-    """The overlay on config/released.yaml: the mirror, and the sizes that keep the rehearsal to minutes."""
+    """The overlay on config/released.yaml: the mirror, and the sizes that keep the rehearsal to minutes: one
+    embedding job per datastore and one evaluation job per system and corpus (the multi-shard and per-task paths run
+    in tests/test_faults_workflow.py and the .test run)."""
     return {
         "mirror": mirror,
         "sources": {"enwiki": {"shards": 2}, "enwiki_2022": {"shards": 2}},
         "evaluation": {"closed_set_tasks": CLOSED, "open_set_tasks": OPEN,
                        "closed_set_systems": ["npm", "npm_single", "mlm"], "open_set_systems": ["npm"],
-                       "max_examples": 6},
+                       "max_examples": 6, "group_jobs": True},
         "ablation": {"tasks": ["nq"], "percents": [50, 100]},
         # the original's IVF-PQ with its metric (released.yaml's faiss_metric: l2), at the mirror's size
-        "datastore": {"batch_blocks": 16, "shards": 2, "faiss_factory": "IVF4,PQ4x4", "faiss_train_sample": 1000},
+        "datastore": {"batch_blocks": 16, "shards": 1, "faiss_factory": "IVF4,PQ4x4", "faiss_train_sample": 1000},
         "inference": {"lm_precision": "fp32"},
     }
 
@@ -93,6 +95,9 @@ def test_the_released_route_runs_for_real_against_a_local_mirror(mirror, tmp_pat
             assert (work / "data" / "blocks" / corpus / f"shard{s}.npz").is_file()
     assert (work / "data" / "datastore" / "npm" / "enwiki" / "meta.json").is_file()
     assert not (work / "data" / "datastore" / "npm_single" / "enwiki").exists()  # NPM-single is closed-set only
+
+    # every job tracked as a user's is: offline wandb runs under results/wandb
+    assert len(list((work / "results" / "wandb").glob("offline-run-*"))) >= 10
 
     # every table written, with a row for each released system that it holds
     for n, systems in ((1, ["npm", "npm_single"]), (2, ["npm"]), (3, ["npm"]), (8, ["npm"])):
