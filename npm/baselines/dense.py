@@ -36,6 +36,7 @@ import numpy as np
 from npm.data.blocks import check_vocabulary, load_blocks, pad_blocks
 from npm.datastore.faiss_index import index_vectors, search
 from npm.model import encode, load_encoder, load_tokenizer
+from npm.progress import bar
 from npm.settings import ReplugSettings
 
 SCORES = ("cosine", "ip")
@@ -58,8 +59,6 @@ def block_vectors(model, blocks_paths: Sequence[str | os.PathLike], batch_blocks
     file (``npm.progress``: in a workflow job's log and a line on its terminal).
     """
     import torch
-
-    from npm.progress import bar
 
     if batch_blocks < 1:
         raise ValueError(f"batch_blocks must be >= 1, got {batch_blocks}")
