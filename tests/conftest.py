@@ -158,15 +158,19 @@ def pytest_collection_modifyitems(config, items):
     """On a pytest-xdist worker (`make test`: two workers, ``--dist loadfile --no-loadscope-reorder``, which hands
     out whole files in collection order): the files with end-to-end runs (a test marked ``slow``) go first, so that a
     run of minutes does not start last and become the suite's tail, and the files that read ``embedded_test_run``
-    after the one that builds it go last, so that no worker waits for the build. Without xdist the order is
-    pytest's."""
+    after the one that builds it go last, so that no worker waits for the build; the build itself runs first of all.
+    Without xdist the order is pytest's."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)  # stable: the order within each part is kept
-    readers = [item.path for item in items if "embedded_test_run" in getattr(item, "fixturenames", ())]
-    readers = list(dict.fromkeys(readers))  # the files that read the run, in order: the first builds it
+    builds = [item for item in items if "embedded_test_run" in getattr(item, "fixturenames", ())]
+    readers = list(dict.fromkeys(item.path for item in builds))  # the files that read the run: the first builds it
     items.sort(key=lambda item: item.path in readers[1:])
+    # The build first of all: its worker holds a file of many tests through it and so takes no other file meanwhile
+    # (xdist gives a worker another file when two of its tests are left), which the other worker takes instead.
+    first = {id(item) for item in builds if item.path == readers[0]} if readers else set()
+    items.sort(key=lambda item: id(item) not in first)
 
 
 @pytest.fixture(scope="session")
