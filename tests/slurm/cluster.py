@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from string import Template
 
+from tests.cpus import whole_machine
+
 HERE = Path(__file__).resolve().parent
 DAEMONS = ("munged", "munge", "unmunge", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "sinfo", "scontrol", "scancel", "srun")
@@ -45,18 +47,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _whole_machine() -> None:
-    """This process back on every CPU of the machine when a pytest-xdist worker was pinned to its share
-    (tests/conftest.py): the local SLURM node is the machine's, as slurmd on a real node sees its host."""
-    cpus = os.environ.get("NPM_TESTS_MACHINE_CPUS")
-    if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-
-
 def _die_with_parent() -> None:
     """In the daemon, before exec: the whole machine's CPUs, own session (no terminal signals), SIGTERM when the
     test process dies."""
-    _whole_machine()
+    whole_machine()
     os.setsid()
     try:
         import ctypes
@@ -80,7 +74,7 @@ def node_hardware() -> dict[str, str]:
     hw: dict[str, str] = {}
     try:
         out = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True, timeout=30,
-                             preexec_fn=_whole_machine).stdout
+                             preexec_fn=whole_machine).stdout
         hw = dict(re.findall(r"(\w+)=(\S+)", out.splitlines()[0])) if out.strip() else {}
     except (OSError, subprocess.SubprocessError):
         pass
