@@ -8,8 +8,6 @@ import os
 import re
 from pathlib import Path
 
-import yaml
-
 from npm.settings import (
     DataSettings,
     DatastoreSettings,
@@ -23,7 +21,7 @@ from npm.settings import (
 )
 from npm.evaluation.systems import MODELS as SYSTEM_MODELS
 from npm.evaluation.systems import SYSTEMS
-from npm.tasks.registry import config_task_lists
+from npm.tasks.registry import config_task_lists, read_registry_file
 from npm import progress
 from npm.io import resolve_package_path
 from npm.model import locate_checkpoint
@@ -181,7 +179,7 @@ def model_input(model):
 # ------------------------------------------------------------------------------------------------ evaluation
 # Systems come from the registry npm.evaluation.systems (what each needs); the inference switches from
 # npm.settings (config `inference`, defaults filled in and validated there).
-TASKS = yaml.safe_load(Path(REPO, "config", "tasks.yaml").read_text(encoding="utf-8"))["tasks"]
+TASKS = read_registry_file(Path(REPO, "config", "tasks.yaml"))["tasks"]
 config_task_lists(config)  # task lists the config leaves out: config/tasks.yaml's
 EVAL = config["evaluation"]
 try:
