@@ -51,12 +51,12 @@ def mean_pool(hidden, attention):
 
 
 def block_vectors(model, blocks_paths: Sequence[str | os.PathLike], batch_blocks: int = 32,
-                  device=None, progress: bool = True) -> np.ndarray:
+                  device=None) -> np.ndarray:
     """Mean-pooled last-layer vectors float32 [n_blocks, h] of every block of ``blocks_paths`` (global order).
 
     ``model`` is an encoder (``npm.model.load_encoder``) whose tokenizer made the blocks. Blocks are sorted by
-    length inside each file so that a batch pads little; the rows come back in block order. ``progress``: a bar per
-    file (``npm.progress``: in a workflow job's log and a line on its terminal).
+    length inside each file so that a batch pads little; the rows come back in block order. A bar per file shows
+    the progress (``npm.progress``: in a workflow job's log and a line on its terminal).
     """
     import torch
 
@@ -72,7 +72,7 @@ def block_vectors(model, blocks_paths: Sequence[str | os.PathLike], batch_blocks
         vecs = np.zeros((len(lengths), model.config.hidden_size), dtype=np.float32)
         order = np.argsort(lengths, kind="stable")
         with torch.inference_mode(), bar(total=len(order), desc=f"retriever vectors {Path(path).name}",
-                                         unit="block", show=progress) as blocks_done:
+                                         unit="block") as blocks_done:
             for start in range(0, len(order), batch_blocks):
                 batch = order[start:start + batch_blocks]
                 ids, attention = pad_blocks(arrays["input_ids"], offsets, batch, int(max(1, lengths[batch].max())))
