@@ -30,7 +30,8 @@ demo: $(STAMP)
 	$(BIN)/npm-repro check
 
 ## make test: install with the dev extras, then run the test suite in two worker processes (pytest-xdist): a test
-## file runs whole on one worker, the files with end-to-end runs first (tests/conftest.py)
+## file runs whole on one worker, the files with end-to-end runs first (tests/conftest.py); each worker on its own
+## core, the workflows that tests run on the whole machine (tests/cpus.py)
 test: $(STAMP)
 	$(COMPILE)
 	PATH=$(BIN):$$PATH $(BIN)/python -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
